@@ -1,0 +1,26 @@
+# Two commands: `make run` starts the service, `make test` runs the test suite.
+# Each creates .venv in the checkout and (re)installs the project when
+# pyproject.toml changed since the last install; otherwise setup is a no-op.
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+CONFIG ?= configs/default.yaml
+
+.PHONY: run test venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/kvstore run --config $(CONFIG)
+
+test: $(STAMP)
+	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest
+
+clean:
+	rm -rf $(VENV) .kvstore-data

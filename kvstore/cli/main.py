@@ -1,0 +1,47 @@
+"""``kvstore`` command line: one sub-command per module in this package.
+
+Each sub-command module exposes ``register(subparsers)``, which adds its parser
+and sets ``func`` (a callable taking the parsed namespace and returning an exit
+code). Add a new command by writing its module and listing it in
+``COMMAND_MODULES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMAND_MODULES: tuple[str, ...] = (
+    "kvstore.cli.config_cmd",
+    "kvstore.cli.run_cmd",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every sub-command registered."""
+    parser = argparse.ArgumentParser(
+        prog="kvstore",
+        description="Tiered KV-cache offload service for LLM inference (GPU pool, host RAM, LMDB on NVMe).",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kvstore`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

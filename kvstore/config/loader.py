@@ -1,0 +1,161 @@
+"""Load the config from YAML plus ``KVSTORE_<SECTION>__<FIELD>`` environment overrides.
+
+Every failure becomes one :class:`ConfigError` listing *all* problems, each
+naming the file (or environment variable), the field path, what was given and
+what is allowed; never a raw traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from kvstore.config.schema import KVStoreConfig
+from kvstore.errors import KVStoreError
+
+ENV_PREFIX = "KVSTORE_"
+_ENV_SEP = "__"
+
+
+class ConfigError(KVStoreError):
+    """The config is invalid. ``problems`` holds one line per problem."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid config {source}:\n{lines}")
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[tuple[str, ...], tuple[str, Any]]:
+    """Field path -> (variable name, parsed value) for every ``KVSTORE_A__B`` variable.
+
+    Values are parsed as YAML scalars, so ``true``, ``12`` and ``null`` get
+    their types; ``4GiB`` stays a string for the size parser.
+    """
+    out: dict[tuple[str, ...], tuple[str, Any]] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or _ENV_SEP not in name:
+            continue
+        path = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split(_ENV_SEP))
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+        out[path] = (name, value)
+    return out
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    source = str(path)
+    if not path.exists():
+        raise ConfigError(source, ["no such file"])
+    if path.is_dir():
+        raise ConfigError(source, ["is a directory, expected a YAML file"])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, [f"cannot read file: {exc}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(source, [f"not valid YAML: {where}{problem}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"top level must be a mapping of sections, got {type(data).__name__}"])
+    return data
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the model that ``loc`` (the parent of an unknown key) points into."""
+    model: type[BaseModel] | None = KVStoreConfig
+    for part in loc:
+        if model is None:
+            return []
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        ann = field.annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return list(model.model_fields) if model is not None else []
+
+
+def _format_errors(exc: ValidationError, env_names: dict[tuple[str, ...], str]) -> list[str]:
+    problems: list[str] = []
+    for err in exc.errors():
+        loc = tuple(str(p) for p in err["loc"])
+        dotted = ".".join(loc) if loc else "(top level)"
+        origin = f" (from environment variable {env_names[loc]})" if loc in env_names else ""
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(loc[:-1])
+            hint = difflib.get_close_matches(loc[-1], allowed, n=1)
+            msg = f"unknown key '{dotted}'{origin}"
+            if hint:
+                msg += f"; did you mean '{'.'.join((*loc[:-1], hint[0]))}'?"
+            if allowed:
+                msg += f" (allowed here: {', '.join(allowed)})"
+            problems.append(msg)
+            continue
+        given = err.get("input")
+        msg = err["msg"].removeprefix("Value error, ")
+        hide = err["type"] == "missing" or isinstance(given, dict) or "(got " in msg
+        shown = "" if hide else f" (got {given!r})"
+        problems.append(f"{dotted}: {msg}{shown}{origin}")
+    return problems
+
+
+def _apply_override(data: dict[str, Any], path: tuple[str, ...], value: Any, var: str, source: str) -> None:
+    node: Any = data
+    for part in path[:-1]:
+        child = node.get(part) if isinstance(node, dict) else None
+        if child is None:
+            child = {}
+            node[part] = child
+        if not isinstance(child, dict):
+            raise ConfigError(source, [f"{var}: cannot set '{'.'.join(path)}' because '{part}' is not a section"])
+        node = child
+    node[path[-1]] = value
+
+
+def parse_config(data: Mapping[str, Any], source: str = "<dict>", environ: Mapping[str, str] | None = None) -> KVStoreConfig:
+    """Validate a mapping (plus env overrides from ``environ``) into a :class:`KVStoreConfig`."""
+    merged: dict[str, Any] = _deep_copy(dict(data))
+    overrides = env_overrides(environ or {})
+    env_names: dict[tuple[str, ...], str] = {}
+    for path, (var, value) in sorted(overrides.items()):
+        _apply_override(merged, path, value, var, source)
+        env_names[path] = var
+    try:
+        return KVStoreConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(source, _format_errors(exc, env_names)) from None
+
+
+def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None) -> KVStoreConfig:
+    """Read ``path`` (or use all defaults when ``None``), apply env overrides, validate.
+
+    ``environ`` defaults to ``os.environ``. Raises :class:`ConfigError`.
+    """
+    env = os.environ if environ is None else environ
+    if path is None:
+        return parse_config({}, "<defaults>", env)
+    p = Path(path)
+    return parse_config(_read_yaml(p), str(p), env)
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data

@@ -1,0 +1,203 @@
+"""The one typed config of the service, section by section.
+
+Every field has a docstring (shown by ``kvstore config check`` and mirrored in
+``configs/default.yaml``), a default and bounds; choices are ``Literal``s.
+Unknown keys are errors (``extra="forbid"``), so a typo never passes silently.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kvstore.config.units import PositiveSize, Size
+from kvstore.layout import KVLayout
+
+
+class Section(BaseModel):
+    """Base of every config section: strict about unknown keys, docstrings as descriptions."""
+
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, validate_default=True, use_attribute_docstrings=True
+    )
+
+
+class ModelConfig(Section):
+    """The model whose KV cache is stored: its layout and identity."""
+
+    model_id: str = "kvstore-tiny"
+    """Name of the weights; part of every block key, so models never share blocks."""
+    num_layers: int = Field(4, gt=0, le=1024)
+    """Transformer layers."""
+    num_kv_heads: int = Field(4, gt=0, le=1024)
+    """Key/value heads per layer (fewer than query heads under GQA)."""
+    head_dim: int = Field(64, gt=0, le=4096)
+    """Dimension of one head."""
+    block_size: int = Field(16, gt=0, le=4096)
+    """Tokens per KV block (the unit of paging, hashing and transfer)."""
+    dtype: Literal["float16", "bfloat16", "float32"] = "float16"
+    """Element type of the KV cache."""
+
+    def layout(self) -> KVLayout:
+        """The :class:`KVLayout` this section describes."""
+        return KVLayout(
+            num_layers=self.num_layers,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            block_size=self.block_size,
+            dtype=self.dtype,
+            model_id=self.model_id,
+        )
+
+
+class GPUConfig(Section):
+    """The GPU block pool (L1)."""
+
+    num_blocks: int = Field(1024, gt=0, le=10_000_000)
+    """Blocks preallocated in the pool."""
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """Where the pool lives: ``auto`` picks CUDA when available, else the CPU."""
+
+
+class HostConfig(Section):
+    """The host-RAM tier (L2)."""
+
+    enabled: bool = True
+    """Whether the host tier exists."""
+    capacity: Size = "1GiB"  # type: ignore[assignment]
+    """Bytes of the preallocated slot arena (rounded down to whole blocks)."""
+    pin_memory: Literal["auto", "always", "never"] = "auto"
+    """Pin the arena for fast DMA: ``auto`` pins only when CUDA is available."""
+    shared_memory: bool = False
+    """Back the arena with POSIX shared memory (the daemon sets this)."""
+    shm_name: str | None = None
+    """Name of the shared-memory segment; default derived from the daemon's socket path."""
+
+
+class DiskConfig(Section):
+    """The NVMe tier (L3) in an LMDB environment."""
+
+    enabled: bool = True
+    """Whether the disk tier exists."""
+    path: str = ".kvstore-data/lmdb"
+    """Directory of the LMDB environment (relative paths are relative to the working directory)."""
+    max_size: PositiveSize = "8GiB"  # type: ignore[assignment]
+    """Hard cap on stored bytes; least recently used blocks are deleted to stay under it."""
+    codec: Literal["none", "zstd", "shuffle_zstd"] = "none"
+    """Payload encoding: raw, zstd, or zstd after splitting high and low bytes of each element."""
+    codec_level: int = Field(1, ge=1, le=22)
+    """zstd compression level (1 is fastest)."""
+    sync: Literal["always", "interval"] = "interval"
+    """``always``: fsync every commit (each put durable when acknowledged). ``interval``: fsync every
+    ``sync_interval_ms`` or ``sync_bytes``, whichever first (faster; a crash loses at most that window)."""
+    sync_interval_ms: int = Field(200, ge=1, le=3_600_000)
+    """Longest time between syncs under ``sync: interval``."""
+    sync_bytes: Size = "64MiB"  # type: ignore[assignment]
+    """Most unsynced bytes under ``sync: interval``."""
+    io_threads: int = Field(2, ge=1, le=64)
+    """Threads doing disk I/O so callers never block on the disk."""
+
+
+class FileConfig(Section):
+    """The file-per-block tier (the baseline LMCache and SGLang use), off by default."""
+
+    enabled: bool = False
+    """Whether the file tier exists (it replaces the LMDB tier as L3 when enabled)."""
+    path: str = ".kvstore-data/files"
+    """Directory holding one file per block."""
+    max_size: PositiveSize = "8GiB"  # type: ignore[assignment]
+    """Hard cap on stored bytes."""
+    codec: Literal["none", "zstd", "shuffle_zstd"] = "none"
+    """Payload encoding, as for the disk tier."""
+    codec_level: int = Field(1, ge=1, le=22)
+    """zstd compression level."""
+
+
+class PolicyConfig(Section):
+    """Write, prefetch and eviction policies."""
+
+    write: Literal["write_through", "write_through_selective", "write_back"] = "write_through"
+    """When committed blocks are copied down: at once, after ``selective_hits`` hits, or only on eviction."""
+    selective_hits: int = Field(2, ge=1, le=1_000_000)
+    """Hits before a block is written down under ``write_through_selective``."""
+    prefetch: Literal["best_effort", "wait_complete", "timeout"] = "wait_complete"
+    """How long a request waits for its prefix to load before recomputing the rest."""
+    prefetch_timeout_base_ms: float = Field(50.0, ge=0, le=600_000)
+    """Fixed part of the ``timeout`` budget."""
+    prefetch_timeout_per_1k_tokens_ms: float = Field(10.0, ge=0, le=600_000)
+    """Budget added per 1000 prefix tokens under ``timeout``."""
+    max_inflight_bytes: PositiveSize = "256MiB"  # type: ignore[assignment]
+    """Bound on bytes being loaded at once; further loads wait (backpressure)."""
+    eviction: Literal["lru"] = "lru"
+    """Eviction policy of every tier."""
+
+
+class DaemonConfig(Section):
+    """The sidecar daemon (``kvstore serve``)."""
+
+    socket_path: str = ".kvstore-data/kvstore.sock"
+    """Unix domain socket of the control plane (created with mode 0600)."""
+    tcp_host: str | None = None
+    """Optional TCP listen address for remote clients; ``null`` disables TCP."""
+    tcp_port: int = Field(7390, ge=1, le=65535)
+    """TCP port when ``tcp_host`` is set."""
+    token: str | None = None
+    """Shared secret clients must present; required when TCP is enabled."""
+    tenant_salts: dict[str, str] = Field(default_factory=dict)
+    """Map from client token to tenant salt: the daemon, not the client, decides the salt."""
+    lease_timeout_s: float = Field(30.0, gt=0, le=86_400)
+    """Slot leases of a vanished client are released after this many seconds."""
+    max_frame_bytes: PositiveSize = "64MiB"  # type: ignore[assignment]
+    """Largest accepted protocol frame; longer ones are refused before allocation."""
+
+    @model_validator(mode="after")
+    def _tcp_needs_token(self) -> "DaemonConfig":
+        if self.tcp_host is not None and not self.token:
+            raise ValueError("tcp_host is set but token is empty: TCP clients must present a shared-secret token")
+        return self
+
+
+class MetricsConfig(Section):
+    """HTTP ``/healthz`` and Prometheus ``/metrics``."""
+
+    enabled: bool = True
+    """Serve the HTTP endpoints."""
+    host: str = "127.0.0.1"
+    """Listen address of the HTTP endpoints."""
+    port: int = Field(9390, ge=0, le=65535)
+    """Port of the HTTP endpoints (0 picks a free one)."""
+
+
+class LoggingConfig(Section):
+    """Log output."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Lowest level logged."""
+    format: Literal["text", "json"] = "text"
+    """Human-readable lines or one JSON object per line."""
+
+
+class KVStoreConfig(Section):
+    """The whole service."""
+
+    connector: Literal["embedded", "sidecar"] = "embedded"
+    """Where the lower tiers live: in the engine's process, or in a ``kvstore serve`` daemon."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """Model layout and identity."""
+    gpu: GPUConfig = Field(default_factory=GPUConfig)
+    """GPU block pool."""
+    host: HostConfig = Field(default_factory=HostConfig)
+    """Host-RAM tier."""
+    disk: DiskConfig = Field(default_factory=DiskConfig)
+    """LMDB disk tier."""
+    file: FileConfig = Field(default_factory=FileConfig)
+    """File-per-block tier."""
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    """Write, prefetch and eviction policies."""
+    daemon: DaemonConfig = Field(default_factory=DaemonConfig)
+    """Sidecar daemon."""
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    """HTTP metrics endpoints."""
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """Logging."""

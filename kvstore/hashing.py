@@ -1,0 +1,91 @@
+"""Chained block keys: the identity of a block of tokens, stable everywhere.
+
+``key[i] = H(key[i-1] || tokens of block i)`` and ``key[-1] = H(fingerprint ||
+salt)``. H is BLAKE2b-256 with a fixed personalisation string: no seed, no
+Python ``hash()``, so keys are byte-identical across processes, machines and
+restarts. A key therefore names the *whole prefix* up to and including its
+block, for one model layout and one tenant salt. Only full blocks get keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvstore.layout import KVLayout
+
+KEY_BYTES = 32
+_ROOT_PERSON = b"kvstore.root.v1"
+_BLOCK_PERSON = b"kvstore.blk.v1"
+
+Salt = bytes | str | None
+
+
+def _salt_bytes(salt: Salt) -> bytes:
+    if salt is None:
+        return b""
+    if isinstance(salt, str):
+        return salt.encode("utf-8")
+    if isinstance(salt, (bytes, bytearray, memoryview)):
+        return bytes(salt)
+    raise TypeError(f"salt must be bytes, str or None, got {type(salt).__name__}")
+
+
+def root_key(layout: KVLayout, salt: Salt = None) -> bytes:
+    """The parent key of the first block: mixes the layout fingerprint and the salt.
+
+    ``None`` and the empty salt are distinct tenants from any non-empty salt
+    but equal to each other.
+    """
+    s = _salt_bytes(salt)
+    h = hashlib.blake2b(digest_size=KEY_BYTES, person=_ROOT_PERSON)
+    h.update(layout.fingerprint)
+    h.update(len(s).to_bytes(8, "little"))
+    h.update(s)
+    return h.digest()
+
+
+def _token_bytes(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    arr = np.asarray(token_ids)
+    if arr.ndim != 1:
+        raise ValueError(f"token_ids must be one-dimensional, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"token_ids must be integers, got dtype {arr.dtype}")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= 2**32):
+        raise ValueError("token ids must lie in [0, 2**32)")
+    return arr.astype("<u4", copy=False)
+
+
+def chain_key(parent: bytes, block_tokens: bytes) -> bytes:
+    """Key of one block from its parent key and its tokens (little-endian uint32 bytes)."""
+    h = hashlib.blake2b(parent, digest_size=KEY_BYTES, person=_BLOCK_PERSON)
+    h.update(block_tokens)
+    return h.digest()
+
+
+def block_keys(
+    token_ids: Sequence[int] | np.ndarray,
+    layout: KVLayout,
+    salt: Salt = None,
+    parent: bytes | None = None,
+) -> list[bytes]:
+    """One 32-byte key per *full* block of ``token_ids``.
+
+    ``parent`` continues an existing chain (the key of the block before
+    ``token_ids[0]``); by default the chain starts at :func:`root_key`. The
+    trailing partial block gets no key.
+    """
+    toks = _token_bytes(token_ids)
+    bs = layout.block_size
+    n_full = len(toks) // bs
+    raw = toks[: n_full * bs].tobytes()
+    step = bs * 4
+    key = root_key(layout, salt) if parent is None else parent
+    keys: list[bytes] = []
+    blake = hashlib.blake2b
+    for i in range(n_full):
+        key = blake(key + raw[i * step : (i + 1) * step], digest_size=KEY_BYTES, person=_BLOCK_PERSON).digest()
+        keys.append(key)
+    return keys

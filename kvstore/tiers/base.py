@@ -1,0 +1,176 @@
+"""The interface every tier below the GPU implements, and the registry that names them.
+
+A tier stores whole blocks (``KVLayout.bytes_per_block`` raw bytes each) under
+their 32-byte chained keys. Because keys are content addresses, ``put`` of a
+key that is already present is a no-op and the stored bytes never change.
+
+Calls are batched; each docstring says what it changes. Synchronous methods
+may block on I/O; ``get_async``/``put_async`` run the same work on the tier's
+own thread pool and return a :class:`concurrent.futures.Future`, so an engine
+never blocks on a disk.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from kvstore.layout import KVLayout
+
+Buffer = torch.Tensor
+"""A destination or source of exactly ``bytes_per_block`` bytes: a contiguous ``uint8`` tensor."""
+
+
+@dataclass
+class TierStats:
+    """Counters of one tier since it was opened. Mutable; read a snapshot with :meth:`Tier.stats`."""
+
+    hits: int = 0
+    """Keys found by ``get``."""
+    misses: int = 0
+    """Keys asked of ``get`` and not found (corrupt entries count here too)."""
+    bytes_read: int = 0
+    """Raw block bytes delivered by ``get``."""
+    bytes_written: int = 0
+    """Raw block bytes accepted by ``put``."""
+    puts: int = 0
+    """Blocks newly stored."""
+    evictions: int = 0
+    """Blocks removed to respect the capacity."""
+    corrupt_dropped: int = 0
+    """Stored values that failed a header or checksum check, deleted and reported as misses."""
+    used_bytes: int = 0
+    """Bytes occupied now (stored size, after compression)."""
+    capacity_bytes: int = 0
+    """Capacity in bytes."""
+    num_blocks: int = 0
+    """Blocks stored now."""
+
+    def as_dict(self) -> dict[str, int]:
+        """Plain dict of the counters."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TierEvent:
+    """Something a tier did on its own that the tiered store must learn (drained, not called back)."""
+
+    kind: str
+    """``"evicted"`` (capacity) or ``"corrupt"`` (failed verification and deleted)."""
+    key: bytes
+    """The block key."""
+
+
+class Tier(ABC):
+    """A key-addressed block store below the GPU."""
+
+    name: str = "tier"
+
+    def __init__(self, layout: KVLayout) -> None:
+        self.layout = layout
+        self._stats = TierStats()
+        self._events: list[TierEvent] = []
+        self._events_lock = threading.Lock()
+
+    # -------------------------------------------------------------- queries
+    @abstractmethod
+    def contains_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, consecutively from the first, are stored. Changes nothing.
+
+        (SGLang's ``batch_exists``: the chained keys of a prompt stop being
+        useful at the first gap.)
+        """
+
+    @abstractmethod
+    def contains(self, key: bytes) -> bool:
+        """Whether ``key`` is stored. Changes nothing."""
+
+    # ---------------------------------------------------------------- data
+    @abstractmethod
+    def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
+        """Copy each found block into its destination; ``result[i]`` says whether ``dests[i]`` was filled.
+
+        Marks found keys as recently used. A stored value that fails
+        verification is deleted, counted in ``corrupt_dropped``, reported as
+        ``False`` and announced as a ``"corrupt"`` event; its destination is
+        left with unspecified bytes and must not be used.
+        """
+
+    @abstractmethod
+    def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
+        """Store blocks; ``result[i]`` is ``True`` if ``keys[i]`` is stored after the call.
+
+        Keys already present are left untouched (content addressing). May
+        evict least recently used blocks to stay under capacity (each announced
+        as an ``"evicted"`` event). ``False`` means the tier could not make
+        room (for example every slot is locked).
+        """
+
+    @abstractmethod
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Remove these keys if present; returns how many were removed."""
+
+    def flush(self) -> None:
+        """Make every acknowledged ``put`` durable (no-op for volatile tiers)."""
+
+    def close(self) -> None:
+        """Flush and release resources; the tier is unusable afterwards."""
+
+    # --------------------------------------------------------------- async
+    def get_async(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> Future[list[bool]]:
+        """:meth:`get` on the tier's I/O threads (default: run inline and return a done future)."""
+        return _done_future(lambda: self.get(keys, dests))
+
+    def put_async(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> Future[list[bool]]:
+        """:meth:`put` on the tier's I/O threads (default: run inline and return a done future)."""
+        return _done_future(lambda: self.put(keys, srcs))
+
+    # ------------------------------------------------------- stats, events
+    def stats(self) -> TierStats:
+        """A snapshot copy of this tier's counters."""
+        return TierStats(**self._stats.as_dict())
+
+    def drain_events(self) -> list[TierEvent]:
+        """Return and clear the events queued since the last drain."""
+        with self._events_lock:
+            events, self._events = self._events, []
+        return events
+
+    def _emit(self, kind: str, key: bytes) -> None:
+        with self._events_lock:
+            self._events.append(TierEvent(kind, key))
+
+
+def _done_future(fn: Callable[[], list[bool]]) -> Future[list[bool]]:
+    fut: Future[list[bool]] = Future()
+    try:
+        fut.set_result(fn())
+    except BaseException as exc:  # the future carries it to the caller
+        fut.set_exception(exc)
+    return fut
+
+
+@dataclass
+class TierRegistry:
+    """Tier classes by the name used in YAML."""
+
+    factories: dict[str, Callable[..., Tier]] = field(default_factory=dict)
+
+    def register(self, name: str, factory: Callable[..., Tier]) -> None:
+        """Make ``factory`` available as ``name``; a name can be registered once."""
+        if name in self.factories:
+            raise ValueError(f"tier {name!r} is already registered")
+        self.factories[name] = factory
+
+    def create(self, name: str, *args: object, **kwargs: object) -> Tier:
+        """Build the tier registered as ``name``."""
+        try:
+            factory = self.factories[name]
+        except KeyError:
+            raise ValueError(f"unknown tier {name!r}; known tiers: {', '.join(sorted(self.factories))}") from None
+        return factory(*args, **kwargs)

@@ -1,0 +1,36 @@
+"""The command line: every command has --help, and `kvstore run` works on the default config."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from kvstore.cli.main import build_parser
+
+
+def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvstore", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_every_command_has_help() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert sub.choices, "no commands registered"
+    for name in sub.choices:
+        res = _run(name, "--help")
+        assert res.returncode == 0, (name, res.stderr)
+        assert "usage: kvstore" in res.stdout and len(res.stdout) > 80
+
+
+def test_run_smoke_on_test_config(repo: Path, tmp_path: Path) -> None:
+    res = _run("run", "--config", str(repo / "configs/test.yaml"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "OK" in res.stdout
+
+
+def test_run_bad_config_exits_two(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpu:\n  num_blocks: -3\n")
+    res = _run("run", "--config", str(bad))
+    assert res.returncode == 2 and "gpu.num_blocks" in res.stderr

@@ -1,0 +1,136 @@
+"""Config: YAML loading, env overrides, clear errors, the CLI check, the documented default."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvstore.config import ConfigError, KVStoreConfig, load_config, parse_config
+from kvstore.config.render import render_default_yaml
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvstore", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_default_yaml_is_valid_and_equals_builtin_defaults(repo: Path) -> None:
+    cfg = load_config(repo / "configs/default.yaml", environ={})
+    assert cfg == KVStoreConfig()
+
+
+def test_default_yaml_documents_every_field(repo: Path) -> None:
+    text = (repo / "configs/default.yaml").read_text()
+    assert text == render_default_yaml(), "configs/default.yaml is stale: regenerate with `kvstore config default`"
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            assert lines[i - 1].strip().startswith("#"), f"field without a comment: {line!r}"
+
+
+def test_test_yaml_is_valid(repo: Path) -> None:
+    cfg = load_config(repo / "configs/test.yaml", environ={})
+    assert cfg.model.block_size == 4 and cfg.host.capacity == 64 * 1024
+
+
+def test_sizes_accept_units() -> None:
+    cfg = parse_config({"host": {"capacity": "4GiB"}, "disk": {"max_size": "512MB"}, "file": {"max_size": 1234}})
+    assert cfg.host.capacity == 4 * 2**30
+    assert cfg.disk.max_size == 512 * 10**6
+    assert cfg.file.max_size == 1234
+
+
+def test_env_override_applies_and_is_typed() -> None:
+    env = {"KVSTORE_DISK__MAX_SIZE": "1GiB", "KVSTORE_GPU__NUM_BLOCKS": "77", "KVSTORE_HOST__ENABLED": "false"}
+    cfg = parse_config({"disk": {"max_size": "2GiB"}}, "f.yaml", env)
+    assert cfg.disk.max_size == 2**30
+    assert cfg.gpu.num_blocks == 77
+    assert cfg.host.enabled is False
+
+
+def test_env_override_error_names_variable() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({}, "f.yaml", {"KVSTORE_GPU__NUM_BLOCKS": "many"})
+    assert "gpu.num_blocks" in str(info.value) and "KVSTORE_GPU__NUM_BLOCKS" in str(info.value)
+
+
+def test_unknown_env_field_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'disk.max_sise'.*did you mean 'disk.max_size'"):
+        parse_config({}, "f.yaml", {"KVSTORE_DISK__MAX_SISE": "1GiB"})
+
+
+def test_all_problems_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"disk": {"max_size": -1, "codec": "lz4"}, "gpu": {"num_blocks": 0}, "typo": 1}, "f.yaml")
+    problems = info.value.problems
+    assert len(problems) == 4
+    text = "\n".join(problems)
+    for needle in ("disk.max_size", "cannot be negative", "disk.codec", "'shuffle_zstd'", "gpu.num_blocks", "'typo'"):
+        assert needle in text
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file") as info:
+        load_config(tmp_path / "nope.yaml", environ={})
+    assert "nope.yaml" in str(info.value)
+
+
+def test_bad_yaml_names_line(tmp_path: Path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text("disk:\n  path: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML: line \d+, column \d+"):
+        load_config(p, environ={})
+
+
+def test_wrong_type_and_non_mapping(tmp_path: Path) -> None:
+    p = tmp_path / "list.yaml"
+    p.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(p, environ={})
+    with pytest.raises(ConfigError, match=r"disk: Input should be a valid dictionary"):
+        parse_config({"disk": 5})
+    with pytest.raises(ConfigError, match=r"host.enabled"):
+        parse_config({"host": {"enabled": "perhaps"}})
+
+
+def test_tcp_without_token_refused() -> None:
+    with pytest.raises(ConfigError, match="token"):
+        parse_config({"daemon": {"tcp_host": "0.0.0.0"}})
+
+
+def test_cli_check_default_exits_zero(repo: Path) -> None:
+    res = _cli("config", "check", str(repo / "configs/default.yaml"))
+    assert res.returncode == 0, res.stderr
+    assert yaml.safe_load(res.stdout)["disk"]["max_size"] == "8GiB"
+
+
+def test_cli_check_bogus_key_exits_two(repo: Path, tmp_path: Path) -> None:
+    p = tmp_path / "bogus.yaml"
+    p.write_text((repo / "configs/default.yaml").read_text() + "\nbogus_key: 1\n")
+    res = _cli("config", "check", str(p))
+    assert res.returncode == 2
+    assert "bogus_key" in res.stderr and str(p) in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cli_check_negative_size_exits_two(repo: Path, tmp_path: Path) -> None:
+    data = yaml.safe_load((repo / "configs/default.yaml").read_text())
+    data["disk"]["max_size"] = -4096
+    p = tmp_path / "neg.yaml"
+    p.write_text(yaml.safe_dump(data))
+    res = _cli("config", "check", str(p))
+    assert res.returncode == 2
+    assert "disk.max_size" in res.stderr and "negative" in res.stderr
+
+
+def test_cli_check_shows_env_override(repo: Path) -> None:
+    import os
+
+    env = dict(os.environ, KVSTORE_DISK__CODEC="zstd")
+    res = _cli("config", "check", str(repo / "configs/default.yaml"), env=env)
+    assert res.returncode == 0
+    assert yaml.safe_load(res.stdout)["disk"]["codec"] == "zstd"

@@ -1,0 +1,208 @@
+"""Radix index: matching, splitting, exact LRU eviction, locks, and a model-based property test."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvstore.errors import BlockStateError, IntegrityError
+from kvstore.hashing import block_keys
+from kvstore.layout import KVLayout
+from kvstore.radix import RadixIndex
+
+LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, block_size=2, dtype="float16", model_id="radix")
+
+
+def _keys(tokens: list[int], salt: str | None = None) -> list[bytes]:
+    return block_keys(tokens, LAYOUT, salt)
+
+
+class _Ids:
+    def __init__(self) -> None:
+        self._it = itertools.count()
+
+    def take(self, n: int) -> list[int]:
+        return [next(self._it) for _ in range(n)]
+
+
+def test_match_and_per_tier_split() -> None:
+    idx = RadixIndex(LAYOUT)
+    toks = list(range(10))  # 5 blocks
+    keys = _keys(toks)
+    idx.insert(keys, gpu_blocks=[0, 1, None, None, None], host_slots=[None, 7, 3, None, None], on_disk=[True] * 5)
+    m = idx.match(toks + [99, 98])
+    assert m.num_blocks == 5
+    assert (m.gpu_blocks, m.host_blocks, m.disk_blocks) == (2, 1, 2)
+    assert [e.tier for e in m.entries] == ["gpu", "gpu", "host", "disk", "disk"]
+    assert idx.match([0, 1, 2, 3, 7, 7]).num_blocks == 2
+    assert idx.match([5, 5]).num_blocks == 0
+    assert idx.match([0]).num_blocks == 0  # no full block, no match
+    idx.check_integrity()
+
+
+def test_salt_isolates_tenants() -> None:
+    idx = RadixIndex(LAYOUT)
+    toks = list(range(8))
+    idx.insert(_keys(toks, "a"), gpu_blocks=[0, 1, 2, 3])
+    assert idx.match(toks, salt="a").num_blocks == 4
+    assert idx.match(toks, salt="b").num_blocks == 0
+    assert idx.match(toks).num_blocks == 0
+
+
+def test_insert_splits_on_divergence_and_reuses_existing() -> None:
+    idx = RadixIndex(LAYOUT)
+    a = _keys([1, 1, 2, 2, 3, 3, 4, 4])
+    b = _keys([1, 1, 2, 2, 9, 9])
+    idx.insert(a, gpu_blocks=[0, 1, 2, 3])
+    res = idx.insert(b, gpu_blocks=[10, 11, 12])
+    assert res.num_existing == 2
+    assert [e.gpu_block for e in res.entries] == [0, 1, 12]  # existing entries untouched
+    top = list(idx.root.children.values())
+    assert len(top) == 1 and len(top[0].entries) == 2 and len(top[0].children) == 2
+    # Inserting a prefix of an existing node adds nothing and does not split.
+    res2 = idx.insert(a[:1], gpu_blocks=[20])
+    assert res2.num_existing == 1 and res2.entries[0].gpu_block == 0
+    assert len(top[0].entries) == 2
+    idx.check_integrity()
+
+
+def test_exact_lru_eviction_order_and_locks() -> None:
+    idx = RadixIndex(LAYOUT)
+    ids = _Ids()
+    seqs = {name: _keys([i, i, i + 50, i + 50]) for i, name in enumerate("abcde")}
+    for name in "abcde":
+        idx.insert(seqs[name], gpu_blocks=ids.take(2))
+    idx.match_keys(seqs["b"])  # b becomes most recent
+    idx.match_keys(seqs["a"])  # then a
+    locked = idx.match_keys(seqs["d"]).node
+    idx.lock(locked)
+    order = []
+    while (victim := idx.evict_lru_leaf()) is not None:
+        order.append(victim.entries[0].key)
+        idx.check_integrity()
+    names = {seqs[n][0]: n for n in seqs}
+    assert [names[k] for k in order] == ["c", "e", "b", "a"]
+    assert idx.match_keys(seqs["d"]).num_blocks == 2  # locked survived
+    idx.unlock(locked)
+    assert idx.evict_lru_leaf() is not None
+    assert len(idx) == 0
+
+
+def test_lock_protects_ancestors_and_unlock_balance() -> None:
+    idx = RadixIndex(LAYOUT)
+    base = _keys([1, 1, 2, 2])
+    child = _keys([1, 1, 2, 2, 3, 3])
+    idx.insert(base, gpu_blocks=[0, 1])
+    idx.insert(child, gpu_blocks=[None, None, 2])
+    leaf = idx.match_keys(child).node
+    idx.lock(leaf)
+    assert idx.evict_lru_leaf() is None  # the only leaf is locked; its parent is not a leaf
+    assert leaf.parent is not None and leaf.parent.lock_ref == 1
+    idx.unlock(leaf)
+    with pytest.raises(BlockStateError):
+        idx.unlock(leaf)
+    victim = idx.evict_lru_leaf()
+    assert victim is leaf
+    assert idx.evict_lru_leaf() is not None
+
+
+def test_integrity_detects_double_gpu_block_and_homeless_entry() -> None:
+    idx = RadixIndex(LAYOUT)
+    idx.insert(_keys([1, 1]), gpu_blocks=[5])
+    idx.insert(_keys([2, 2]), gpu_blocks=[6])
+    e = idx.get(_keys([2, 2])[0])
+    assert e is not None
+    idx.set_gpu(e, 5)
+    with pytest.raises(IntegrityError, match="GPU block 5"):
+        idx.check_integrity()
+    idx.set_gpu(e, None)
+    with pytest.raises(IntegrityError, match="no tier"):
+        idx.check_integrity()
+    with pytest.raises(ValueError, match="at least one tier"):
+        idx.insert(_keys([3, 3]))
+
+
+def test_lru_nodes_tier_aware_and_remove_tail() -> None:
+    idx = RadixIndex(LAYOUT)
+    keys = _keys([1, 1, 2, 2, 3, 3])
+    res = idx.insert(keys, gpu_blocks=[0, 1, 2], on_disk=[True, True, True])
+    node = res.node
+    dropped = idx.remove_tail(node, 1)
+    assert [e.gpu_block for e in dropped] == [1, 2]
+    assert idx.match_keys(keys).num_blocks == 1
+    on_gpu = idx.lru_nodes(lambda n: any(e.gpu_block is not None for e in n.entries))
+    assert on_gpu == [node]
+    idx.check_integrity()
+
+
+# --------------------------------------------------------------------------- property test
+
+
+class RadixMachine(RuleBasedStateMachine):
+    """Random insert/match/lock/unlock/evict against a reference model of present keys."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.idx = RadixIndex(LAYOUT)
+        self.present: set[bytes] = set()
+        self.ids = _Ids()
+        self.locks: list[tuple[object, set[bytes]]] = []
+
+    chains = st.lists(st.integers(0, 2), min_size=2, max_size=12).map(lambda t: _keys(t))
+
+    @rule(keys=chains)
+    def insert(self, keys: list[bytes]) -> None:
+        res = self.idx.insert(keys, gpu_blocks=self.ids.take(len(keys)))
+        expected_existing = 0
+        while expected_existing < len(keys) and keys[expected_existing] in self.present:
+            expected_existing += 1
+        assert res.num_existing == expected_existing
+        self.present.update(keys)
+
+    @rule(keys=chains)
+    def match(self, keys: list[bytes]) -> None:
+        m = self.idx.match_keys(keys)
+        expected = 0
+        while expected < len(keys) and keys[expected] in self.present:
+            expected += 1
+        assert m.num_blocks == expected
+        assert [e.key for e in m.entries] == keys[:expected]
+
+    @rule(keys=chains)
+    def lock(self, keys: list[bytes]) -> None:
+        m = self.idx.match_keys(keys)
+        if m.num_blocks == 0:
+            return
+        self.idx.lock(m.node)
+        self.locks.append((m.node, set(keys[: m.num_blocks])))
+
+    @precondition(lambda self: self.locks)
+    @rule(i=st.integers(0, 1000))
+    def unlock(self, i: int) -> None:
+        node, _ = self.locks.pop(i % len(self.locks))
+        self.idx.unlock(node)  # type: ignore[arg-type]
+
+    @rule()
+    def evict(self) -> None:
+        victim = self.idx.evict_lru_leaf()
+        protected = set().union(*(k for _, k in self.locks)) if self.locks else set()
+        if victim is None:
+            # Nothing evictable: every leaf must be locked.
+            assert all(n.lock_ref > 0 for n in self.idx.nodes() if n.is_leaf)
+            return
+        gone = {e.key for e in victim.entries}
+        assert gone <= self.present and not gone & protected
+        self.present -= gone
+
+    @invariant()
+    def consistent(self) -> None:
+        self.idx.check_integrity()
+        assert len(self.idx) == len(self.present)
+
+
+TestRadixMachine = RadixMachine.TestCase
+TestRadixMachine.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
