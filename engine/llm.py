@@ -1,0 +1,151 @@
+"""``LLM``: the engine's front door. Builds the model, the block pool and the scheduler; runs requests."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence as Seq
+from pathlib import Path
+
+from engine.block_manager import BlockManager
+from engine.config import ModelConfig
+from engine.engine_config import EngineConfig
+from engine.kernels import select_backend
+from engine.outputs import RequestOutput
+from engine.runner import ModelRunner
+from engine.sampler import Sampler, check_stop
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from engine.weights import build_model, init_random, load_safetensors
+from kvstore.gpu_pool import GPUBlockPool
+from kvstore.layout import KVLayout
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """A Llama-family model served from kvstore's GPU block pool with continuous batching.
+
+    ``model`` is a local Hugging Face checkpoint directory (``config.json`` and
+    ``*.safetensors``; ``tokenizer.json`` when present), or ``None`` for the
+    built-in model: ``model_config`` (default :meth:`ModelConfig.tiny`) with
+    random weights from ``config.seed``. ``block_manager_factory`` swaps the
+    KV cache manager (a connector-backed one adds prefix caching); it receives
+    the pool.
+    """
+
+    def __init__(self, model: str | Path | None = None, *, config: EngineConfig | None = None,
+                 model_config: ModelConfig | None = None,
+                 block_manager_factory: Callable[[GPUBlockPool], BlockManager] = BlockManager) -> None:
+        self.config = config or EngineConfig()
+        device = self.config.torch_device()
+        dtype_name = self.config.kv_dtype_name()
+        if model is not None:
+            if model_config is not None:
+                raise ValueError("pass either a checkpoint directory or a model_config, not both")
+            model_config = ModelConfig.from_pretrained(model)
+        cfg = model_config or ModelConfig.tiny()
+        layout = KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.config.block_size, dtype_name,
+                          model_id=str(model) if model is not None else f"builtin-random-seed{self.config.seed}")
+        self.model = build_model(cfg, layout.torch_dtype, device)
+        if model is not None:
+            load_safetensors(self.model, model)
+        else:
+            init_random(self.model, self.config.seed)
+        self.tokenizer: ByteTokenizer | HFTokenizer = load_tokenizer(model, cfg.vocab_size)
+        self.eos_token_ids = cfg.eos_token_ids or (
+            (ByteTokenizer.EOS,) if isinstance(self.tokenizer, ByteTokenizer) else ())
+        self.pool = GPUBlockPool(layout, self.config.num_gpu_blocks, device)
+        self.block_manager = block_manager_factory(self.pool)
+        self.scheduler = Scheduler(self.block_manager, self.config.max_num_batched_tokens, self.config.max_num_seqs)
+        self.runner = ModelRunner(self.model, self.pool, select_backend(self.config.backend, device))
+        self.sampler = Sampler(self.config.seed)
+        self._ids = itertools.count()
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The model's configuration."""
+        return self.model.config
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
+                    request_id: str | None = None) -> Sequence:
+        """Queue one request (text or token ids); returns its sequence. Checks that it can ever fit."""
+        params = params or SamplingParams()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        rid = request_id if request_id is not None else str(next(self._ids))
+        seq = Sequence(rid, ids, params)
+        total = seq.num_prompt_tokens + params.max_tokens
+        if total > self.model_config.max_model_len:
+            raise ValueError(f"request {rid!r}: {seq.num_prompt_tokens} prompt + {params.max_tokens} new tokens "
+                             f"exceed the model's maximum length {self.model_config.max_model_len}")
+        blocks = -(-total // self.config.block_size)
+        if blocks > self.pool.num_blocks:
+            raise ValueError(f"request {rid!r} needs up to {blocks} KV blocks; the pool has {self.pool.num_blocks}")
+        bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"request {rid!r}: token ids {bad[:5]} are outside the vocabulary "
+                             f"of {self.model_config.vocab_size}")
+        self.scheduler.add(seq)
+        return seq
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is still waiting or running."""
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[Sequence]:
+        """Schedule, run the model once, sample; returns the sequences that finished in this step."""
+        plan = self.scheduler.schedule()
+        if not plan.chunks:
+            return []
+        now = time.perf_counter()
+        for c in plan.chunks:
+            if c.seq.metrics.first_scheduled_time is None:
+                c.seq.metrics.first_scheduled_time = now
+        seqs = [c.seq for c in plan.chunks]
+        logits = self.runner.run(plan.chunks, before_layer=self.block_manager.before_layer(seqs))
+        finished: list[Sequence] = []
+        for chunk, row in zip(plan.chunks, logits):
+            seq = chunk.seq
+            is_decode = chunk.num_tokens == 1 and seq.output_token_ids and chunk.completes
+            if not is_decode:
+                seq.metrics.num_prefill_tokens_computed += chunk.num_tokens
+            seq.num_computed_tokens += chunk.num_tokens
+            self.block_manager.on_computed(seq)
+            if not chunk.completes:
+                continue  # a prefill chunk that does not reach the end samples nothing
+            seq.output_token_ids.append(self.sampler.sample(seq, row))
+            now = time.perf_counter()
+            if seq.metrics.first_token_time is None:
+                seq.metrics.first_token_time = now
+            reason, text = check_stop(seq, self.eos_token_ids, self.tokenizer.decode(seq.output_token_ids))
+            seq.output_text = text
+            if reason is not None:
+                seq.finish_reason = reason
+                seq.metrics.finished_time = now
+                self.scheduler.finish(seq)
+                self.sampler.release(seq)
+                finished.append(seq)
+        return finished
+
+    def generate(self, prompts: Prompt | Seq[Prompt],
+                 params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion with continuous batching; outputs in prompt order.
+
+        ``prompts`` is one prompt or a list (text, or token-id lists); ``params``
+        is one :class:`SamplingParams` for all or one per prompt.
+        """
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompt_list = list(prompts)  # type: ignore[arg-type]
+        if params is None or isinstance(params, SamplingParams):
+            param_list = [params or SamplingParams()] * len(prompt_list)
+        else:
+            param_list = list(params)
+            if len(param_list) != len(prompt_list):
+                raise ValueError(f"{len(param_list)} SamplingParams for {len(prompt_list)} prompts")
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompt_list, param_list)]
+        while self.has_unfinished():
+            self.step()
+        return [RequestOutput.from_sequence(s) for s in seqs]
