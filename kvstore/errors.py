@@ -26,3 +26,27 @@ class IntegrityError(KVStoreError):
 
 class BlockStateError(KVStoreError):
     """An operation was asked of a block in the wrong state (double free, unknown id)."""
+
+
+def short_key(key: bytes | None) -> str:
+    """First 8 bytes of a block key in hex, for messages (``None`` when there is no key)."""
+    return "<no key>" if key is None else bytes(key[:8]).hex() + "…"
+
+
+class CorruptBlock(KVStoreError):
+    """A stored block value failed verification (header, length or checksum); never serve it.
+
+    ``reason`` is one of :data:`kvstore.codec.CORRUPT_REASONS` (``"bad magic"``,
+    ``"checksum mismatch"``, ...), so callers and tests can act on it.
+    """
+
+    def __init__(self, key: bytes | None, reason: str, detail: str = "") -> None:
+        msg = f"corrupt block {short_key(key)}: {reason}"
+        super().__init__(f"{msg} ({detail})" if detail else msg)
+        self.key = key
+        self.reason = reason
+        self.detail = detail
+
+
+class TierError(KVStoreError):
+    """A tier cannot be opened or used as configured (pinning impossible, arena too small, closed tier)."""

@@ -1,0 +1,129 @@
+"""Block codec: bit-identical round trips, and every kind of damage raises CorruptBlock."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiers_testlib import CODEC_NAMES, LAYOUTS, make_blocks
+
+from kvstore.codec import CODECS, CORRUPT_REASONS, HEADER_SIZE, decode_into, encode, shuffle, unshuffle
+from kvstore.errors import CorruptBlock
+
+
+@pytest.mark.parametrize("dtype", sorted(LAYOUTS))
+@pytest.mark.parametrize("codec", CODEC_NAMES)
+def test_round_trip_bit_identical(dtype: str, codec: str) -> None:
+    layout = LAYOUTS[dtype]
+    for raw in make_blocks(layout, 3, seed=1):
+        value = encode(raw, codec, 3, layout.fingerprint, layout.itemsize)
+        assert value[:4] == b"KVBK"
+        dest = torch.zeros_like(raw)
+        decode_into(value, dest, layout.fingerprint)
+        assert torch.equal(dest, raw)
+
+
+@pytest.mark.parametrize("codec", CODEC_NAMES)
+def test_round_trip_special_values_and_odd_lengths(codec: str) -> None:
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 65504.0, 6e-8], dtype=torch.float16)
+    raw = specials.view(torch.uint8)
+    for itemsize in (1, 2, 4):
+        for n in (0, 1, 3, 13, raw.numel()):
+            part = raw[:n].clone()
+            dest = torch.empty_like(part)
+            decode_into(encode(part, codec, 1, bytes(16), itemsize), dest, bytes(16))
+            assert torch.equal(dest, part)
+
+
+@given(data=st.binary(max_size=200), itemsize=st.sampled_from([1, 2, 4, 8]))
+@settings(max_examples=60, deadline=None)
+def test_shuffle_inverts(data: bytes, itemsize: int) -> None:
+    raw = np.frombuffer(data, dtype=np.uint8)
+    planes = shuffle(raw, itemsize)
+    out = np.empty_like(raw)
+    unshuffle(planes, itemsize, out)
+    assert out.tobytes() == data
+
+
+def test_shuffle_groups_byte_planes() -> None:
+    raw = np.array([0x0201, 0x0403, 0x0605], dtype="<u2").view(np.uint8)
+    assert shuffle(raw, 2).tolist() == [0x01, 0x03, 0x05, 0x02, 0x04, 0x06]
+
+
+def _encoded(codec: str = "none") -> tuple[bytes, torch.Tensor, bytes]:
+    layout = LAYOUTS["float16"]
+    raw = make_blocks(layout, 1, seed=7)[0]
+    return encode(raw, codec, 1, layout.fingerprint, 2), raw, layout.fingerprint
+
+
+def _reason(value: bytes, fp: bytes, size: int) -> str:
+    with pytest.raises(CorruptBlock) as info:
+        decode_into(value, torch.empty(size, dtype=torch.uint8), fp, key=b"\xab" * 32)
+    assert info.value.reason in CORRUPT_REASONS
+    assert "abababab" in str(info.value)  # the error names the key
+    return info.value.reason
+
+
+@pytest.mark.parametrize("codec", CODEC_NAMES)
+def test_every_single_byte_flip_is_caught_or_harmless(codec: str) -> None:
+    """A flip raises, or (only in bits zstd ignores in its frame header) decodes to the exact block."""
+    value, raw, fp = _encoded(codec)
+    harmless = []
+    for pos in range(len(value)):
+        bad = bytearray(value)
+        bad[pos] ^= 0x10
+        dest = torch.empty_like(raw)
+        try:
+            decode_into(bytes(bad), dest, fp)
+        except CorruptBlock as exc:
+            assert exc.reason in CORRUPT_REASONS
+            continue
+        assert torch.equal(dest, raw), f"flip at {pos} served wrong bytes"
+        harmless.append(pos - HEADER_SIZE)
+    # The header and the raw checksum leave slack only in the zstd frame descriptor (byte 4 of the frame).
+    assert all(0 <= p < 6 for p in harmless) and (codec != "none" or not harmless)
+
+
+@pytest.mark.parametrize("codec", CODEC_NAMES)
+def test_every_truncation_is_caught(codec: str) -> None:
+    value, raw, fp = _encoded(codec)
+    for cut in range(len(value)):
+        reason = _reason(value[:cut], fp, raw.numel())
+        assert reason == "truncated"
+
+
+def test_header_reasons_are_specific() -> None:
+    value, raw, fp = _encoded("zstd")
+    n = raw.numel()
+    assert _reason(b"XXXX" + value[4:], fp, n) == "bad magic"
+    assert _reason(value[:4] + struct.pack("<H", 2) + value[6:], fp, n) == "unknown version"
+    assert _reason(value[:6] + bytes([9]) + value[7:], fp, n) == "unknown codec"
+    assert _reason(value, bytes(16), n) == "foreign fingerprint"
+    assert _reason(value, fp, n - 2) == "length mismatch"
+    assert _reason(value + b"\0", fp, n) == "length mismatch"
+    bad = bytearray(value)
+    bad[-3] ^= 0xFF
+    assert _reason(bytes(bad), fp, n) in ("decompression error", "checksum mismatch")
+    none_value, _, _ = _encoded("none")
+    flipped = bytearray(none_value)
+    flipped[HEADER_SIZE + 5] ^= 1
+    assert _reason(bytes(flipped), fp, n) == "checksum mismatch"
+
+
+def test_unknown_codec_name_and_bad_fingerprint_rejected() -> None:
+    with pytest.raises(ValueError, match="known codecs"):
+        encode(b"abc", "lz4", 1, bytes(16))
+    with pytest.raises(ValueError, match="16 bytes"):
+        encode(b"abc", "none", 1, b"short")
+    assert sorted(CODECS.by_name) == sorted(CODEC_NAMES)
+
+
+def test_decode_reads_zero_copy_buffers() -> None:
+    value, raw, fp = _encoded("shuffle_zstd")
+    dest = np.empty(raw.numel(), dtype=np.uint8)
+    decode_into(memoryview(bytearray(value)), dest, fp)
+    assert dest.tobytes() == raw.numpy().tobytes()

@@ -1,0 +1,40 @@
+"""Helpers shared by the tier tests: layouts, realistic keys, random blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kvstore.hashing import block_keys
+from kvstore.layout import KVLayout
+
+LAYOUTS = {
+    "float16": KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4, dtype="float16", model_id="t"),
+    "bfloat16": KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4, dtype="bfloat16", model_id="t"),
+    "float32": KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4, dtype="float32", model_id="t"),
+}
+"""Tiny layouts (512 bytes per fp16 block) so tests stay fast."""
+
+CODEC_NAMES = ("none", "zstd", "shuffle_zstd")
+
+
+def make_keys(layout: KVLayout, n: int, seed: int = 0, salt: str | None = None) -> list[bytes]:
+    """``n`` chained keys of a random prompt, as the store would compute them."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 32_000, size=n * layout.block_size)
+    return block_keys(tokens, layout, salt=salt)
+
+
+def make_blocks(layout: KVLayout, n: int, seed: int = 0) -> list[torch.Tensor]:
+    """``n`` blocks of random values in the layout's dtype, as contiguous uint8 tensors."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        vals = torch.randn(layout.block_shape, generator=gen).to(layout.torch_dtype)
+        out.append(vals.reshape(-1).view(torch.uint8).clone())
+    return out
+
+
+def empty_blocks(layout: KVLayout, n: int) -> list[torch.Tensor]:
+    """``n`` destination buffers filled with a marker byte."""
+    return [torch.full((layout.bytes_per_block,), 0xA5, dtype=torch.uint8) for _ in range(n)]
