@@ -16,6 +16,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "kvstore.cli.config_cmd",
     "kvstore.cli.run_cmd",
+    "kvstore.cli.generate_cmd",
 )
 
 

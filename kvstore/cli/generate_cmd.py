@@ -1,0 +1,73 @@
+"""``kvstore generate``: run a prompt through a local checkpoint or the built-in tiny model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _generate(args: argparse.Namespace) -> int:
+    # The engine (and torch model code) loads only when this command runs.
+    from engine import LLM, CheckpointError, EngineConfig, SamplingParams
+
+    try:
+        config = EngineConfig(block_size=args.block_size, num_gpu_blocks=args.num_blocks, backend=args.backend,
+                              dtype=args.dtype, device=args.device, seed=args.seed)
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, seed=args.sampling_seed, stop=tuple(args.stop),
+                                ignore_eos=args.ignore_eos)
+        llm = LLM(args.model, config=config)
+        outputs = llm.generate(args.prompt, params)
+    except (CheckpointError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for prompt, out in zip(args.prompt, outputs):
+        if args.json:
+            print(json.dumps({
+                "prompt": prompt,
+                "text": out.text,
+                "token_ids": out.token_ids,
+                "finish_reason": out.finish_reason,
+                "time_to_first_token_s": out.metrics.time_to_first_token,
+                "prefill_tokens_computed": out.metrics.num_prefill_tokens_computed,
+                "cached_tokens": out.metrics.num_cached_tokens,
+            }))
+        else:
+            print(out.text)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``generate`` command."""
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text with the built-in paged-attention engine",
+        description="Run one or more prompts through a local Llama/Mistral/Qwen2 checkpoint directory "
+        "(config.json + *.safetensors, tokenizer.json if present) or, without --model, through the built-in "
+        "tiny model with random weights (byte-level tokenizer). Nothing is downloaded.",
+    )
+    p.add_argument("prompt", nargs="+", help="prompt text; several prompts run as one continuous batch")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="local checkpoint directory (default: the built-in tiny random model)")
+    p.add_argument("--max-tokens", type=int, default=32, help="most new tokens per prompt (default: 32)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: 0)")
+    p.add_argument("--top-k", type=int, default=0, help="keep only the k most likely tokens; 0 disables (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="keep the smallest set of tokens whose probability reaches p; 1 disables (default: 1)")
+    p.add_argument("--sampling-seed", type=int, default=None,
+                   help="seed of every request's sampler (default: derived from --seed and the request)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop when the output contains TEXT (repeatable; TEXT is cut from the output)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    p.add_argument("--backend", choices=["auto", "triton", "torch"], default="auto",
+                   help="attention kernels: auto = Triton on CUDA, torch on the CPU (default: auto)")
+    p.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"], default="auto",
+                   help="weights and KV cache dtype; auto = bfloat16 on CUDA, float32 on the CPU (default: auto)")
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda:0 (default: CUDA if available)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    p.add_argument("--num-blocks", type=int, default=512, help="KV blocks in the GPU block pool (default: 512)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the built-in model's random weights (default: 0)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object per prompt with text, token ids and metrics")
+    p.set_defaults(func=_generate)

@@ -1,0 +1,50 @@
+"""``kvstore generate`` through its own parser (register + func), as the CLI wires it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import LLM, EngineConfig, ModelConfig, SamplingParams
+from engine.weights import build_model, init_random, save_checkpoint
+from kvstore.cli import generate_cmd
+
+
+def _run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvstore")
+    generate_cmd.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["generate", *argv])
+    return args.func(args)
+
+
+def test_generate_json_matches_the_api(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = build_model(ModelConfig.tiny(), torch.float32, "cpu")
+    init_random(model, 11)
+    save_checkpoint(model, tmp_path)
+    assert _run(["--model", str(tmp_path), "--max-tokens", "4", "--ignore-eos", "--json", "--block-size", "4",
+                 "hi there", "x"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    expect = LLM(tmp_path, config=EngineConfig(block_size=4)).generate(
+        ["hi there", "x"], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert [d["token_ids"] for d in lines] == [o.token_ids for o in expect]
+    assert [d["prompt"] for d in lines] == ["hi there", "x"]
+    assert lines[0]["prefill_tokens_computed"] == 9 and lines[0]["cached_tokens"] == 0
+
+
+def test_generate_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["--model", str(tmp_path), "hi"]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+    assert _run(["--top-p", "0", "hi"]) == 2
+    assert "top_p" in capsys.readouterr().err
+
+
+def test_every_flag_has_help() -> None:
+    parser = argparse.ArgumentParser(prog="kvstore")
+    sub = parser.add_subparsers()
+    generate_cmd.register(sub)
+    gen = sub.choices["generate"]
+    assert all(action.help for action in gen._actions)
