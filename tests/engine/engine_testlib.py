@@ -19,9 +19,11 @@ from kvstore.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 
 
-def tiny_model(num_heads: int = 4, num_kv_heads: int = 2, seed: int = 0, **kw: object) -> LlamaForCausalLM:
-    """A seeded random fp32 model on the CPU."""
-    model = build_model(ModelConfig.tiny(num_heads=num_heads, num_kv_heads=num_kv_heads, **kw), torch.float32, "cpu")
+def tiny_model(num_heads: int = 4, num_kv_heads: int = 2, seed: int = 0, device: str = "cpu",
+               **kw: object) -> LlamaForCausalLM:
+    """A seeded random fp32 model (on the CPU unless told otherwise)."""
+    model = build_model(ModelConfig.tiny(num_heads=num_heads, num_kv_heads=num_kv_heads, **kw), torch.float32,
+                        device)
     init_random(model, seed)
     return model
 
@@ -35,14 +37,15 @@ class PagedHarness:
     def __init__(self, model: LlamaForCausalLM, backend: str = "torch", block_size: int = 4,
                  num_blocks: int = 64) -> None:
         cfg = model.config
+        device = model.lm_head.weight.device
         layout = KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, "float32")
-        self.pool = GPUBlockPool(layout, num_blocks, "cpu")
+        self.pool = GPUBlockPool(layout, num_blocks, device)
         ids = list(range(num_blocks))
         random.Random(1234).shuffle(ids)
         self.pool._free.clear()
         self.pool._free.extend(ids)
         self.manager = BlockManager(self.pool)
-        self.runner = ModelRunner(model, self.pool, select_backend(backend, "cpu"))
+        self.runner = ModelRunner(model, self.pool, select_backend(backend, device))
 
     def new_seq(self, tokens: list[int], rid: str = "s") -> Sequence:
         """A sequence whose whole token list is ``tokens`` (treated as prompt)."""

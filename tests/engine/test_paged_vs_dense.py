@@ -81,3 +81,19 @@ def test_dense_reference_differs_when_kv_is_corrupted() -> None:
     h.pool.kv[seq.block_table[0]].add_(1.0)
     (step,) = h.run([(seq, 1)])
     assert (step[0] - dense_logits(model, tokens)[9]).abs().max() > 1e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_triton_engine_matches_dense() -> None:
+    """The whole paged model on CUDA with the compiled Triton kernels, a realistic head size and block size."""
+    model = tiny_model(8, 2, device="cuda", hidden_size=512, head_dim=64, num_layers=3)
+    h = PagedHarness(model, backend="triton", block_size=16, num_blocks=64)
+    toks = {name: random_tokens(n, seed=i) for i, (name, n) in enumerate([("a", 200), ("b", 77), ("c", 33)])}
+    seqs = {name: h.new_seq(t, name) for name, t in toks.items()}
+    first = h.run([(seqs["a"], 150), (seqs["b"], 76), (seqs["c"], 33)])
+    second = h.run([(seqs["b"], 1), (seqs["a"], 50)])
+    expect = {name: dense_logits(model, t) for name, t in toks.items()}
+    torch.testing.assert_close(first[0], expect["a"][:150], atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(first[2], expect["c"], atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(second[0], expect["b"][76:], atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(second[1], expect["a"][150:], atol=1e-3, rtol=1e-3)
