@@ -1,0 +1,142 @@
+"""The host tier's memory: one preallocated range of slots, plain, pinned and/or shared.
+
+::
+
+    tensor  [ slot 0 | slot 1 | ... | slot num_slots-1 ]   each bytes_per_block bytes
+
+Pinning uses ``cudaHostRegister`` on memory we allocated ourselves rather
+than ``Tensor.pin_memory()``: torch's caching host allocator keeps pinned
+blocks after they are freed, which is how pinned memory "leaks" in long-lived
+servers. Registering our own range lets :meth:`HostArena.close` unregister it
+deterministically, and it works the same for a POSIX shared-memory segment.
+
+Shared memory: the owner creates the segment and unlinks it on close; other
+processes :meth:`HostArena.attach` by name. Python < 3.13 registers every
+attached segment with the attaching process's resource tracker, which unlinks
+it when that process exits (destroying the owner's cache), so attachers
+unregister it immediately.
+"""
+
+from __future__ import annotations
+
+import sys
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
+from typing import Literal
+
+import torch
+
+from kvstore.errors import TierError
+
+PinMode = Literal["auto", "always", "never"]
+
+
+def resolve_pin(mode: PinMode) -> bool:
+    """Whether to pin under ``mode``; ``always`` without CUDA raises :class:`TierError`."""
+    if mode == "never":
+        return False
+    available = torch.cuda.is_available()
+    if mode == "always" and not available:
+        raise TierError("host.pin_memory is 'always' but CUDA is not available; use 'auto' or 'never'")
+    return available
+
+
+class HostArena:
+    """``num_slots`` slots of ``bytes_per_block`` bytes, as one flat ``uint8`` tensor.
+
+    Build with :meth:`allocate` (private or owned shared memory) or
+    :meth:`attach` (another process's shared memory).
+    """
+
+    def __init__(self, tensor: torch.Tensor, bytes_per_block: int, shm: SharedMemory | None, owner: bool) -> None:
+        self.bytes_per_block = bytes_per_block
+        self.num_slots = tensor.numel() // bytes_per_block
+        self.tensor: torch.Tensor | None = tensor[: self.num_slots * bytes_per_block]
+        self._shm = shm
+        self._owner = owner
+        self.pinned = False
+
+    # ------------------------------------------------------------ building
+    @classmethod
+    def allocate(
+        cls, num_slots: int, bytes_per_block: int, *, pin: bool, shm_name: str | None = None, shared: bool = False
+    ) -> HostArena:
+        """New memory for ``num_slots`` slots; ``shared`` creates the segment ``shm_name`` (random name if None).
+
+        Raises :class:`TierError` if the segment already exists or pinning fails.
+        """
+        if num_slots < 1:
+            raise TierError(f"host arena needs at least one slot of {bytes_per_block} bytes")
+        nbytes = num_slots * bytes_per_block
+        shm = None
+        if shared:
+            try:
+                shm = SharedMemory(name=shm_name, create=True, size=nbytes)
+            except FileExistsError:
+                raise TierError(f"shared memory segment {shm_name!r} already exists (another daemon, or a stale one)") from None
+            tensor = torch.frombuffer(shm.buf, dtype=torch.uint8)
+        else:
+            tensor = torch.empty(nbytes, dtype=torch.uint8)
+        arena = cls(tensor, bytes_per_block, shm, owner=True)
+        if pin:
+            arena._pin()
+        return arena
+
+    @classmethod
+    def attach(cls, name: str, bytes_per_block: int, *, pin: bool = False) -> HostArena:
+        """Map the existing segment ``name`` read-write; closing it never unlinks the segment."""
+        try:
+            if sys.version_info >= (3, 13):
+                shm = SharedMemory(name=name, track=False)  # type: ignore[call-arg]
+            else:
+                shm = SharedMemory(name=name)
+                resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+        except FileNotFoundError:
+            raise TierError(f"no shared memory segment named {name!r}; is the daemon running?") from None
+        arena = cls(torch.frombuffer(shm.buf, dtype=torch.uint8), bytes_per_block, shm, owner=False)
+        if pin:
+            arena._pin()
+        return arena
+
+    # ----------------------------------------------------------- accessors
+    @property
+    def name(self) -> str | None:
+        """Name of the shared-memory segment (``None`` for private memory)."""
+        return None if self._shm is None else self._shm.name
+
+    def slot_view(self, slot: int) -> torch.Tensor:
+        """Zero-copy ``uint8`` view of one slot."""
+        if self.tensor is None:
+            raise TierError("host arena is closed")
+        if not 0 <= slot < self.num_slots:
+            raise IndexError(f"slot {slot} out of range [0, {self.num_slots})")
+        start = slot * self.bytes_per_block
+        return self.tensor[start : start + self.bytes_per_block]
+
+    # ------------------------------------------------------------- pinning
+    def _pin(self) -> None:
+        assert self.tensor is not None
+        cudart = torch.cuda.cudart()
+        err = cudart.cudaHostRegister(self.tensor.data_ptr(), self.tensor.numel(), 0)
+        if int(err) != 0:
+            raise TierError(f"cudaHostRegister of {self.tensor.numel()} bytes failed with CUDA error {int(err)}")
+        self.pinned = True
+
+    def close(self) -> None:
+        """Unpin, unmap, and (owner only) unlink the segment. Idempotent; slot views must not be used after."""
+        if self.tensor is None:
+            return
+        if self.pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
+            self.pinned = False
+        self.tensor = None
+        if self._shm is not None:
+            if self._owner:
+                self._shm.unlink()
+            try:
+                self._shm.close()
+            except BufferError:
+                # A caller still holds a slot view. The mapping then lives until that view is
+                # garbage collected (the view keeps the mmap alive); the name is already unlinked.
+                pass
+            self._shm = None

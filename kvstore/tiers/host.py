@@ -1,0 +1,349 @@
+"""Host-RAM tier (L2): a fixed arena of block slots with LRU order and reference counts.
+
+Plain containers (nano-vllm style): an ``OrderedDict`` from key to slot in LRU
+order (oldest first; ``move_to_end`` is O(1)), a dict of reserved slots, a
+dict of reference counts and a list of free slots. Every state change happens
+under one lock; the byte copies happen outside it, on slots that hold a
+reference so nothing can evict or reuse them meanwhile.
+
+A slot is in exactly one of three states::
+
+    free ──reserve/put──► reserved (locked, invisible) ──publish──► published (in LRU order)
+      ▲                          │ abort                                │ evict / delete
+      └──────────────────────────┴──────────────────────────────────────┘
+
+Deleting a locked key raises :class:`BlockStateError` and changes nothing
+(raising, not deferring, so a caller never sees a key that is both gone and
+still occupying memory).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+from kvstore.config.schema import HostConfig
+from kvstore.errors import BlockStateError, IntegrityError, TierError, short_key
+from kvstore.layout import KVLayout
+from kvstore.tiers.arena import HostArena, PinMode, resolve_pin
+from kvstore.tiers.base import Buffer, Tier, TierStats
+
+
+class HostTier(Tier):
+    """Blocks in (optionally pinned, optionally shared) host memory."""
+
+    name = "host"
+
+    def __init__(
+        self,
+        layout: KVLayout,
+        capacity_bytes: int,
+        *,
+        pin_memory: PinMode = "auto",
+        shared_memory: bool = False,
+        shm_name: str | None = None,
+        auto_evict: bool = True,
+    ) -> None:
+        """Allocate ``capacity_bytes // bytes_per_block`` slots now.
+
+        ``auto_evict=False`` makes ``put``/``reserve`` fail instead of evicting,
+        so the tiered store can spill the :meth:`lru_victims` to disk first.
+        """
+        super().__init__(layout)
+        self.bpb = layout.bytes_per_block
+        self.arena = HostArena.allocate(
+            capacity_bytes // self.bpb, self.bpb, pin=resolve_pin(pin_memory), shm_name=shm_name, shared=shared_memory
+        )
+        self.auto_evict = auto_evict
+        self._lock = threading.Lock()
+        self._lru: OrderedDict[bytes, int] = OrderedDict()  # published, least recently used first
+        self._reserved: dict[bytes, int] = {}
+        self._refs: dict[int, int] = {}  # slot -> reference count, only while > 0
+        self._free: list[int] = list(range(self.arena.num_slots - 1, -1, -1))  # pop() gives slot 0 first
+
+    @classmethod
+    def from_config(cls, section: HostConfig, layout: KVLayout, *, auto_evict: bool = True) -> HostTier:
+        """Build from the ``host`` section of the config."""
+        return cls(
+            layout,
+            int(section.capacity),
+            pin_memory=section.pin_memory,
+            shared_memory=section.shared_memory,
+            shm_name=section.shm_name,
+            auto_evict=auto_evict,
+        )
+
+    # ------------------------------------------------------------- slots
+    @property
+    def num_slots(self) -> int:
+        """Slots in the arena."""
+        return self.arena.num_slots
+
+    @property
+    def num_free_slots(self) -> int:
+        """Slots neither published nor reserved."""
+        return len(self._free)
+
+    @property
+    def shm_name(self) -> str | None:
+        """Name of the shared-memory segment other processes attach to (``None`` if private)."""
+        return self.arena.name
+
+    def slot_of(self, key: bytes) -> int | None:
+        """Slot of a published key, else ``None``. Changes nothing (not even LRU order)."""
+        return self._lru.get(key)
+
+    def slot_view(self, slot: int) -> torch.Tensor:
+        """Zero-copy view of ``slot``. Hold a :meth:`lock` on its key while using it."""
+        return self.arena.slot_view(slot)
+
+    def lock(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Add a reference to each published or reserved key and return its slot (``None``: absent, not locked).
+
+        A locked slot is never evicted, deleted or reused. Locking a published
+        key marks it most recently used.
+        """
+        with self._lock:
+            out: list[int | None] = []
+            for key in keys:
+                slot = self._lru.get(key)
+                if slot is not None:
+                    self._lru.move_to_end(key)
+                else:
+                    slot = self._reserved.get(key)
+                if slot is not None:
+                    self._refs[slot] = self._refs.get(slot, 0) + 1
+                out.append(slot)
+            return out
+
+    def unlock(self, keys: Sequence[bytes]) -> None:
+        """Drop one reference per key; raises :class:`BlockStateError` (changing nothing) if one is not locked."""
+        with self._lock:
+            slots: list[int] = []
+            need: dict[int, int] = {}
+            for key in keys:
+                slot = self._slot_any(key)
+                if slot is not None:
+                    need[slot] = need.get(slot, 0) + 1
+                if slot is None or self._refs.get(slot, 0) < need[slot]:
+                    raise BlockStateError(f"unlock of host block {short_key(key)} that is not locked")
+                slots.append(slot)
+            for slot in slots:
+                self._deref(slot)
+
+    def lru_victims(self, n: int) -> list[bytes]:
+        """Up to ``n`` unlocked published keys, least recently used first. Changes nothing."""
+        with self._lock:
+            out = []
+            for key, slot in self._lru.items():
+                if len(out) >= n:
+                    break
+                if slot not in self._refs:
+                    out.append(key)
+            return out
+
+    def reserve(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Take a locked, invisible slot per key for a block about to be written into :meth:`slot_view`.
+
+        Free slots first, then (if ``auto_evict``) the least recently used
+        unlocked blocks, announced as ``"evicted"``. ``None`` for a key means no
+        slot could be made now; it never waits. Keys already published or
+        reserved (or repeated) raise :class:`BlockStateError` before anything changes.
+        """
+        with self._lock:
+            self._check_open()
+            seen: set[bytes] = set()
+            for key in keys:
+                if key in self._lru or key in self._reserved or key in seen:
+                    raise BlockStateError(f"reserve of host block {short_key(key)} that is already present or reserved")
+                seen.add(key)
+            return [self._reserve_one(key) for key in keys]
+
+    def publish(self, keys: Sequence[bytes]) -> None:
+        """Make reserved keys visible (most recently used) and drop the reservation's reference."""
+        with self._lock:
+            for key in keys:
+                if key not in self._reserved:
+                    raise BlockStateError(f"publish of host block {short_key(key)} that is not reserved")
+            for key in keys:
+                slot = self._reserved.pop(key)
+                self._lru[key] = slot
+                self._deref(slot)
+                self._stats.puts += 1
+                self._stats.bytes_written += self.bpb
+
+    def abort(self, keys: Sequence[bytes]) -> None:
+        """Return reserved slots to the free list; raises if a key is not reserved or is locked by someone else."""
+        with self._lock:
+            for key in keys:
+                slot = self._reserved.get(key)
+                if slot is None or self._refs.get(slot, 0) != 1:
+                    raise BlockStateError(f"abort of host block {short_key(key)} that is not reserved, or is locked")
+            for key in keys:
+                slot = self._reserved.pop(key)
+                del self._refs[slot]
+                self._free.append(slot)
+
+    # ------------------------------------------------------------ Tier API
+    def contains_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, from the first, are published. Changes nothing."""
+        n = 0
+        for key in keys:
+            if key not in self._lru:
+                break
+            n += 1
+        return n
+
+    def contains(self, key: bytes) -> bool:
+        """Whether ``key`` is published. Changes nothing."""
+        return key in self._lru
+
+    def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
+        """Copy published blocks into ``dests``; marks them most recently used. The slot stays locked during the copy."""
+        self._check_sizes(keys, dests)
+        with self._lock:
+            self._check_open()
+            slots = [self._lru.get(key) for key in keys]
+            for key, slot in zip(keys, slots):
+                if slot is not None:
+                    self._lru.move_to_end(key)
+                    self._refs[slot] = self._refs.get(slot, 0) + 1
+        try:
+            for slot, dest in zip(slots, dests):
+                if slot is not None:
+                    dest.copy_(self.arena.slot_view(slot))
+        finally:
+            with self._lock:
+                for slot in slots:
+                    if slot is not None:
+                        self._deref(slot)
+                hits = sum(s is not None for s in slots)
+                self._stats.hits += hits
+                self._stats.misses += len(slots) - hits
+                self._stats.bytes_read += hits * self.bpb
+        return [s is not None for s in slots]
+
+    def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
+        """Store blocks in new slots (evicting LRU unlocked ones if ``auto_evict``).
+
+        A key already published is marked most recently used and reported
+        ``True``; a key reserved by someone else reports ``False``, as does a
+        key for which no slot could be made.
+        """
+        self._check_sizes(keys, srcs)
+        first: dict[bytes, int] = {}
+        todo: list[tuple[int, bytes, int]] = []
+        result = [False] * len(keys)
+        with self._lock:
+            self._check_open()
+            for i, key in enumerate(keys):
+                if key in first:
+                    continue
+                first[key] = i
+                if key in self._lru:
+                    self._lru.move_to_end(key)
+                    result[i] = True
+                elif key not in self._reserved:
+                    slot = self._reserve_one(key)
+                    if slot is not None:
+                        todo.append((i, key, slot))
+        try:
+            for i, _key, slot in todo:
+                self.arena.slot_view(slot).copy_(srcs[i])
+        except BaseException:
+            self.abort([key for _, key, _ in todo])
+            raise
+        self.publish([key for _, key, _ in todo])
+        for i, _, _ in todo:
+            result[i] = True
+        return [result[first[key]] for key in keys]
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Free the slots of published keys; raises :class:`BlockStateError` (changing nothing) if one is locked or reserved."""
+        with self._lock:
+            for key in keys:
+                slot = self._lru.get(key)
+                if key in self._reserved or (slot is not None and slot in self._refs):
+                    raise BlockStateError(f"delete of host block {short_key(key)} while it is locked")
+            removed = 0
+            for key in dict.fromkeys(keys):
+                slot = self._lru.pop(key, None)
+                if slot is not None:
+                    self._free.append(slot)
+                    removed += 1
+            return removed
+
+    def stats(self) -> TierStats:
+        """Counters, with ``used_bytes``/``capacity_bytes``/``num_blocks`` filled from the arena."""
+        with self._lock:
+            self._stats.num_blocks = len(self._lru)
+            self._stats.used_bytes = (self.num_slots - len(self._free)) * self.bpb
+            self._stats.capacity_bytes = self.num_slots * self.bpb
+            return super().stats()
+
+    def close(self) -> None:
+        """Release the arena (unpin, unmap, unlink the owned segment). Later calls raise :class:`TierError`."""
+        with self._lock:
+            self.arena.close()
+            self._lru.clear()
+            self._reserved.clear()
+
+    def check_integrity(self) -> None:
+        """Raise :class:`IntegrityError` unless free + published + reserved slots partition the arena."""
+        with self._lock:
+            used = list(self._lru.values()) + list(self._reserved.values()) + self._free
+            if sorted(used) != list(range(self.num_slots)):
+                raise IntegrityError(f"host slots do not partition the arena: {len(used)} entries for {self.num_slots}")
+            occupied = set(self._lru.values()) | set(self._reserved.values())
+            if not set(self._refs) <= occupied or any(c <= 0 for c in self._refs.values()):
+                raise IntegrityError("host reference count on a free slot, or a non-positive count")
+            if any(slot not in self._refs for slot in self._reserved.values()):
+                raise IntegrityError("a reserved host slot lost its reservation reference")
+
+    # ------------------------------------------------------------- private
+    def _slot_any(self, key: bytes) -> int | None:
+        slot = self._lru.get(key)
+        return self._reserved.get(key) if slot is None else slot
+
+    def _deref(self, slot: int) -> None:
+        count = self._refs[slot] - 1
+        if count:
+            self._refs[slot] = count
+        else:
+            del self._refs[slot]
+
+    def _reserve_one(self, key: bytes) -> int | None:
+        slot = self._take_slot()
+        if slot is not None:
+            self._reserved[key] = slot
+            self._refs[slot] = 1
+        return slot
+
+    def _take_slot(self) -> int | None:
+        if self._free:
+            return self._free.pop()
+        if not self.auto_evict:
+            return None
+        for key, slot in self._lru.items():
+            if slot not in self._refs:
+                del self._lru[key]
+                self._stats.evictions += 1
+                self._emit("evicted", key)
+                return slot
+        return None
+
+    def _check_open(self) -> None:
+        if self.arena.tensor is None:
+            raise TierError("host tier is closed")
+
+    def _check_sizes(self, keys: Sequence[bytes], bufs: Sequence[Buffer]) -> None:
+        if len(keys) != len(bufs):
+            raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
+        for key, buf in zip(keys, bufs):
+            if buf.dtype != torch.uint8 or buf.numel() != self.bpb:
+                raise ValueError(
+                    f"buffer for host block {short_key(key)} is {buf.dtype}[{buf.numel()}], expected uint8[{self.bpb}]"
+                )

@@ -1,0 +1,229 @@
+"""Host tier: exact LRU order, locks, reserve/publish/abort, shared memory across processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiers_testlib import LAYOUTS, empty_blocks, make_blocks, make_keys
+
+from kvstore.config.schema import HostConfig
+from kvstore.errors import BlockStateError, TierError
+from kvstore.tiers.arena import HostArena
+from kvstore.tiers.host import HostTier
+
+L = LAYOUTS["float16"]
+BPB = L.bytes_per_block
+
+
+def host(slots: int = 4, **kw: object) -> HostTier:
+    return HostTier(L, slots * BPB + BPB // 2, pin_memory="never", **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", sorted(LAYOUTS))
+def test_round_trip_bit_identical(dtype: str) -> None:
+    layout = LAYOUTS[dtype]
+    tier = HostTier(layout, 8 * layout.bytes_per_block)
+    keys, blocks = make_keys(layout, 5), make_blocks(layout, 5, seed=3)
+    assert tier.put(keys, blocks) == [True] * 5
+    dests = empty_blocks(layout, 5)
+    assert tier.get(keys, dests) == [True] * 5
+    assert all(torch.equal(d, b) for d, b in zip(dests, blocks))
+    s = tier.stats()
+    assert (s.hits, s.num_blocks, s.used_bytes, s.capacity_bytes) == (5, 5, 5 * layout.bytes_per_block, 8 * layout.bytes_per_block)
+    tier.check_integrity()
+    tier.close()
+
+
+def test_contains_prefix_stops_at_gap() -> None:
+    tier = host(8)
+    keys = make_keys(L, 6)
+    blocks = make_blocks(L, 6)
+    tier.put(keys[:3] + keys[4:], blocks[:3] + blocks[4:])
+    assert tier.contains_prefix(keys) == 3
+    assert tier.contains_prefix(keys[4:]) == 2
+    assert tier.contains_prefix([]) == 0
+    assert not tier.contains(keys[3]) and tier.contains(keys[4])
+
+
+def test_lru_order_exact_and_eviction_events() -> None:
+    tier = host(4)
+    k = make_keys(L, 6)
+    b = make_blocks(L, 6)
+    tier.put(k[:4], b[:4])
+    assert tier.num_free_slots == 0
+    tier.get([k[1]], empty_blocks(L, 1))  # k1 becomes most recent
+    assert tier.lru_victims(10) == [k[0], k[2], k[3], k[1]]
+    tier.lock([k[0]])  # locked: skipped, and touched
+    assert tier.lru_victims(2) == [k[2], k[3]]
+    assert tier.put(k[4:6], b[4:6]) == [True, True]
+    assert [e.key for e in tier.drain_events()] == [k[2], k[3]]
+    assert tier.drain_events() == []
+    assert tier.lru_victims(10) == [k[1], k[4], k[5]]
+    assert tier.stats().evictions == 2
+    tier.check_integrity()
+
+
+def test_locked_slot_never_evicted_or_reused() -> None:
+    tier = host(2)
+    keys, blocks = make_keys(L, 10), make_blocks(L, 10)
+    tier.put(keys[:1], blocks[:1])
+    (slot,) = tier.lock(keys[:1])
+    for i in range(1, 10):
+        assert tier.put([keys[i]], [blocks[i]]) == [True]
+        assert tier.slot_of(keys[i]) != slot
+    assert torch.equal(tier.slot_view(slot), blocks[0])
+    with pytest.raises(BlockStateError, match="locked"):
+        tier.delete([keys[9], keys[0]])
+    assert tier.contains(keys[9])  # nothing changed
+    tier.unlock(keys[:1])
+    with pytest.raises(BlockStateError, match="not locked"):
+        tier.unlock(keys[:1])
+    assert tier.delete([keys[0], keys[0], keys[1]]) == 1
+    tier.check_integrity()
+
+
+def test_reserve_publish_abort() -> None:
+    tier = host(3)
+    k, b = make_keys(L, 3), make_blocks(L, 3)
+    slots = tier.reserve(k[:2])
+    assert None not in slots and tier.num_free_slots == 1
+    assert not tier.contains(k[0]) and tier.slot_of(k[0]) is None
+    assert tier.get(k[:1], empty_blocks(L, 1)) == [False]
+    assert tier.lru_victims(5) == []
+    with pytest.raises(BlockStateError):
+        tier.delete(k[:1])
+    with pytest.raises(BlockStateError):
+        tier.reserve(k[:1])
+    tier.slot_view(slots[0]).copy_(b[0])  # type: ignore[arg-type]
+    tier.publish(k[:1])
+    tier.abort(k[1:2])
+    assert tier.num_free_slots == 2
+    d = empty_blocks(L, 1)
+    assert tier.get(k[:1], d) == [True] and torch.equal(d[0], b[0])
+    with pytest.raises(BlockStateError):
+        tier.publish(k[1:2])
+    tier.check_integrity()
+
+
+def test_full_of_locked_returns_none_without_blocking() -> None:
+    tier = host(2)
+    k, b = make_keys(L, 4), make_blocks(L, 4)
+    tier.put(k[:2], b[:2])
+    tier.lock(k[:2])
+    out: list[object] = []
+    worker = threading.Thread(target=lambda: out.extend([tier.reserve(k[2:3]), tier.put(k[3:4], b[3:4])]))
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive()
+    assert out == [[None], [False]]
+    tier.check_integrity()
+
+
+def test_no_auto_evict_fails_when_full() -> None:
+    tier = host(2, auto_evict=False)
+    k, b = make_keys(L, 3), make_blocks(L, 3)
+    assert tier.put(k, b) == [True, True, False]
+    assert tier.reserve(k[2:]) == [None]
+    assert tier.drain_events() == []
+    victims = tier.lru_victims(1)
+    assert victims == [k[0]] and tier.delete(victims) == 1
+    assert tier.put(k[2:], b[2:]) == [True]
+
+
+def test_duplicate_keys_in_one_put() -> None:
+    tier = host(4)
+    k, b = make_keys(L, 1), make_blocks(L, 1)
+    assert tier.put([k[0], k[0]], [b[0], b[0]]) == [True, True]
+    assert tier.stats().num_blocks == 1
+
+
+@given(ops=st.lists(st.tuples(st.sampled_from("pgldu"), st.integers(0, 7)), max_size=80))
+@settings(max_examples=40, deadline=None)
+def test_random_ops_keep_integrity(ops: list[tuple[str, int]]) -> None:
+    tier = host(3)
+    keys, blocks = make_keys(L, 8), make_blocks(L, 8)
+    locks: dict[bytes, int] = {}
+    for op, i in ops:
+        key = keys[i]
+        if op == "p":
+            tier.put([key], [blocks[i]])
+        elif op == "g":
+            d = empty_blocks(L, 1)
+            if tier.get([key], d)[0]:
+                assert torch.equal(d[0], blocks[i])
+        elif op == "l" and tier.lock([key])[0] is not None:
+            locks[key] = locks.get(key, 0) + 1
+        elif op == "u" and locks.get(key):
+            tier.unlock([key])
+            locks[key] -= 1
+        elif op == "d" and not locks.get(key):
+            tier.delete([key])
+        tier.check_integrity()
+        for locked, n in locks.items():
+            assert n == 0 or tier.contains(locked)
+
+
+def test_threads_share_the_tier() -> None:
+    tier = host(6)
+    keys, blocks = make_keys(L, 16), make_blocks(L, 16)
+
+    def work(seed: int) -> None:
+        for step in range(150):
+            i = (seed * 7 + step) % 16
+            tier.put([keys[i]], [blocks[i]])
+            d = empty_blocks(L, 1)
+            if tier.get([keys[(i + 3) % 16]], d)[0]:
+                assert torch.equal(d[0], blocks[(i + 3) % 16])
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    tier.check_integrity()
+
+
+def test_pinning_modes_without_cuda() -> None:
+    assert not torch.cuda.is_available()
+    with pytest.raises(TierError, match="CUDA"):
+        HostTier(L, 4 * BPB, pin_memory="always")
+    assert not HostTier(L, 4 * BPB, pin_memory="auto").arena.pinned
+    with pytest.raises(TierError, match="at least one slot"):
+        HostTier(L, BPB - 1)
+
+
+_CHILD = """
+import sys, torch
+from kvstore.tiers.arena import HostArena
+arena = HostArena.attach(sys.argv[1], int(sys.argv[2]))
+view = arena.slot_view(0)
+sys.stdout.write(bytes(view.numpy()).hex())
+arena.slot_view(1).copy_(view.flip(0))
+del view
+arena.close()
+"""
+
+
+def test_shared_memory_seen_by_another_process() -> None:
+    name = f"kvstore-test-{uuid.uuid4().hex[:12]}"
+    section = HostConfig(capacity=4 * BPB, shared_memory=True, shm_name=name, pin_memory="never")
+    tier = HostTier.from_config(section, L)
+    k, b = make_keys(L, 1), make_blocks(L, 1)
+    tier.put(k, b)
+    slot = tier.slot_of(k[0])
+    assert slot == 0 and tier.shm_name == name
+    for _ in range(2):  # a second attach proves the first child's exit did not unlink the segment
+        out = subprocess.run([sys.executable, "-c", _CHILD, name, str(BPB)], capture_output=True, text=True, check=True)
+        assert bytes.fromhex(out.stdout) == bytes(b[0].numpy())
+        assert "leaked" not in out.stderr and "Warning" not in out.stderr
+    assert torch.equal(tier.slot_view(1), b[0].flip(0))
+    tier.close()
+    with pytest.raises(TierError, match="no shared memory segment"):
+        HostArena.attach(name, BPB)
