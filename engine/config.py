@@ -106,11 +106,17 @@ class ModelConfig:
     def tiny(cls, *, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
              hidden_size: int = 64, intermediate_size: int = 128, vocab_size: int = 260,
              tie_word_embeddings: bool = False, attention_bias: bool = False) -> ModelConfig:
-        """A small config for tests and benchmarks; the default vocabulary fits the byte tokenizer (256 bytes + BOS + EOS)."""
+        """A small config for tests and benchmarks.
+
+        The default vocabulary fits the byte tokenizer, whose BOS (256) and EOS
+        (257) become the model's special tokens when the vocabulary holds them.
+        """
+        byte_specials = vocab_size >= 258
         return cls(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
                    num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                    max_position_embeddings=4096, tie_word_embeddings=tie_word_embeddings,
-                   attention_bias=attention_bias, bos_token_id=256, eos_token_ids=(257,))
+                   attention_bias=attention_bias, bos_token_id=256 if byte_specials else None,
+                   eos_token_ids=(257,) if byte_specials else ())
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:

@@ -31,13 +31,17 @@ class LLM:
     ``model`` is a local Hugging Face checkpoint directory (``config.json`` and
     ``*.safetensors``; ``tokenizer.json`` when present), or ``None`` for the
     built-in model: ``model_config`` (default :meth:`ModelConfig.tiny`) with
-    random weights from ``config.seed``. ``block_manager_factory`` swaps the
-    KV cache manager (a connector-backed one adds prefix caching); it receives
-    the pool.
+    random weights from ``config.seed``.
+
+    The KV cache lives in a kvstore :class:`GPUBlockPool`: ``pool`` shares an
+    existing one (its layout must match the model and ``config.block_size``;
+    ``config.num_gpu_blocks`` is then ignored), otherwise the engine creates
+    one. ``block_manager_factory`` swaps the KV cache manager (a
+    connector-backed one adds prefix caching); it receives the pool.
     """
 
     def __init__(self, model: str | Path | None = None, *, config: EngineConfig | None = None,
-                 model_config: ModelConfig | None = None,
+                 model_config: ModelConfig | None = None, pool: GPUBlockPool | None = None,
                  block_manager_factory: Callable[[GPUBlockPool], BlockManager] = BlockManager) -> None:
         self.config = config or EngineConfig()
         device = self.config.torch_device()
@@ -57,7 +61,11 @@ class LLM:
         self.tokenizer: ByteTokenizer | HFTokenizer = load_tokenizer(model, cfg.vocab_size)
         self.eos_token_ids = cfg.eos_token_ids or (
             (ByteTokenizer.EOS,) if isinstance(self.tokenizer, ByteTokenizer) else ())
-        self.pool = GPUBlockPool(layout, self.config.num_gpu_blocks, device)
+        if pool is not None and (pool.layout.block_shape != layout.block_shape or pool.layout.dtype != layout.dtype
+                                 or pool.device != device):
+            raise ValueError(f"the given pool ({pool.layout}, on {pool.device}) does not match the engine "
+                             f"({layout}, on {device})")
+        self.pool = pool if pool is not None else GPUBlockPool(layout, self.config.num_gpu_blocks, device)
         self.block_manager = block_manager_factory(self.pool)
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_batched_tokens, self.config.max_num_seqs)
         self.runner = ModelRunner(self.model, self.pool, select_backend(self.config.backend, device))
@@ -108,7 +116,7 @@ class LLM:
         finished: list[Sequence] = []
         for chunk, row in zip(plan.chunks, logits):
             seq = chunk.seq
-            is_decode = chunk.num_tokens == 1 and seq.output_token_ids and chunk.completes
+            is_decode = chunk.num_tokens == 1 and bool(seq.output_token_ids) and chunk.completes
             if not is_decode:
                 seq.metrics.num_prefill_tokens_computed += chunk.num_tokens
             seq.num_computed_tokens += chunk.num_tokens

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence as Seq
 
-from engine import LLM, EngineConfig, SamplingParams
+import pytest
+
+from engine import LLM, EngineConfig, ModelConfig, SamplingParams
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence
 from kvstore.gpu_pool import GPUBlockPool
+from kvstore.layout import KVLayout
 
 CONFIG = EngineConfig(block_size=4, num_gpu_blocks=32, max_num_batched_tokens=64, dtype="float32")
 
@@ -67,3 +70,17 @@ def test_before_layer_runs_for_every_layer_in_order_each_step() -> None:
     steps = 3  # one prefill, two decodes
     assert llm.block_manager.layer_calls == list(range(layers)) * steps
     assert out.metrics.time_to_first_token is not None and out.metrics.time_to_first_token > 0
+
+
+def test_engine_can_share_an_existing_pool() -> None:
+    cfg = ModelConfig.tiny()
+    layout = KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, CONFIG.block_size, "float32")
+    pool = GPUBlockPool(layout, 20, CONFIG.torch_device())
+    llm = LLM(config=CONFIG, pool=pool)
+    assert llm.pool is pool
+    (out,) = llm.generate([[256, 5, 6]], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert len(out.token_ids) == 2 and pool.num_free == 20
+    wrong = GPUBlockPool(KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 8, "float32"), 4,
+                         CONFIG.torch_device())
+    with pytest.raises(ValueError, match="does not match the engine"):
+        LLM(config=CONFIG, pool=wrong)
