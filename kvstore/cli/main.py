@@ -17,6 +17,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kvstore.cli.config_cmd",
     "kvstore.cli.run_cmd",
     "kvstore.cli.generate_cmd",
+    "kvstore.cli.bench_cmd",
+    "kvstore.cli.plan_cmd",
 )
 
 

@@ -1,0 +1,33 @@
+"""Offload benchmarks: kvstore beside a baseline and beside the machine's own limit, in one run.
+
+Each suite is a module with ``run(options, progress) -> Results``; it measures
+kvstore and its reference points side by side and reports ratios. The
+harness (:mod:`kvstore.bench.harness`) writes ``results.json`` and the
+suite's PNG plot. Suites are registered here by name so the CLI
+(``kvstore bench SUITE``) and the scripts in ``benchmarks/`` find them
+without importing every suite (the ``tiers`` and ``e2e`` suites pull in
+heavier dependencies).
+
+The code lives in the installed package rather than in ``benchmarks/`` so
+``kvstore bench`` works from an installed wheel, not only from a checkout.
+"""
+
+from __future__ import annotations
+
+SUITES: dict[str, str] = {
+    "tiers": "kvstore.bench.tiers",
+    "lookup": "kvstore.bench.lookup",
+    "hitrate": "kvstore.bench.hitrate",
+    "e2e": "kvstore.bench.e2e",
+    "plan": "kvstore.bench.plan",
+}
+"""Suite name -> module implementing ``run(options, progress)``."""
+
+SUITE_HELP: dict[str, str] = {
+    "tiers": "host / LMDB / file tier bandwidth against memcpy and raw direct I/O; block sizes; codecs",
+    "lookup": "hash chain + radix match against a vLLM-style SHA-256 (pickle) baseline, 1k-128k tokens",
+    "hitrate": "replayed workloads: tiered hit rate against GPU-only LRU and Belady's optimum",
+    "e2e": "engine TTFT and throughput: full recompute, GPU prefix cache, tiered",
+    "plan": "capacity plan of model presets from the bandwidths measured in the same run",
+}
+"""One line per suite for ``--help``."""

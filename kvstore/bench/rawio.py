@@ -1,0 +1,115 @@
+"""The machine's own limits: memcpy bandwidth and raw sequential direct I/O on a disk.
+
+These are the denominators of the ``tiers`` suite, measured in the same run
+as the tiers themselves:
+
+- memcpy: a torch copy of the same bytes between two preallocated buffers;
+- direct I/O: ``O_DIRECT`` sequential write then read of a file of the same
+  total size in the same directory as the tier's data, through page-aligned
+  buffers from anonymous ``mmap``. If the filesystem refuses ``O_DIRECT``
+  (tmpfs, some overlays) it falls back to buffered I/O with ``fsync`` and
+  ``posix_fadvise(DONTNEED)`` before the read, and says so in ``mode``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+CHUNK = 16 << 20
+"""I/O request size for the raw disk limit (16 MiB: smaller requests leave a single-threaded reader short of the device bandwidth)."""
+
+
+def memcpy_gbps(nbytes: int, repeat: int = 5) -> float:
+    """Best bandwidth of copying ``nbytes`` between two preallocated CPU tensors, in GB/s (1e9 B/s)."""
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault the pages in before timing
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+@dataclass(frozen=True)
+class DirectIO:
+    """Raw sequential disk bandwidth in GB/s and how it was measured."""
+
+    write_gbps: float
+    read_gbps: float
+    mode: str
+    """``"O_DIRECT"`` or ``"buffered+fsync+fadvise"`` (O_DIRECT refused)."""
+
+
+def drop_page_cache() -> bool:
+    """``sync`` then write 3 to ``/proc/sys/vm/drop_caches``; ``True`` when it worked (needs root)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def evict_file(path: Path) -> None:
+    """Ask the kernel to drop ``path``'s cached pages (``posix_fadvise(DONTNEED)`` after ``fsync``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _open_direct(path: Path, flags: int) -> tuple[int, bool]:
+    direct = getattr(os, "O_DIRECT", 0)
+    if direct:
+        try:
+            return os.open(path, flags | direct, 0o600), True
+        except OSError:
+            pass
+    return os.open(path, flags, 0o600), False
+
+
+def direct_io_gbps(directory: Path, nbytes: int) -> DirectIO:
+    """Write then read ``nbytes`` (rounded up to :data:`CHUNK`) sequentially in ``directory``; removes the file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "rawio.bench"
+    chunks = max(1, -(-nbytes // CHUNK))
+    buf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT requires
+    buf.write(os.urandom(CHUNK))
+    try:
+        fd, direct = _open_direct(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            t0 = time.perf_counter()
+            for _ in range(chunks):
+                os.write(fd, buf)
+            os.fsync(fd)
+            t_write = time.perf_counter() - t0
+        finally:
+            os.close(fd)
+        if not direct:
+            evict_file(path)
+        fd, direct_read = _open_direct(path, os.O_RDONLY)
+        try:
+            t0 = time.perf_counter()
+            for _ in range(chunks):
+                if os.readv(fd, [buf]) < CHUNK:
+                    raise OSError(f"short read from {path}")
+            t_read = time.perf_counter() - t0
+        finally:
+            os.close(fd)
+    finally:
+        buf.close()
+        path.unlink(missing_ok=True)
+    total = chunks * CHUNK
+    mode = "O_DIRECT" if direct and direct_read else "buffered+fsync+fadvise"
+    return DirectIO(total / t_write / 1e9, total / t_read / 1e9, mode)

@@ -1,0 +1,50 @@
+"""``kvstore bench SUITE``: run an offload benchmark suite, write results.json and a PNG plot."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from kvstore.bench import SUITE_HELP, SUITES
+from kvstore.bench.harness import SuiteOptions
+from kvstore.bench.mooncake import DEFAULT_TRACE
+
+
+def _bench(args: argparse.Namespace) -> int:
+    names = list(SUITES) if args.suite == "all" else [args.suite]
+    base = args.out or Path("bench-results")
+    from kvstore.bench.runner import run_suite
+
+    for name in names:
+        out = base / name if (args.suite == "all" or args.out is None) else base
+        options = SuiteOptions(out_dir=out, quick=args.quick, seed=args.seed,
+                               trace=args.trace, trace_limit=args.trace_limit, data_dir=args.data_dir,
+                               command="kvstore " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "kvstore bench")
+        run_suite(name, options, show_progress=not args.no_progress)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``bench`` command."""
+    suites = "\n".join(f"  {name:<8} {text}" for name, text in SUITE_HELP.items())
+    p = subparsers.add_parser(
+        "bench", help="run an offload benchmark suite (results.json + PNG plot)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Measure kvstore beside a baseline and beside the machine's own limit in one run and "
+        "report ratios. Each suite writes results.json (config, machine, every figure with its unit) and "
+        f"SUITE.png into the output directory.\n\nsuites:\n{suites}\n  all      every suite, each in OUT/SUITE")
+    p.add_argument("suite", choices=[*SUITES, "all"], metavar="SUITE", help="one of: " + ", ".join([*SUITES, "all"]))
+    p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (seconds; for tests)")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="output directory (default bench-results/SUITE; with 'all', DIR/SUITE)")
+    p.add_argument("--seed", type=int, default=0, help="seed of workloads and generated data (default 0)")
+    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, metavar="PATH",
+                   help=f"Mooncake trace for the hitrate suite; skipped with a note if missing (default {DEFAULT_TRACE})")
+    p.add_argument("--trace-limit", type=int, default=None, metavar="N",
+                   help="replay only the first N trace requests (default: all; 300 with --quick)")
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                   help="directory on the disk to measure (tiers, plan); default OUT; a temporary subdirectory is removed afterwards")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=_bench)
