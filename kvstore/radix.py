@@ -14,7 +14,10 @@ Each block is a :class:`BlockEntry` recording where it lives now: a GPU
 block id, a host slot, on disk. Invariants (checked by
 :meth:`RadixIndex.check_integrity`): every entry lives in at least one tier,
 no GPU block or host slot is recorded twice, every locked node's ancestors
-are locked at least as often as their locked children together.
+are locked at least as often as their locked children together. (A block of a
+*locked* node may briefly live nowhere, when a lower tier dropped its last
+copy while a request held the node; a match stops there, and the store removes
+it once the node is unlocked.)
 
 LRU uses a logical clock (an int bumped on every touch), so eviction order is
 exact and deterministic.
@@ -125,12 +128,12 @@ class RadixIndex:
         """Longest cached prefix of ``tokens`` (full blocks only); see :meth:`match_keys`."""
         return self.match_keys(self.keys_for(tokens, salt))
 
-    def match_keys(self, keys: Sequence[bytes]) -> RadixMatch:
+    def match_keys(self, keys: Sequence[bytes], count_hits: bool = True) -> RadixMatch:
         """Longest cached prefix of a key chain.
 
         Changes nothing but access times: every node on the matched path
-        becomes most recently used and each matched entry's ``hits`` grows by
-        one. Nodes are never split by a match.
+        becomes most recently used and (when ``count_hits``) each matched
+        entry's ``hits`` grows by one. Nodes are never split by a match.
         """
         self._clock += 1
         node = self.root
@@ -143,15 +146,21 @@ class RadixIndex:
                 break
             child.last_access = self._clock
             k = 0
-            while k < len(child.entries) and i + k < len(keys) and child.entries[k].key == keys[i + k]:
+            while (
+                k < len(child.entries)
+                and i + k < len(keys)
+                and child.entries[k].key == keys[i + k]
+                and child.entries[k].tier is not None  # a block pending removal ends the prefix
+            ):
                 k += 1
             matched.extend(child.entries[:k])
             node = child
             i += k
             if k < len(child.entries):
                 break
-        for e in matched:
-            e.hits += 1
+        if count_hits:
+            for e in matched:
+                e.hits += 1
         tiers = [e.tier for e in matched]
         return RadixMatch(tuple(matched), node, tiers.count("gpu"), tiers.count("host"), tiers.count("disk"))
 
@@ -262,6 +271,16 @@ class RadixIndex:
         entry.on_disk = present
 
     # -------------------------------------------------------------- eviction
+    @staticmethod
+    def depth(node: RadixNode) -> int:
+        """Number of ancestors of ``node`` (the root has depth 0)."""
+        d = 0
+        n = node.parent
+        while n is not None:
+            d += 1
+            n = n.parent
+        return d
+
     def nodes(self) -> Iterator[RadixNode]:
         """Every node but the root, parents before children."""
         stack = list(self.root.children.values())
@@ -277,7 +296,8 @@ class RadixIndex:
         blocks and no descendant does").
         """
         found = [n for n in self.nodes() if n.lock_ref == 0 and eligible(n)]
-        found.sort(key=lambda n: n.last_access)
+        # Ties (a path touched by one match) go deepest first, so a prefix outlives its extensions.
+        found.sort(key=lambda n: (n.last_access, -self.depth(n)))
         return found
 
     def evict_lru_leaf(self) -> RadixNode | None:
@@ -339,7 +359,8 @@ class RadixIndex:
                 count += 1
                 if e.node is not node or self._by_key.get(e.key) is not e:
                     raise IntegrityError(f"entry {e.key.hex()[:16]} not indexed consistently")
-                if e.tier is None:
+                if e.tier is None and node.lock_ref == 0:
+                    # Only a locked node may hold a block that lost its last copy (removed once unlocked).
                     raise IntegrityError(f"entry {e.key.hex()[:16]} lives in no tier")
                 if e.gpu_block is not None:
                     if e.gpu_block in seen_gpu:

@@ -45,11 +45,11 @@ def test_sizes_accept_units() -> None:
 
 
 def test_env_override_applies_and_is_typed() -> None:
-    env = {"KVSTORE_DISK__MAX_SIZE": "1GiB", "KVSTORE_GPU__NUM_BLOCKS": "77", "KVSTORE_HOST__ENABLED": "false"}
+    env = {"KVSTORE_DISK__MAX_SIZE": "1GiB", "KVSTORE_GPU__NUM_BLOCKS": "77", "KVSTORE_HOST__SHARED_MEMORY": "true"}
     cfg = parse_config({"disk": {"max_size": "2GiB"}}, "f.yaml", env)
     assert cfg.disk.max_size == 2**30
     assert cfg.gpu.num_blocks == 77
-    assert cfg.host.enabled is False
+    assert cfg.host.shared_memory is True
 
 
 def test_env_override_error_names_variable() -> None:
@@ -93,8 +93,19 @@ def test_wrong_type_and_non_mapping(tmp_path: Path) -> None:
         load_config(p, environ={})
     with pytest.raises(ConfigError, match=r"disk: Input should be a valid dictionary"):
         parse_config({"disk": 5})
-    with pytest.raises(ConfigError, match=r"host.enabled"):
-        parse_config({"host": {"enabled": "perhaps"}})
+    with pytest.raises(ConfigError, match=r"host.shared_memory"):
+        parse_config({"host": {"shared_memory": "perhaps"}})
+
+
+def test_tiers_by_name() -> None:
+    assert parse_config({"tiers": ["host", "file"]}).tiers == ["host", "file"]
+    assert parse_config({"tiers": []}).tiers == []
+    with pytest.raises(ConfigError, match=r"tiers.0: Input should be 'host', 'lmdb' or 'file'"):
+        parse_config({"tiers": ["nvme"]})
+    with pytest.raises(ConfigError, match="one disk tier"):
+        parse_config({"tiers": ["host", "lmdb", "file"]})
+    with pytest.raises(ConfigError, match="'host' must come first"):
+        parse_config({"tiers": ["lmdb", "host"]})
 
 
 def test_tcp_without_token_refused() -> None:

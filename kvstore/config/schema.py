@@ -63,8 +63,6 @@ class GPUConfig(Section):
 class HostConfig(Section):
     """The host-RAM tier (L2)."""
 
-    enabled: bool = True
-    """Whether the host tier exists."""
     capacity: Size = "1GiB"  # type: ignore[assignment]
     """Bytes of the preallocated slot arena (rounded down to whole blocks)."""
     pin_memory: Literal["auto", "always", "never"] = "auto"
@@ -78,8 +76,6 @@ class HostConfig(Section):
 class DiskConfig(Section):
     """The NVMe tier (L3) in an LMDB environment."""
 
-    enabled: bool = True
-    """Whether the disk tier exists."""
     path: str = ".kvstore-data/lmdb"
     """Directory of the LMDB environment (relative paths are relative to the working directory)."""
     max_size: PositiveSize = "8GiB"  # type: ignore[assignment]
@@ -100,10 +96,8 @@ class DiskConfig(Section):
 
 
 class FileConfig(Section):
-    """The file-per-block tier (the baseline LMCache and SGLang use), off by default."""
+    """The file-per-block tier (the baseline LMCache and SGLang use); used when ``tiers`` names ``file``."""
 
-    enabled: bool = False
-    """Whether the file tier exists (it replaces the LMDB tier as L3 when enabled)."""
     path: str = ".kvstore-data/files"
     """Directory holding one file per block."""
     max_size: PositiveSize = "8GiB"  # type: ignore[assignment]
@@ -183,6 +177,9 @@ class KVStoreConfig(Section):
 
     connector: Literal["embedded", "sidecar"] = "embedded"
     """Where the lower tiers live: in the engine's process, or in a ``kvstore serve`` daemon."""
+    tiers: list[Literal["host", "lmdb", "file"]] = Field(default_factory=lambda: ["host", "lmdb"])
+    """Tiers below the GPU, fastest first, by name: ``host`` (RAM), then ``lmdb`` (disk) or ``file``
+    (one file per block, the baseline). An empty list keeps the cache on the GPU only."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """Model layout and identity."""
     gpu: GPUConfig = Field(default_factory=GPUConfig)
@@ -201,3 +198,14 @@ class KVStoreConfig(Section):
     """HTTP metrics endpoints."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     """Logging."""
+
+    @model_validator(mode="after")
+    def _tier_order(self) -> "KVStoreConfig":
+        t = self.tiers
+        if len(set(t)) != len(t):
+            raise ValueError(f"tiers lists a tier twice: {t}")
+        if "lmdb" in t and "file" in t:
+            raise ValueError("tiers: choose one disk tier, 'lmdb' or 'file', not both")
+        if "host" in t and t[0] != "host":
+            raise ValueError(f"tiers: 'host' must come first (fastest first), got {t}")
+        return self

@@ -1,0 +1,314 @@
+"""Asynchronous loads of a matched prefix from the lower tiers back to the GPU.
+
+A :class:`Lease` moves through two phases::
+
+    acquire ─► phase 1 (worker): disk ─► host slot, batch by batch, under the byte budget
+    resolve ─► stop policy decides how many blocks are usable; the rest is cancelled
+           ─► phase 2 (worker): host slot ─► GPU block, layer 0 first, ... layer n-1
+    wait_layer(i) returns once layer i of every usable block is on the GPU
+
+Stop policies: ``wait_complete`` waits for phase 1; ``best_effort`` takes what
+has arrived; ``timeout`` waits ``base + per_1k * tokens / 1000`` ms, then
+recomputes the rest. Loaded blocks enter the index only after phase 2, so a
+concurrent request never sees a GPU block before its bytes are there.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from kvstore.budget import ByteBudget
+from kvstore.config.schema import PolicyConfig
+from kvstore.hierarchy import Hierarchy
+from kvstore.radix import RadixNode
+from kvstore.transfer import LayerSync, copy_layer, staging_buffer
+
+log = logging.getLogger("kvstore.prefetch")
+
+
+@dataclass
+class BlockPlan:
+    """Where one block of a lease comes from and where it goes."""
+
+    key: bytes
+    source: str
+    """``"gpu"`` (already there), ``"host"`` or ``"disk"``."""
+    gpu_block: int
+    """The GPU block the lease holds (a reference) for this position."""
+    host_slot: int | None = None
+    """Host slot read from (host) or loaded into (disk), locked while the lease uses it."""
+    staging: torch.Tensor | None = None
+    """Host buffer used instead of a slot when there is no host tier."""
+    ready: bool = False
+    """Phase 1 done for this block (always true for gpu and host sources)."""
+
+
+@dataclass
+class Lease:
+    """A request's hold on a cached prefix: its GPU blocks, possibly still loading.
+
+    Created by the store's ``acquire``; the engine calls :meth:`resolve` once,
+    then :meth:`wait_layer` before reading each layer, then the store's
+    ``release``.
+    """
+
+    keys: tuple[bytes, ...]
+    plan: list[BlockPlan]
+    node: RadixNode | None
+    block_size: int
+    num_layers: int
+    shortfall: str | None = None
+    """Why fewer blocks than matched were planned or loaded (``None`` when everything came)."""
+    resolved_blocks: int | None = None
+    load_wait_s: float = 0.0
+    """Seconds spent waiting for loads in :meth:`resolve` and :meth:`wait_layer`."""
+    released: bool = False
+    _resolver: object = field(default=None, repr=False)
+    _sync: LayerSync | None = field(default=None, repr=False)
+    _phase1: Future[None] | None = field(default=None, repr=False)
+    _phase2: Future[None] | None = field(default=None, repr=False)
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _phase1_done: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def block_ids(self) -> list[int]:
+        """GPU block ids of the prefix, in order (after :meth:`resolve`: only the usable ones)."""
+        n = len(self.plan) if self.resolved_blocks is None else self.resolved_blocks
+        return [p.gpu_block for p in self.plan[:n]]
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Tokens whose KV the lease provides (planned until resolved)."""
+        return len(self.block_ids) * self.block_size
+
+    def tokens_by_tier(self) -> dict[str, int]:
+        """Usable tokens by the tier they came from."""
+        out = {"gpu": 0, "host": 0, "disk": 0}
+        for p in self.plan[: len(self.block_ids)]:
+            out[p.source] += self.block_size
+        return out
+
+    def resolve(self) -> int:
+        """Apply the stop policy, cancel what will not be used, start the GPU copies; returns cached tokens.
+
+        Idempotent. After it returns, :attr:`block_ids` is final.
+        """
+        if self.resolved_blocks is None:
+            self._resolver.resolve(self)  # type: ignore[attr-defined]
+        return self.num_cached_tokens
+
+    def wait_layer(self, layer: int) -> None:
+        """Block until layer ``layer`` of every usable block is on the GPU."""
+        self.resolve()
+        assert self._sync is not None
+        if not self._sync.is_set(layer):
+            t0 = time.perf_counter()
+            self._sync.wait(layer)
+            self.load_wait_s += time.perf_counter() - t0
+        else:
+            self._sync.wait(layer)
+
+    def wait(self) -> None:
+        """Block until every usable block is fully on the GPU."""
+        for layer in range(self.num_layers):
+            self.wait_layer(layer)
+        if self._phase2 is not None:
+            self._phase2.result()
+
+
+class Prefetcher:
+    """Runs lease loads on worker threads with a bound on bytes in flight."""
+
+    def __init__(self, h: Hierarchy, policy: PolicyConfig, workers: int = 2) -> None:
+        self.h = h
+        self.policy = policy
+        self.budget = ByteBudget(int(policy.max_inflight_bytes))
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvstore-prefetch")
+
+    # ---------------------------------------------------------------- start
+    def start(self, lease: Lease) -> None:
+        """Begin phase 1 for the lease's disk blocks (if any)."""
+        lease._resolver = self
+        lease._sync = LayerSync(lease.num_layers, self.h.pool.device)
+        if any(p.source == "disk" for p in lease.plan):
+            lease._phase1 = self._pool.submit(self._phase1, lease)
+        else:
+            lease._phase1_done.set()
+
+    def _phase1(self, lease: Lease) -> None:
+        h = self.h
+        bpb = h.layout.bytes_per_block
+        todo = [p for p in lease.plan if p.source == "disk"]
+        batch_blocks = max(1, min(32, self.budget.limit // bpb))
+        try:
+            i = 0
+            while i < len(todo) and not lease._cancel.is_set():
+                batch = todo[i : i + batch_blocks]
+                nbytes = len(batch) * bpb
+                if not self.budget.acquire(nbytes, timeout=None):
+                    break
+                try:
+                    dests = [self._dest(p) for p in batch]
+                    assert h.disk is not None
+                    found = h.disk.get([p.key for p in batch], dests)
+                finally:
+                    self.budget.release(nbytes)
+                with h.lock:
+                    for p, ok in zip(batch, found):
+                        if not ok:
+                            break
+                        p.ready = True
+                        if p.host_slot is not None and h.host is not None:
+                            h.host.lock([p.key])  # the lease keeps it until phase 2 has copied it
+                            h.host.publish([p.key])
+                            entry = h.index.get(p.key)
+                            if entry is not None and entry.host_slot is None:
+                                h.index.set_host(entry, p.host_slot)
+                    n_ok = sum(1 for _ in _leading_true(found))
+                if n_ok < len(batch):
+                    lease.shortfall = f"disk tier returned {n_ok} of {len(batch)} blocks (missing or corrupt)"
+                    break
+                i += len(batch)
+        finally:
+            lease._phase1_done.set()
+
+    def _dest(self, p: BlockPlan) -> torch.Tensor:
+        if p.host_slot is not None:
+            assert self.h.host is not None
+            return self.h.host.slot_view(p.host_slot)
+        if p.staging is None:
+            gpu = self.h.pool.block_bytes(p.gpu_block)
+            p.staging = gpu if gpu.device.type == "cpu" else staging_buffer(self.h.layout, pin=True)
+        return p.staging
+
+    # -------------------------------------------------------------- resolve
+    def timeout_s(self, lease: Lease) -> float:
+        """The ``timeout`` policy's budget for this lease, in seconds."""
+        tokens = len(lease.plan) * lease.block_size
+        ms = self.policy.prefetch_timeout_base_ms + self.policy.prefetch_timeout_per_1k_tokens_ms * tokens / 1000
+        return ms / 1000.0
+
+    def resolve(self, lease: Lease) -> None:
+        """See :meth:`Lease.resolve`."""
+        t0 = time.perf_counter()
+        mode = self.policy.prefetch
+        if mode == "wait_complete":
+            lease._phase1_done.wait()
+        elif mode == "timeout":
+            lease._phase1_done.wait(self.timeout_s(lease))
+        lease._cancel.set()
+        if lease._phase1 is not None:
+            lease._phase1.result()  # in-flight reads finish before anything is reused
+        lease.load_wait_s += time.perf_counter() - t0
+        usable = 0
+        for p in lease.plan:
+            if p.source == "disk" and not p.ready:
+                break
+            usable += 1
+        if usable < len(lease.plan) and lease.shortfall is None:
+            lease.shortfall = f"{mode}: {len(lease.plan) - usable} of {len(lease.plan)} blocks not loaded in time"
+        self._trim(lease, usable)
+        lease.resolved_blocks = usable
+        h = self.h
+        with h.lock:
+            h.counters.load_failures += len([p for p in lease.plan[usable:]])
+        to_copy = [p for p in lease.plan[:usable] if p.source != "gpu"]
+        assert lease._sync is not None
+        if to_copy:
+            lease._phase2 = self._pool.submit(self._phase2, lease, to_copy)
+        else:
+            lease._sync.mark_all()
+
+    def _trim(self, lease: Lease, usable: int) -> None:
+        """Give back what the blocks after ``usable`` held: GPU references, host slots and locks."""
+        h = self.h
+        with h.lock:
+            for p in lease.plan[usable:]:
+                h.pool.free([p.gpu_block])
+                if h.host is not None and p.host_slot is not None:
+                    if p.source == "disk" and not p.ready:
+                        h.host.abort([p.key])
+                    else:
+                        h.host.unlock([p.key])
+            del lease.plan[usable:]
+
+    def _phase2(self, lease: Lease, to_copy: list[BlockPlan]) -> None:
+        h = self.h
+        assert lease._sync is not None
+        stream = torch.cuda.Stream() if h.pool.device.type == "cuda" else None
+        try:
+            dsts = [h.pool.block_bytes(p.gpu_block) for p in to_copy]
+            srcs = [self._src(p) for p in to_copy]
+            same = [d.data_ptr() == s.data_ptr() for d, s in zip(dsts, srcs)]
+            dsts = [d for d, x in zip(dsts, same) if not x]
+            srcs = [s for s, x in zip(srcs, same) if not x]
+            with torch.cuda.stream(stream) if stream is not None else _nullctx():
+                for layer in range(lease.num_layers):
+                    copy_layer(h.layout, dsts, srcs, layer)
+                    lease._sync.mark(layer, stream)
+            if stream is not None:
+                stream.synchronize()
+            self._register_loaded(lease, to_copy)
+        finally:
+            lease._sync.mark_all()
+
+    def _src(self, p: BlockPlan) -> torch.Tensor:
+        if p.host_slot is not None:
+            assert self.h.host is not None
+            return self.h.host.slot_view(p.host_slot)
+        assert p.staging is not None
+        return p.staging
+
+    def _register_loaded(self, lease: Lease, loaded: list[BlockPlan]) -> None:
+        """Record the new GPU copies in the index (the index takes its own reference)."""
+        h = self.h
+        with h.lock:
+            keys = list(lease.keys[: lease.resolved_blocks])
+            pos = {p.key: p for p in loaded}
+            gpu = [pos[k].gpu_block if k in pos else None for k in keys]
+            host = [pos[k].host_slot if k in pos else None for k in keys]
+            disk = [k in pos and pos[k].source == "disk" for k in keys]
+            res = h.index.insert(keys, gpu_blocks=gpu, host_slots=host, on_disk=disk)
+            for i, entry in enumerate(res.entries):
+                p = pos.get(entry.key)
+                if p is None:
+                    continue
+                if i >= res.num_existing:
+                    h.pool.incref([p.gpu_block])
+                elif entry.gpu_block is None:
+                    h.index.set_gpu(entry, p.gpu_block)
+                    h.pool.incref([p.gpu_block])
+                if i < res.num_existing and p.host_slot is not None and entry.host_slot is None:
+                    h.index.set_host(entry, p.host_slot)
+                if i < res.num_existing and p.source == "disk" and not entry.on_disk:
+                    h.index.set_disk(entry, True)
+                h.counters.loaded_blocks[p.source] += 1
+                h.events.put("loaded", entry.key, "gpu")
+                if h.host is not None and p.host_slot is not None:
+                    h.host.unlock([p.key])
+                    p.host_slot = None  # the lease no longer holds the slot
+
+    def close(self) -> None:
+        """Stop the workers after the running loads finish."""
+        self._pool.shutdown(wait=True)
+
+
+def _leading_true(flags: list[bool]):  # noqa: ANN202
+    for f in flags:
+        if not f:
+            return
+        yield f
+
+
+class _nullctx:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

@@ -1,0 +1,32 @@
+"""Cross-checks of a tiered store: the index's residency must agree with the pool and the tiers."""
+
+from __future__ import annotations
+
+from kvstore.errors import IntegrityError
+from kvstore.hierarchy import Hierarchy
+
+
+def check_store(h: Hierarchy) -> None:
+    """Raise :class:`IntegrityError` unless every recorded copy exists where the index says.
+
+    Checks the index and pool invariants, then per entry: a GPU block has a
+    reference (the index's), a host slot holds that key, an on-disk block is
+    on disk. Applies pending tier events first, since they are how tiers
+    report their own evictions.
+    """
+    h.sync_tier_events()
+    with h.lock:
+        h.index.check_integrity()
+        h.pool.check_integrity()
+        for node in h.index.nodes():
+            for e in node.entries:
+                tag = e.key.hex()[:16]
+                if e.gpu_block is not None and h.pool.ref_count(e.gpu_block) < 1:
+                    raise IntegrityError(f"block {tag}: GPU block {e.gpu_block} is free but indexed")
+                if e.host_slot is not None:
+                    if h.host is None:
+                        raise IntegrityError(f"block {tag}: host slot recorded without a host tier")
+                    if h.host.slot_of(e.key) != e.host_slot:
+                        raise IntegrityError(f"block {tag}: index says host slot {e.host_slot}, host says {h.host.slot_of(e.key)}")
+                if e.on_disk and (h.disk is None or not h.disk.contains(e.key)):
+                    raise IntegrityError(f"block {tag}: index says on disk but the disk tier lacks it")

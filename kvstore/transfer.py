@@ -1,0 +1,84 @@
+"""Block copies between tiers, whole or one layer at a time.
+
+A block is ``[num_layers, 2, block_size, kv_heads, head_dim]`` and contiguous,
+so layer ``i`` of a block is the byte range ``[i * L, (i + 1) * L)`` with
+``L = bytes_per_block // num_layers``::
+
+    block bytes: | layer 0 (K, V) | layer 1 (K, V) | ... | layer n-1 |
+
+On CUDA, copies are issued ``non_blocking`` on a dedicated stream and each
+layer records an event, so the compute stream waits only for the layer it
+reads. On the CPU they are plain copies done by the calling worker thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kvstore.layout import KVLayout
+
+
+def layer_bytes(layout: KVLayout) -> int:
+    """Bytes of one layer of one block (K and V)."""
+    return layout.bytes_per_block // layout.num_layers
+
+
+def copy_layer(layout: KVLayout, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor], layer: int) -> None:
+    """Copy layer ``layer`` of each source block (flat uint8) into the same layer of its destination."""
+    lb = layer_bytes(layout)
+    lo, hi = layer * lb, (layer + 1) * lb
+    for dst, src in zip(dsts, srcs):
+        dst[lo:hi].copy_(src[lo:hi], non_blocking=dst.is_cuda or src.is_cuda)
+
+
+def copy_blocks(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
+    """Copy whole blocks (flat uint8 tensors of equal size)."""
+    for dst, src in zip(dsts, srcs):
+        dst.copy_(src, non_blocking=dst.is_cuda or src.is_cuda)
+
+
+def staging_buffer(layout: KVLayout, pin: bool) -> torch.Tensor:
+    """A host buffer of one block, pinned when ``pin`` and CUDA is available."""
+    buf = torch.empty(layout.bytes_per_block, dtype=torch.uint8)
+    if pin and torch.cuda.is_available():
+        buf = buf.pin_memory()
+    return buf
+
+
+class LayerSync:
+    """Per-layer readiness of a multi-layer transfer: CUDA events on a GPU, thread events on the CPU."""
+
+    def __init__(self, num_layers: int, device: torch.device) -> None:
+        import threading
+
+        self.cuda = device.type == "cuda"
+        self._host_events = [threading.Event() for _ in range(num_layers)]
+        self._cuda_events: list[torch.cuda.Event | None] = [None] * num_layers
+
+    def mark(self, layer: int, stream: torch.cuda.Stream | None = None) -> None:
+        """Layer ``layer`` has been issued (CUDA) or copied (CPU)."""
+        if self.cuda and stream is not None:
+            ev = torch.cuda.Event()
+            ev.record(stream)
+            self._cuda_events[layer] = ev
+        self._host_events[layer].set()
+
+    def mark_all(self) -> None:
+        """Every layer is ready (used when a transfer ends early or had nothing to copy)."""
+        for ev in self._host_events:
+            ev.set()
+
+    def wait(self, layer: int, timeout: float | None = None) -> bool:
+        """Block until layer ``layer`` is usable by the compute stream; returns False on timeout."""
+        if not self._host_events[layer].wait(timeout):
+            return False
+        ev = self._cuda_events[layer]
+        if ev is not None:
+            torch.cuda.current_stream().wait_event(ev)
+        return True
+
+    def is_set(self, layer: int) -> bool:
+        """Whether layer ``layer`` was marked."""
+        return self._host_events[layer].is_set()
