@@ -146,6 +146,18 @@ class Tier(ABC):
             self._events.append(TierEvent(kind, key))
 
 
+def check_buffers(keys: Sequence[bytes], bufs: Sequence[Buffer], nbytes: int, tier: str) -> None:
+    """Raise ``ValueError`` naming the block unless every buffer is a contiguous ``uint8[nbytes]`` CPU tensor."""
+    if len(keys) != len(bufs):
+        raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
+    for key, buf in zip(keys, bufs):
+        if buf.dtype != torch.uint8 or buf.numel() != nbytes or not buf.is_contiguous() or buf.device.type != "cpu":
+            raise ValueError(
+                f"buffer for {tier} block {key[:8].hex()}… is {buf.dtype}[{buf.numel()}] on {buf.device}"
+                f" (contiguous={buf.is_contiguous()}), expected contiguous uint8[{nbytes}] on cpu"
+            )
+
+
 def _done_future(fn: Callable[[], list[bool]]) -> Future[list[bool]]:
     fut: Future[list[bool]] = Future()
     try:

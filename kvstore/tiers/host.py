@@ -29,7 +29,7 @@ from kvstore.config.schema import HostConfig
 from kvstore.errors import BlockStateError, IntegrityError, TierError, short_key
 from kvstore.layout import KVLayout
 from kvstore.tiers.arena import HostArena, PinMode, resolve_pin
-from kvstore.tiers.base import Buffer, Tier, TierStats
+from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
 
 
 class HostTier(Tier):
@@ -203,7 +203,7 @@ class HostTier(Tier):
 
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
         """Copy published blocks into ``dests``; marks them most recently used. The slot stays locked during the copy."""
-        self._check_sizes(keys, dests)
+        check_buffers(keys, dests, self.bpb, "host")
         with self._lock:
             self._check_open()
             slots = [self._lru.get(key) for key in keys]
@@ -233,7 +233,7 @@ class HostTier(Tier):
         ``True``; a key reserved by someone else reports ``False``, as does a
         key for which no slot could be made.
         """
-        self._check_sizes(keys, srcs)
+        check_buffers(keys, srcs, self.bpb, "host")
         first: dict[bytes, int] = {}
         todo: list[tuple[int, bytes, int]] = []
         result = [False] * len(keys)
@@ -338,12 +338,3 @@ class HostTier(Tier):
     def _check_open(self) -> None:
         if self.arena.tensor is None:
             raise TierError("host tier is closed")
-
-    def _check_sizes(self, keys: Sequence[bytes], bufs: Sequence[Buffer]) -> None:
-        if len(keys) != len(bufs):
-            raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
-        for key, buf in zip(keys, bufs):
-            if buf.dtype != torch.uint8 or buf.numel() != self.bpb:
-                raise ValueError(
-                    f"buffer for host block {short_key(key)} is {buf.dtype}[{buf.numel()}], expected uint8[{self.bpb}]"
-                )

@@ -38,3 +38,6 @@ def make_blocks(layout: KVLayout, n: int, seed: int = 0) -> list[torch.Tensor]:
 def empty_blocks(layout: KVLayout, n: int) -> list[torch.Tensor]:
     """``n`` destination buffers filled with a marker byte."""
     return [torch.full((layout.bytes_per_block,), 0xA5, dtype=torch.uint8) for _ in range(n)]
+
+BIG = KVLayout(num_layers=2, num_kv_heads=2, head_dim=60, block_size=8, dtype="float16", model_id="big")
+"""7680-byte blocks: values live in LMDB overflow pages, as real (64 KiB - 2 MiB) blocks do."""

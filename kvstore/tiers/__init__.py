@@ -1,0 +1,47 @@
+"""Tiers below the GPU: host RAM (L2), LMDB disk (L3) and the file-per-block baseline.
+
+``TIERS`` maps the YAML name of a tier to a builder taking ``(section, layout)``::
+
+    tier = build_tier("lmdb", config.disk, layout)
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from kvstore.layout import KVLayout
+from kvstore.tiers.base import Tier, TierEvent, TierRegistry, TierStats
+from kvstore.tiers.disk import DiskTier
+from kvstore.tiers.file import FileTier
+from kvstore.tiers.host import HostTier
+
+
+def default_tiers() -> TierRegistry:
+    """A registry holding ``host``, ``lmdb`` and ``file``, each built by its ``from_config``."""
+    reg = TierRegistry()
+    reg.register("host", HostTier.from_config)
+    reg.register("lmdb", DiskTier.from_config)
+    reg.register("file", FileTier.from_config)
+    return reg
+
+
+TIERS = default_tiers()
+"""The tiers known by name."""
+
+
+def build_tier(name: str, section: BaseModel, layout: KVLayout, **kwargs: object) -> Tier:
+    """Build the tier ``name`` from its config section (``kwargs`` go to its ``from_config``)."""
+    return TIERS.create(name, section, layout, **kwargs)
+
+
+__all__ = [
+    "TIERS",
+    "DiskTier",
+    "FileTier",
+    "HostTier",
+    "Tier",
+    "TierEvent",
+    "TierRegistry",
+    "TierStats",
+    "build_tier",
+]

@@ -1,0 +1,423 @@
+"""Disk tier (L3): blocks in an LMDB environment, content-addressed, capped, LRU-evicted.
+
+Two named databases::
+
+    blocks  32-byte key -> codec header + payload (see kvstore.codec)
+    lru     32-byte key -> <QQ last-access counter, accounted bytes>
+
+The data is found through ``blocks`` alone, so a restarted process serves
+every block with no rebuild. ``lru`` is read once at open (a few dozen bytes
+per block) so eviction after a restart starts from the coldest blocks.
+Accesses by ``get`` are recorded in memory and written to ``lru`` with the
+next write transaction, by the background thread every
+``sync_interval_ms``, and on ``flush``/``close``; a crash forgets at most
+that window of recency, never data.
+
+Capacity: the map (and hence ``data.mdb``, which LMDB never grows past the
+map) starts at ``map_step`` and grows in ``map_step`` steps, never past
+``max_size``. Each block is accounted for the pages it occupies (overflow
+pages rounded up, leaf nodes doubled for half-full pages, its ``lru``
+record), and eviction keeps that sum under ``max_size`` minus a reserve for
+meta, branch and freelist pages. If LMDB still reports a full map
+(fragmented free space), the put evicts more and retries; ``MapFullError``
+never reaches a caller.
+
+Durability (``sync``):
+
+- ``always``: every commit is fsynced before ``put`` returns. A put is durable
+  when acknowledged; each batch pays one fsync (milliseconds on NVMe).
+- ``interval``: commits are not fsynced; a background thread syncs every
+  ``sync_interval_ms`` or once ``sync_bytes`` are pending. Much higher put
+  rate; a process crash loses nothing (the page cache has it), an OS crash or
+  power loss loses at most the last window (LMDB stays consistent, never
+  torn). ``flush()`` forces a sync.
+
+Threads: reads run concurrently in their own read transactions; writes are
+serialised by a lock (LMDB allows one writer). ``get_async``/``put_async`` run
+on a pool of ``io_threads``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Literal
+
+import lmdb
+
+from kvstore.codec import CODECS, decode_into, encode
+from kvstore.config.schema import DiskConfig
+from kvstore.errors import CorruptBlock, TierError
+from kvstore.layout import KVLayout
+from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
+from kvstore.tiers.gate import ResizeGate
+from kvstore.tiers.lru import LRUIndex
+
+_LRU_RECORD = struct.Struct("<QQ")
+_NODE = 8 + 32  # LMDB node header + key bytes
+_CLOCK_KEY = b"clock"  # in `lru`: the last access counter (block keys are 32 bytes, so no clash)
+
+
+class DiskTier(Tier):
+    """Blocks in LMDB at ``path``, at most ``max_size`` bytes on disk."""
+
+    name = "lmdb"
+
+    def __init__(
+        self,
+        layout: KVLayout,
+        path: str | os.PathLike[str],
+        max_size: int,
+        *,
+        codec: str = "none",
+        codec_level: int = 1,
+        sync: Literal["always", "interval"] = "interval",
+        sync_interval_ms: int = 200,
+        sync_bytes: int = 64 << 20,
+        io_threads: int = 2,
+        map_step: int = 64 << 20,
+    ) -> None:
+        """Open (creating if needed) the environment and load the LRU order; starts the I/O and sync threads."""
+        super().__init__(layout)
+        CODECS.get(codec)  # unknown names fail here, not on the first put
+        self.path = os.fspath(path)
+        self.codec, self.codec_level, self.sync_mode = codec, codec_level, sync
+        self._fp, self._itemsize = layout.fingerprint, layout.itemsize
+        os.makedirs(self.path, exist_ok=True)
+        self._psize = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self.max_size = max_size // self._psize * self._psize
+        self._reserve = 16 * self._psize + self.max_size // 16
+        if self.max_size - self._reserve < self._cost(layout.bytes_per_block + 64):
+            raise TierError(f"disk.max_size {max_size} bytes cannot hold one block of {layout.bytes_per_block} bytes")
+        self._step = max(self._psize, map_step // self._psize * self._psize)
+        data_file = os.path.join(self.path, "data.mdb")
+        existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
+        map_size = min(self.max_size, max(self._step, -(-existing // self._step) * self._step))
+        self.env = lmdb.open(
+            self.path, map_size=map_size, max_dbs=2, sync=(sync == "always"), metasync=(sync == "always"),
+            readahead=False, meminit=False, max_readers=256,
+        )
+        self._blocks = self.env.open_db(b"blocks")
+        self._lru_db = self.env.open_db(b"lru")
+        self._write_lock = threading.RLock()  # one writer; also guards the in-memory LRU
+        self._gate = ResizeGate()
+        self._lru = LRUIndex()
+        self._touched: dict[bytes, int] = {}  # key -> access counter not yet written to `lru`
+        self._clock = 0
+        self._load_lru()
+        self._unsynced = 0
+        self._sync_cond = threading.Condition()
+        self._closing = False
+        self.sync_interval_s, self.sync_bytes = sync_interval_ms / 1000, sync_bytes
+        self._syncer = threading.Thread(target=self._sync_loop, name="kvstore-lmdb-sync", daemon=True)
+        self._syncer.start()
+        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="kvstore-lmdb")
+
+    @classmethod
+    def from_config(cls, section: DiskConfig, layout: KVLayout) -> DiskTier:
+        """Build from the ``disk`` section of the config."""
+        return cls(
+            layout, section.path, int(section.max_size), codec=section.codec, codec_level=section.codec_level,
+            sync=section.sync, sync_interval_ms=section.sync_interval_ms, sync_bytes=int(section.sync_bytes),
+            io_threads=section.io_threads,
+        )
+
+    # ------------------------------------------------------------- queries
+    def contains_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, from the first, are stored (one read transaction). Changes nothing."""
+        with self._gate.reading(), self.env.begin(db=self._blocks, buffers=True) as txn:
+            for n, key in enumerate(keys):
+                if txn.get(key) is None:
+                    return n
+        return len(keys)
+
+    def contains(self, key: bytes) -> bool:
+        """Whether ``key`` is stored. Changes nothing."""
+        return self.contains_prefix([key]) == 1
+
+    # ---------------------------------------------------------------- data
+    def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
+        """Decode found blocks straight from the map into ``dests`` (one read transaction, no intermediate bytes).
+
+        Marks hits recently used. Corrupt values are deleted, counted and
+        announced (see :meth:`Tier.get`).
+        """
+        check_buffers(keys, dests, self.layout.bytes_per_block, "disk")
+        self._check_open()
+        found = [False] * len(keys)
+        corrupt: list[bytes] = []
+        with self._gate.reading(), self.env.begin(db=self._blocks, buffers=True) as txn:
+            for i, (key, dest) in enumerate(zip(keys, dests)):
+                value = txn.get(key)
+                if value is None:
+                    continue
+                try:
+                    decode_into(value, dest, self._fp, key)
+                    found[i] = True
+                except CorruptBlock:
+                    corrupt.append(key)
+        if corrupt:
+            self._drop_corrupt(corrupt)
+        hits = sum(found)
+        with self._write_lock:
+            for key, ok in zip(keys, found):
+                if ok and self._lru.touch(key):
+                    self._clock += 1
+                    self._touched[key] = self._clock
+            self._stats.hits += hits
+            self._stats.misses += len(keys) - hits
+            self._stats.bytes_read += hits * self.layout.bytes_per_block
+        return found
+
+    def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
+        """Encode and store absent blocks in one write transaction, evicting LRU blocks to stay under the cap.
+
+        ``False`` only for a block that cannot fit even in an otherwise empty tier.
+        """
+        check_buffers(keys, srcs, self.layout.bytes_per_block, "disk")
+        with self._write_lock:
+            self._check_open()
+            for key in keys:  # a put is a use: present keys must not be this batch's victims
+                if self._lru.touch(key):
+                    self._clock += 1
+                    self._touched[key] = self._clock
+        todo: dict[bytes, bytes] = {}
+        for key, src in zip(keys, srcs):
+            if key not in self._lru and key not in todo:  # encoding outside the lock lets batches overlap
+                todo[key] = encode(src, self.codec, self.codec_level, self._fp, self._itemsize)
+        with self._write_lock:
+            self._check_open()
+            todo = {k: v for k, v in todo.items() if k not in self._lru}
+            stored = self._write(todo)
+            present = {k for k in keys if k in self._lru}
+        if stored:
+            self._note_unsynced(stored)
+        return [k in present for k in keys]
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Remove these keys (one write transaction); returns how many were stored."""
+        with self._write_lock:
+            self._check_open()
+            doomed = [k for k in dict.fromkeys(keys) if k in self._lru]
+            self._txn_or_fail(lambda txn: self._delete_in(txn, doomed))
+            for key in doomed:
+                self._lru.remove(key)
+            return len(doomed)
+
+    def flush(self) -> None:
+        """Write pending access times and fsync the environment: every acknowledged put is durable after this."""
+        with self._write_lock:
+            self._check_open()
+            if self._touched:
+                self._txn_or_fail(self._write_touches)
+        self.env.sync(True)
+        with self._sync_cond:
+            self._unsynced = 0
+
+    def close(self) -> None:
+        """Finish queued async work, flush, stop the threads and close the environment. Idempotent."""
+        if self._closing:
+            return
+        self._pool.shutdown(wait=True)
+        self.flush()
+        with self._sync_cond:
+            self._closing = True
+            self._sync_cond.notify_all()
+        self._syncer.join()
+        with self._write_lock:
+            self.env.close()
+
+    def get_async(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> Future[list[bool]]:
+        """:meth:`get` on the I/O pool."""
+        return self._pool.submit(self.get, keys, dests)
+
+    def put_async(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> Future[list[bool]]:
+        """:meth:`put` on the I/O pool (the sources must stay unchanged until the future is done)."""
+        return self._pool.submit(self.put, keys, srcs)
+
+    def stats(self) -> TierStats:
+        """Counters, with ``used_bytes`` (accounted, pages included), capacity and block count."""
+        with self._write_lock:
+            self._stats.used_bytes = self._lru.used + self._reserve
+            self._stats.capacity_bytes = self.max_size
+            self._stats.num_blocks = len(self._lru)
+            return super().stats()
+
+    def map_size(self) -> int:
+        """Current LMDB map size in bytes (never above ``max_size``)."""
+        return int(self.env.info()["map_size"])
+
+    # ------------------------------------------------------------- private
+    def _cost(self, vlen: int) -> int:
+        """Bytes a value of ``vlen`` occupies: its pages (or twice its leaf node) plus its ``lru`` record."""
+        if _NODE + vlen > self._psize // 2 - 16:  # LMDB moves nodes above ~half a page to overflow pages
+            data = -(-(vlen + 16) // self._psize) * self._psize + 2 * (_NODE + 8)
+        else:
+            data = 3 * (_NODE + vlen + 2)
+        return data + 3 * (_NODE + _LRU_RECORD.size + 2)
+
+    def _write(self, todo: dict[bytes, bytes]) -> int:
+        """Store ``todo`` (write lock held), evicting and growing the map as needed; returns bytes stored."""
+        budget = self.max_size - self._reserve
+        todo = {k: v for k, v in todo.items() if self._cost(len(v)) <= budget}
+        while todo:
+            need = sum(self._cost(len(v)) for v in todo.values())
+            victims = self._lru.victims(need, budget)
+
+            def body(txn: lmdb.Transaction) -> None:
+                self._delete_in(txn, victims)
+                self._write_touches(txn)
+                for key, value in todo.items():
+                    self._clock += 1
+                    txn.put(key, value, db=self._blocks)
+                    txn.put(key, _LRU_RECORD.pack(self._clock, self._cost(len(value))), db=self._lru_db)
+                txn.put(_CLOCK_KEY, self._clock.to_bytes(8, "little"), db=self._lru_db)
+
+            try:
+                self._txn(body)
+            except lmdb.MapFullError:
+                if not self._make_room():
+                    todo.pop(next(reversed(todo)))  # the batch alone does not fit: give up its last block
+                continue
+            self._forget(victims, "evicted")
+            for key, value in todo.items():
+                self._lru.add(key, self._cost(len(value)))
+                self._stats.puts += 1
+                self._stats.bytes_written += self.layout.bytes_per_block
+            return sum(len(v) for v in todo.values())
+        return 0
+
+    def _txn(self, body: Callable[[lmdb.Transaction], None]) -> None:
+        """Run ``body`` in a write transaction, growing the map on ``MapFullError`` until it reaches
+        ``max_size``; only then does the error propagate (to a caller in this class, never further)."""
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    body(txn)
+                return
+            except lmdb.MapFullError:
+                if self.map_size() >= self.max_size:
+                    raise
+                with self._gate.exclusive():
+                    self.env.set_mapsize(min(self.max_size, self.map_size() + self._step))
+
+    def _txn_or_fail(self, body: Callable[[lmdb.Transaction], None]) -> None:
+        """:meth:`_txn` for deletes and bookkeeping: a full map at the cap becomes :class:`TierError`.
+
+        The eviction reserve exists so this cannot happen; if it does, the message says what to change.
+        """
+        try:
+            self._txn(body)
+        except lmdb.MapFullError:
+            raise TierError(f"LMDB map at {self.path} is full at disk.max_size={self.max_size}; raise it") from None
+
+    def _make_room(self) -> bool:
+        """The map is full although the estimate fits (fragmented free space, or pages still held for
+        readers of the previous snapshot). Evict a quarter of the blocks in small transactions, then
+        commit twice more: LMDB reuses pages freed by transaction N only from N+2 on. ``False`` if
+        nothing could be evicted.
+
+        Only tiny maps get here in practice: each commit copies the leaf pages it touches, so a map of
+        a few dozen pages with sub-page values spends most of itself on pages awaiting reuse."""
+        doomed = self._lru.oldest(max(1, len(self._lru) // 4))
+        if not doomed:
+            return False
+        for start in range(0, len(doomed), 16):  # small txns: a delete copies the leaf pages it touches
+            chunk = doomed[start : start + 16]
+            try:
+                self._txn(lambda txn: self._delete_in(txn, chunk))  # noqa: B023 (runs before chunk changes)
+            except lmdb.MapFullError:
+                return False  # too full even to copy the leaves a delete touches: refuse the put instead
+            self._forget(chunk, "evicted")
+        try:
+            for _ in range(2):
+                self._clock += 1
+                self._txn(lambda txn: txn.put(_CLOCK_KEY, self._clock.to_bytes(8, "little"), db=self._lru_db))
+        except lmdb.MapFullError:
+            return False
+        return True
+
+    def _forget(self, keys: Sequence[bytes], kind: str) -> None:
+        for key in keys:
+            self._lru.remove(key)
+            if kind == "evicted":
+                self._stats.evictions += 1
+            else:
+                self._stats.corrupt_dropped += 1
+            self._emit(kind, key)
+
+    def _delete_in(self, txn: lmdb.Transaction, keys: Sequence[bytes]) -> None:
+        for key in keys:
+            txn.delete(key, db=self._blocks)
+            txn.delete(key, db=self._lru_db)
+            self._touched.pop(key, None)
+
+    def _write_touches(self, txn: lmdb.Transaction) -> None:
+        for key, clock in self._touched.items():
+            size = self._lru.size_of(key)
+            if size is not None:
+                txn.put(key, _LRU_RECORD.pack(clock, size), db=self._lru_db)
+        self._touched.clear()
+
+    def _drop_corrupt(self, keys: list[bytes]) -> None:
+        with self._write_lock:
+            self._txn_or_fail(lambda txn: self._delete_in(txn, keys))
+            self._forget(keys, "corrupt")
+
+    def _load_lru(self) -> None:
+        """Order the stored blocks by their recorded access counters (the data itself needs no index)."""
+        records: list[tuple[int, bytes, int]] = []
+        orphans: list[tuple[bytes, int]] = []
+        with self.env.begin(buffers=True) as txn:
+            for key, raw in txn.cursor(db=self._lru_db):
+                if len(key) == 32 and len(raw) == _LRU_RECORD.size:
+                    clock, cost = _LRU_RECORD.unpack(raw)
+                    records.append((clock, bytes(key), cost))
+            if txn.stat(self._blocks)["entries"] != len(records):
+                # Only after a foreign writer or a damaged lru database: reconcile by scanning keys
+                # (leaf pages only; overflow pages holding the values are never touched).
+                known = {key for _, key, _ in records}
+                present = {bytes(k): len(v) for k, v in txn.cursor(db=self._blocks)}
+                records = [r for r in records if r[1] in present]
+                orphans = [(k, self._cost(n)) for k, n in present.items() if k not in known]
+        records.sort()
+        for clock, key, cost in records:
+            self._lru.add(key, cost)
+            self._clock = max(self._clock, clock)
+        for key, cost in orphans:
+            self._lru.add_oldest(key, cost)
+
+    def _note_unsynced(self, nbytes: int) -> None:
+        if self.sync_mode == "interval":
+            with self._sync_cond:
+                self._unsynced += nbytes
+                if self._unsynced >= self.sync_bytes:
+                    self._sync_cond.notify_all()
+
+    def _sync_loop(self) -> None:
+        """Background thread: persist access times, and under ``interval`` fsync pending commits."""
+        while True:
+            with self._sync_cond:
+                self._sync_cond.wait_for(lambda: self._closing or self._unsynced >= self.sync_bytes, self.sync_interval_s)
+                if self._closing:
+                    return
+                pending = self._unsynced
+            if self._touched:
+                with self._write_lock:
+                    if self._closing:
+                        return
+                    try:
+                        self._txn(self._write_touches)
+                    except lmdb.MapFullError:
+                        pass  # recency only; the next put (which makes room) writes it
+            if pending:
+                self.env.sync(True)
+                with self._sync_cond:
+                    self._unsynced -= min(pending, self._unsynced)
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise TierError(f"disk tier at {self.path} is closed")

@@ -1,0 +1,265 @@
+"""File tier: one file per block, the baseline LMCache and SGLang use, kept to benchmark LMDB against.
+
+::
+
+    <root>/<first 2 hex of key>/<64 hex key>.kvb     codec header + payload (see kvstore.codec)
+    <root>/<..>/<64 hex key>.<random>.tmp            a write in progress
+
+A block is written to a temporary file, fsynced, then renamed over its real
+name (``os.replace`` is atomic), so a crash leaves at most a ``.tmp`` file,
+never a partial block under a real name; ``.tmp`` files are removed on open.
+The file system is the source of truth (content-addressed, shared by every
+process using the directory); the LRU order is kept in memory, seeded from
+file modification times on open and refreshed with ``utime`` on every hit,
+so a restart evicts the coldest files first. The cap counts file sizes
+rounded up to 4 KiB blocks.
+
+I/O runs with aiofiles on one event loop in a background thread (started
+once; a per-batch ``asyncio.run`` would create a loop and executor per call),
+so synchronous callers just wait on the batch's future.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from collections.abc import Coroutine, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import aiofiles
+import aiofiles.os
+
+from kvstore.codec import CODECS, decode_into, encode
+from kvstore.config.schema import FileConfig
+from kvstore.errors import CorruptBlock, TierError
+from kvstore.layout import KVLayout
+from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
+from kvstore.tiers.lru import LRUIndex
+
+_FS_BLOCK = 4096
+T = TypeVar("T")
+
+
+def _footprint(nbytes: int) -> int:
+    return -(-nbytes // _FS_BLOCK) * _FS_BLOCK
+
+
+class FileTier(Tier):
+    """Blocks as files under ``path``, at most ``max_size`` bytes (rounded to 4 KiB per file)."""
+
+    name = "file"
+
+    def __init__(
+        self,
+        layout: KVLayout,
+        path: str | os.PathLike[str],
+        max_size: int,
+        *,
+        codec: str = "none",
+        codec_level: int = 1,
+        io_threads: int = 2,
+    ) -> None:
+        """Scan ``path`` (creating it), delete leftover ``.tmp`` files, and start the event-loop thread."""
+        super().__init__(layout)
+        CODECS.get(codec)
+        self.root = os.fspath(path)
+        self.max_size = max_size
+        self.codec, self.codec_level = codec, codec_level
+        self._fp, self._itemsize = layout.fingerprint, layout.itemsize
+        self._lock = threading.Lock()
+        self._lru = LRUIndex()
+        self.tmp_removed = self._scan()
+        """How many leftover ``.tmp`` files the open removed (crash debris)."""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="kvstore-file-io", daemon=True)
+        self._thread.start()
+        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="kvstore-file")
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, section: FileConfig, layout: KVLayout) -> FileTier:
+        """Build from the ``file`` section of the config."""
+        return cls(layout, section.path, int(section.max_size), codec=section.codec, codec_level=section.codec_level)
+
+    def path_of(self, key: bytes) -> str:
+        """The file that holds ``key``."""
+        name = key.hex()
+        return os.path.join(self.root, name[:2], name + ".kvb")
+
+    # ------------------------------------------------------------- queries
+    def contains_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, from the first, have a file. Changes nothing."""
+        for n, key in enumerate(keys):
+            if not os.path.exists(self.path_of(key)):
+                return n
+        return len(keys)
+
+    def contains(self, key: bytes) -> bool:
+        """Whether ``key`` has a file. Changes nothing."""
+        return os.path.exists(self.path_of(key))
+
+    # ---------------------------------------------------------------- data
+    def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
+        """Read and verify each block's file into its destination; hits become most recently used (and get a new mtime)."""
+        check_buffers(keys, dests, self.layout.bytes_per_block, "file")
+        found = self._run(self._read_all(keys, dests))
+        corrupt = [key for key, ok in zip(keys, found) if ok is None]
+        if corrupt:
+            self.delete(corrupt)
+        with self._lock:
+            for key, ok in zip(keys, found):
+                if ok is None:
+                    self._stats.corrupt_dropped += 1
+                    self._emit("corrupt", key)
+                elif ok and not self._lru.touch(key):  # written by another process since we opened
+                    self._lru.add(key, _footprint(os.path.getsize(self.path_of(key))))
+            hits = sum(ok is True for ok in found)
+            self._stats.hits += hits
+            self._stats.misses += len(keys) - hits
+            self._stats.bytes_read += hits * self.layout.bytes_per_block
+        return [ok is True for ok in found]
+
+    def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
+        """Write absent blocks (tmp + fsync + rename), evicting the LRU files first to stay under the cap."""
+        check_buffers(keys, srcs, self.layout.bytes_per_block, "file")
+        todo: dict[bytes, bytes] = {}
+        for key, src in zip(keys, srcs):
+            if key not in todo and not self.contains(key):
+                todo[key] = encode(src, self.codec, self.codec_level, self._fp, self._itemsize)
+        with self._lock:
+            self._check_open()
+            for key in keys:
+                self._lru.touch(key)  # a put is a use
+            todo = {k: v for k, v in todo.items() if _footprint(len(v)) <= self.max_size}
+            need = sum(_footprint(len(v)) for v in todo.values())
+            victims = self._lru.victims(need, self.max_size, exclude=keys)
+            for key in victims:
+                self._lru.remove(key)
+                self._stats.evictions += 1
+                self._emit("evicted", key)
+            for key, value in todo.items():  # accounted before writing, so concurrent puts respect the cap
+                self._lru.add(key, _footprint(len(value)))
+        self._run(self._unlink_all(victims))
+        written = self._run(self._write_all(todo))
+        with self._lock:
+            for key, ok in written.items():
+                if ok:
+                    self._stats.puts += 1
+                    self._stats.bytes_written += self.layout.bytes_per_block
+                else:
+                    self._lru.remove(key)
+        return [self.contains(key) for key in keys]
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Remove the files of these keys; returns how many existed."""
+        with self._lock:
+            for key in keys:
+                self._lru.remove(key)
+        return sum(self._run(self._unlink_all(list(dict.fromkeys(keys)))))
+
+    def close(self) -> None:
+        """Finish queued async work and stop the event loop (every put was fsynced already). Idempotent."""
+        if self._closed:
+            return
+        self._pool.shutdown(wait=True)
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def get_async(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> Future[list[bool]]:
+        """:meth:`get` on the tier's threads."""
+        return self._pool.submit(self.get, keys, dests)
+
+    def put_async(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> Future[list[bool]]:
+        """:meth:`put` on the tier's threads."""
+        return self._pool.submit(self.put, keys, srcs)
+
+    def stats(self) -> TierStats:
+        """Counters, with accounted bytes, capacity and file count."""
+        with self._lock:
+            self._stats.used_bytes, self._stats.num_blocks = self._lru.used, len(self._lru)
+            self._stats.capacity_bytes = self.max_size
+            return super().stats()
+
+    # ------------------------------------------------------------- private
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        self._check_open()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _check_open(self) -> None:
+        if getattr(self, "_closed", False):
+            raise TierError(f"file tier at {self.root} is closed")
+
+    async def _read_all(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool | None]:
+        return list(await asyncio.gather(*(self._read(k, d) for k, d in zip(keys, dests))))
+
+    async def _read(self, key: bytes, dest: Buffer) -> bool | None:
+        """``True`` filled, ``False`` absent, ``None`` corrupt."""
+        path = self.path_of(key)
+        try:
+            async with aiofiles.open(path, "rb") as f:
+                value = await f.read()
+        except FileNotFoundError:
+            return False
+        try:
+            decode_into(value, dest, self._fp, key)
+        except CorruptBlock:
+            return None
+        try:
+            await aiofiles.os.wrap(os.utime)(path)  # recency that survives a restart
+        except FileNotFoundError:
+            pass  # evicted meanwhile; the bytes we read were verified
+        return True
+
+    async def _write_all(self, todo: dict[bytes, bytes]) -> dict[bytes, bool]:
+        results = await asyncio.gather(*(self._write(k, v) for k, v in todo.items()))
+        return dict(zip(todo, results))
+
+    async def _write(self, key: bytes, value: bytes) -> bool:
+        path = self.path_of(key)
+        await aiofiles.os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path[:-4]}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            async with aiofiles.open(tmp, "wb") as f:
+                await f.write(value)
+                await f.flush()
+                await aiofiles.os.wrap(os.fsync)(f.fileno())
+            await aiofiles.os.replace(tmp, path)
+        except OSError:  # disk full, permissions: the block is simply not stored
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            return False
+        return True
+
+    async def _unlink_all(self, keys: Sequence[bytes]) -> list[bool]:
+        async def one(key: bytes) -> bool:
+            try:
+                await aiofiles.os.remove(self.path_of(key))
+                return True
+            except FileNotFoundError:
+                return False
+
+        return list(await asyncio.gather(*(one(k) for k in keys)))
+
+    def _scan(self) -> int:
+        """Seed the LRU from existing files (oldest mtime first); remove ``.tmp`` debris. Returns the debris count."""
+        os.makedirs(self.root, exist_ok=True)
+        found: list[tuple[float, bytes, int]] = []
+        removed = 0
+        for sub in os.scandir(self.root):
+            if not sub.is_dir():
+                continue
+            for entry in os.scandir(sub.path):
+                if entry.name.endswith(".tmp"):
+                    os.unlink(entry.path)
+                    removed += 1
+                elif entry.name.endswith(".kvb") and len(entry.name) == 68:
+                    st = entry.stat()
+                    found.append((st.st_mtime, bytes.fromhex(entry.name[:64]), _footprint(st.st_size)))
+        for _, key, size in sorted(found):
+            self._lru.add(key, size)
+        return removed
