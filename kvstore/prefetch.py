@@ -47,6 +47,10 @@ class BlockPlan:
     """Host buffer used instead of a slot when there is no host tier."""
     ready: bool = False
     """Phase 1 done for this block (always true for gpu and host sources)."""
+    in_flight: bool = False
+    """A phase-1 read into this block's buffer is running (its buffers must not be reused yet)."""
+    dropped: bool = False
+    """Trimmed by ``resolve`` while in flight: the phase-1 worker gives its resources back."""
 
 
 @dataclass
@@ -151,27 +155,36 @@ class Prefetcher:
             while i < len(todo) and not lease._cancel.is_set():
                 batch = todo[i : i + batch_blocks]
                 nbytes = len(batch) * bpb
-                if not self.budget.acquire(nbytes, timeout=None):
-                    break
+                self.budget.acquire(nbytes)
                 try:
+                    with h.lock:
+                        if lease._cancel.is_set():
+                            break
+                        for p in batch:
+                            p.in_flight = True
                     dests = [self._dest(p) for p in batch]
                     assert h.disk is not None
                     found = h.disk.get([p.key for p in batch], dests)
                 finally:
                     self.budget.release(nbytes)
+                n_ok = 0
                 with h.lock:
+                    prefix_ok = True
                     for p, ok in zip(batch, found):
-                        if not ok:
-                            break
-                        p.ready = True
-                        if p.host_slot is not None and h.host is not None:
-                            h.host.lock([p.key])  # the lease keeps it until phase 2 has copied it
-                            h.host.publish([p.key])
-                            entry = h.index.get(p.key)
-                            if entry is not None and entry.host_slot is None:
-                                h.index.set_host(entry, p.host_slot)
-                    n_ok = sum(1 for _ in _leading_true(found))
-                if n_ok < len(batch):
+                        p.in_flight = False
+                        prefix_ok = prefix_ok and ok
+                        if p.dropped:
+                            self._settle_dropped(p, ok)
+                        elif prefix_ok:
+                            n_ok += 1
+                            p.ready = True
+                            if p.host_slot is not None and h.host is not None:
+                                h.host.lock([p.key])  # the lease keeps it until phase 2 has copied it
+                                h.host.publish([p.key])
+                                entry = h.index.get(p.key)
+                                if entry is not None and entry.host_slot is None:
+                                    h.index.set_host(entry, p.host_slot)
+                if n_ok < len(batch) and not lease._cancel.is_set():
                     lease.shortfall = f"disk tier returned {n_ok} of {len(batch)} blocks (missing or corrupt)"
                     break
                 i += len(batch)
@@ -203,21 +216,15 @@ class Prefetcher:
         elif mode == "timeout":
             lease._phase1_done.wait(self.timeout_s(lease))
         lease._cancel.set()
-        if lease._phase1 is not None:
-            lease._phase1.result()  # in-flight reads finish before anything is reused
         lease.load_wait_s += time.perf_counter() - t0
-        usable = 0
-        for p in lease.plan:
-            if p.source == "disk" and not p.ready:
-                break
-            usable += 1
-        if usable < len(lease.plan) and lease.shortfall is None:
-            lease.shortfall = f"{mode}: {len(lease.plan) - usable} of {len(lease.plan)} blocks not loaded in time"
-        self._trim(lease, usable)
+        with self.h.lock:  # ready flags change under this lock, so the decision below is consistent
+            usable = 0
+            for p in lease.plan:
+                if p.source == "disk" and not p.ready:
+                    break
+                usable += 1
+            self._trim(lease, usable)
         lease.resolved_blocks = usable
-        h = self.h
-        with h.lock:
-            h.counters.load_failures += len([p for p in lease.plan[usable:]])
         to_copy = [p for p in lease.plan[:usable] if p.source != "gpu"]
         assert lease._sync is not None
         if to_copy:
@@ -226,17 +233,41 @@ class Prefetcher:
             lease._sync.mark_all()
 
     def _trim(self, lease: Lease, usable: int) -> None:
-        """Give back what the blocks after ``usable`` held: GPU references, host slots and locks."""
+        """Give back what the blocks after ``usable`` held (called under the lock).
+
+        A block whose read is still in flight is marked ``dropped``; the
+        phase-1 worker releases it when the read returns, so no buffer is
+        reused while a thread may still write into it.
+        """
         h = self.h
-        with h.lock:
-            for p in lease.plan[usable:]:
-                h.pool.free([p.gpu_block])
-                if h.host is not None and p.host_slot is not None:
-                    if p.source == "disk" and not p.ready:
-                        h.host.abort([p.key])
-                    else:
-                        h.host.unlock([p.key])
-            del lease.plan[usable:]
+        trimmed = lease.plan[usable:]
+        if trimmed and lease.shortfall is None:
+            lease.shortfall = f"{self.policy.prefetch}: {len(trimmed)} of {len(lease.plan)} blocks not loaded in time"
+        h.counters.load_failures += len(trimmed)
+        for p in trimmed:
+            if p.in_flight:
+                p.dropped = True
+                continue
+            h.pool.free([p.gpu_block])
+            if h.host is not None and p.host_slot is not None:
+                if p.source == "disk" and not p.ready:
+                    h.host.abort([p.key])
+                else:
+                    h.host.unlock([p.key])
+        del lease.plan[usable:]
+
+    def _settle_dropped(self, p: BlockPlan, ok: bool) -> None:
+        """Release a block trimmed while its read was in flight (called under the lock)."""
+        h = self.h
+        h.pool.free([p.gpu_block])
+        if h.host is not None and p.host_slot is not None:
+            if ok:
+                h.host.publish([p.key])  # intact data: keep it on host as a promotion
+                entry = h.index.get(p.key)
+                if entry is not None and entry.host_slot is None:
+                    h.index.set_host(entry, p.host_slot)
+            else:
+                h.host.abort([p.key])
 
     def _phase2(self, lease: Lease, to_copy: list[BlockPlan]) -> None:
         h = self.h
@@ -297,13 +328,6 @@ class Prefetcher:
     def close(self) -> None:
         """Stop the workers after the running loads finish."""
         self._pool.shutdown(wait=True)
-
-
-def _leading_true(flags: list[bool]):  # noqa: ANN202
-    for f in flags:
-        if not f:
-            return
-        yield f
 
 
 class _nullctx:

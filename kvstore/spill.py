@@ -219,6 +219,10 @@ class Spiller:
                 with h.lock:
                     h.pool.free([block])
 
+    def pending(self) -> bool:
+        """Whether write-downs are scheduled or running."""
+        return bool(self._pending)
+
     def wait(self) -> None:
         """Block until every scheduled write-down has finished."""
         for fut in list(self._pending):

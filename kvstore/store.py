@@ -158,23 +158,32 @@ class TieredStore:
         with h.lock:
             m = h.index.match_keys(match.keys, count_hits=False)
             h.index.lock(m.node)
-            sources: list[tuple[bytes, str, int | None]] = []  # key, tier, gpu block or host slot
+            # Pin every source first (index path locked, host slots locked) so that making
+            # room on the GPU below cannot evict a block this lease is about to read.
+            sources: list[tuple[bytes, str, int | None]] = []  # key, tier, GPU block or host slot
             for e in m.entries:
-                sources.append((e.key, e.tier or "disk", e.gpu_block if e.tier == "gpu" else e.host_slot))
+                if e.tier == "host":
+                    assert h.host is not None
+                    sources.append((e.key, "host", h.host.lock([e.key])[0]))
+                else:
+                    sources.append((e.key, e.tier or "disk", e.gpu_block))
             for key in match.keys[len(sources) :]:
                 src = self._probe_one(key)
                 if src is None:
                     shortfall = "part of the matched prefix left the lower tiers before acquire"
                     break
                 sources.append(src)
-            plan: list[BlockPlan] = []
             need = sum(1 for _, t, _ in sources if t != "gpu")
             if need:
                 self.spiller.ensure_gpu_free(need)
-            for key, tier, where in sources:
+            plan: list[BlockPlan] = []
+            for i, (key, tier, where) in enumerate(sources):
                 p = self._plan_block(key, tier, where)
                 if isinstance(p, str):
                     shortfall = p
+                    for k, t, _ in sources[i:]:
+                        if t == "host":
+                            h.host.unlock([k])  # type: ignore[union-attr]
                     break
                 plan.append(p)
         lease = Lease(tuple(p.key for p in plan), plan, m.node, bs, self.layout.num_layers, shortfall=shortfall)
@@ -185,14 +194,21 @@ class TieredStore:
 
     def _probe_one(self, key: bytes) -> tuple[bytes, str, int | None] | None:
         h = self.h
-        if h.host is not None and h.host.contains(key):
-            return (key, "host", h.host.slot_of(key))
+        if h.host is not None:
+            slot = h.host.lock([key])[0]
+            if slot is not None and h.host.contains(key):
+                return (key, "host", slot)
+            if slot is not None:  # reserved by a load in flight, not readable yet
+                h.host.unlock([key])
         if h.disk is not None and h.disk.contains(key):
             return (key, "disk", None)
         return None
 
     def _plan_block(self, key: bytes, tier: str, where: int | None) -> BlockPlan | str:
-        """Reserve what one block of a lease needs (called under the lock); a string says why not."""
+        """Reserve what one block of a lease needs (called under the lock); a string says why not.
+
+        On failure nothing is taken for this block (the caller unlocks its pinned host slot).
+        """
         h = self.h
         if tier == "gpu":
             assert where is not None
@@ -202,10 +218,8 @@ class TieredStore:
         if got is None:
             return "GPU pool full: no free block to load into"
         gpu = got[0]
-        if tier == "host":
-            assert h.host is not None
-            h.host.lock([key])
-            return BlockPlan(key, "host", gpu, host_slot=h.host.slot_of(key), ready=True)
+        if tier == "host":  # the slot was locked when the sources were pinned
+            return BlockPlan(key, "host", gpu, host_slot=where, ready=True)
         slot = None
         if h.host is not None:
             if h.host.contains(key):  # promoted meanwhile
@@ -226,8 +240,9 @@ class TieredStore:
         if lease.released:
             return
         lease.resolve()
-        if lease._phase2 is not None:
-            lease._phase2.result()
+        for fut in (lease._phase1, lease._phase2):
+            if fut is not None:
+                fut.result()  # reads and copies into the lease's buffers are over
         h = self.h
         with h.lock:
             h.pool.free([p.gpu_block for p in lease.plan])
@@ -244,14 +259,20 @@ class TieredStore:
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` GPU blocks for new tokens, evicting unused cached blocks first if needed.
 
-        Raises :class:`OutOfBlocks` (nothing taken) when even that is not enough.
+        Blocks still being copied down by the write policy hold a reference;
+        when only they stand in the way, this waits for those copies. Raises
+        :class:`OutOfBlocks` (nothing taken) when even that is not enough.
         """
-        with self.h.lock:
-            if self.h.pool.num_free < n:
-                self.spiller.ensure_gpu_free(n)
-            if self.h.pool.num_free < n:
-                raise OutOfBlocks(n, self.h.pool.num_free)
-            return self.h.pool.allocate(n)
+        for attempt in range(2):
+            with self.h.lock:
+                if self.h.pool.num_free < n:
+                    self.spiller.ensure_gpu_free(n)
+                if self.h.pool.num_free >= n:
+                    return self.h.pool.allocate(n)
+                free = self.h.pool.num_free
+            if attempt == 0 and self.spiller.pending():
+                self.spiller.wait()  # outside the lock: the copies need it to finish
+        raise OutOfBlocks(n, free)
 
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop the caller's reference on each block (cached ones stay in the index)."""
