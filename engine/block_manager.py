@@ -72,6 +72,10 @@ class BlockManager:
     def on_computed(self, seq: Sequence) -> None:
         """Called after a step advanced ``seq.num_computed_tokens``; a prefix cache commits full blocks here."""
 
+    def preempt(self, seq: Sequence) -> None:
+        """Take a running sequence's KV away to make room; by default it is dropped and recomputed later."""
+        self.free(seq)
+
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's blocks (finished or preempted) and reset its progress to nothing computed."""
         if seq.block_table:

@@ -8,7 +8,9 @@ from collections.abc import Callable, Sequence as Seq
 from pathlib import Path
 
 from engine.block_manager import BlockManager
+from connectors.base import KVConnector
 from engine.config import ModelConfig
+from engine.connector_manager import ConnectorBlockManager, PreemptionMode
 from engine.engine_config import EngineConfig
 from engine.kernels import select_backend
 from engine.outputs import RequestOutput
@@ -38,11 +40,16 @@ class LLM:
     ``config.num_gpu_blocks`` is then ignored), otherwise the engine creates
     one. ``block_manager_factory`` swaps the KV cache manager (a
     connector-backed one adds prefix caching); it receives the pool.
+    ``connector`` is the usual way to get prefix caching across GPU, host and
+    disk: the engine registers its pool with it and serves cached prefixes
+    from any tier; ``preemption`` then chooses ``recompute`` or ``swap``
+    (save full blocks to the host tier first).
     """
 
     def __init__(self, model: str | Path | None = None, *, config: EngineConfig | None = None,
                  model_config: ModelConfig | None = None, pool: GPUBlockPool | None = None,
-                 block_manager_factory: Callable[[GPUBlockPool], BlockManager] = BlockManager) -> None:
+                 block_manager_factory: Callable[[GPUBlockPool], BlockManager] | None = None,
+                 connector: KVConnector | None = None, preemption: PreemptionMode = "recompute") -> None:
         self.config = config or EngineConfig()
         device = self.config.torch_device()
         dtype_name = self.config.kv_dtype_name()
@@ -66,7 +73,13 @@ class LLM:
             raise ValueError(f"the given pool ({pool.layout}, on {pool.device}) does not match the engine "
                              f"({layout}, on {device})")
         self.pool = pool if pool is not None else GPUBlockPool(layout, self.config.num_gpu_blocks, device)
-        self.block_manager = block_manager_factory(self.pool)
+        if connector is not None and block_manager_factory is not None:
+            raise ValueError("pass either a connector or a block_manager_factory, not both")
+        if connector is not None:
+            self.block_manager: BlockManager = ConnectorBlockManager(self.pool, connector, preemption)
+        else:
+            self.block_manager = (block_manager_factory or BlockManager)(self.pool)
+        self.connector = connector
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_batched_tokens, self.config.max_num_seqs)
         self.runner = ModelRunner(self.model, self.pool, select_backend(self.config.backend, device))
         self.sampler = Sampler(self.config.seed)
@@ -78,12 +91,16 @@ class LLM:
         return self.model.config
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
-                    request_id: str | None = None) -> Sequence:
-        """Queue one request (text or token ids); returns its sequence. Checks that it can ever fit."""
+                    request_id: str | None = None, cache_salt: str | None = None) -> Sequence:
+        """Queue one request (text or token ids); returns its sequence. Checks that it can ever fit.
+
+        ``cache_salt`` isolates the request's cached prefix to one tenant; set
+        it from trusted context (the tenant's identity), never from the prompt.
+        """
         params = params or SamplingParams()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         rid = request_id if request_id is not None else str(next(self._ids))
-        seq = Sequence(rid, ids, params)
+        seq = Sequence(rid, ids, params, cache_salt=cache_salt)
         total = seq.num_prompt_tokens + params.max_tokens
         if total > self.model_config.max_model_len:
             raise ValueError(f"request {rid!r}: {seq.num_prompt_tokens} prompt + {params.max_tokens} new tokens "
@@ -138,11 +155,13 @@ class LLM:
         return finished
 
     def generate(self, prompts: Prompt | Seq[Prompt],
-                 params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
+                 params: SamplingParams | Seq[SamplingParams] | None = None,
+                 cache_salt: str | None = None) -> list[RequestOutput]:
         """Run every prompt to completion with continuous batching; outputs in prompt order.
 
         ``prompts`` is one prompt or a list (text, or token-id lists); ``params``
-        is one :class:`SamplingParams` for all or one per prompt.
+        is one :class:`SamplingParams` for all or one per prompt; ``cache_salt``
+        applies to every prompt of the call.
         """
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
@@ -153,7 +172,7 @@ class LLM:
             param_list = list(params)
             if len(param_list) != len(prompt_list):
                 raise ValueError(f"{len(param_list)} SamplingParams for {len(prompt_list)} prompts")
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompt_list, param_list)]
+        seqs = [self.add_request(p, sp, cache_salt=cache_salt) for p, sp in zip(prompt_list, param_list)]
         while self.has_unfinished():
             self.step()
         return [RequestOutput.from_sequence(s) for s in seqs]

@@ -24,6 +24,15 @@ class RequestMetrics:
     num_prefill_tokens_computed: int
     num_cached_tokens: int
     num_preemptions: int
+    cached_tokens_by_tier: dict[str, int]
+    """Cached prompt tokens by the tier they came from (``gpu``, ``host``, ``disk``)."""
+    load_wait_time: float
+    """Seconds spent waiting for cached blocks to arrive."""
+
+    @property
+    def num_computed_prompt_tokens(self) -> int:
+        """Prompt tokens the engine computed at the last admission (prompt minus cached)."""
+        return self.num_prompt_tokens - self.num_cached_tokens
 
 
 @dataclass(frozen=True)
@@ -57,5 +66,7 @@ class RequestOutput:
                 num_prefill_tokens_computed=m.num_prefill_tokens_computed,
                 num_cached_tokens=seq.num_cached_tokens,
                 num_preemptions=m.num_preemptions,
+                cached_tokens_by_tier=dict(m.cached_tokens_by_tier),
+                load_wait_time=m.load_wait_time,
             ),
         )

@@ -115,9 +115,9 @@ class Scheduler:
         self.block_manager.free(seq)
 
     def _preempt(self, seq: Sequence) -> None:
-        # Recompute preemption: drop the KV, keep the tokens; the sequence will
-        # prefill prompt + generated tokens when readmitted.
-        self.block_manager.free(seq)
+        # The manager decides what happens to the KV (dropped for recompute, or swapped out to
+        # a lower tier); the tokens stay and are prefilled again, minus what is cached, on readmission.
+        self.block_manager.preempt(seq)
         seq.status = SequenceStatus.WAITING
         seq.metrics.num_preemptions += 1
         self.waiting.appendleft(seq)

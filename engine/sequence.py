@@ -43,6 +43,10 @@ class SequenceMetrics:
     finished_time: float | None = None
     num_prefill_tokens_computed: int = 0
     num_preemptions: int = 0
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=lambda: {"gpu": 0, "host": 0, "disk": 0})
+    """Prompt tokens served from each tier at the last admission (a connector-backed manager fills it)."""
+    load_wait_time: float = 0.0
+    """Seconds the engine waited for prefix loads (stop policy and per-layer waits)."""
 
 
 @dataclass(eq=False)
@@ -53,6 +57,8 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     output_token_ids: list[int] = field(default_factory=list)
+    cache_salt: str | None = None
+    """Tenant salt of the prefix cache: requests share cached blocks only under the same salt."""
     block_table: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
     num_computed_tokens: int = 0

@@ -76,10 +76,10 @@ class TieredStore:
 
     @classmethod
     def from_config(cls, cfg: KVStoreConfig, pool: GPUBlockPool | None = None) -> TieredStore:
-        """Build the pool (unless given) and the configured tiers."""
+        """Build the pool (unless given; a given pool's layout wins over ``cfg.model``) and the configured tiers."""
         from kvstore.tiers.build import build_lower_tiers
 
-        layout = cfg.model.layout()
+        layout = pool.layout if pool is not None else cfg.model.layout()
         if pool is None:
             device = None if cfg.gpu.device == "auto" else cfg.gpu.device
             pool = GPUBlockPool(layout, cfg.gpu.num_blocks, device=device)
@@ -303,6 +303,37 @@ class TieredStore:
             new = list(res.entries[res.num_existing :])
         self.spiller.on_commit(new)
         return len(new)
+
+    def offload(self, tier: str) -> int:
+        """Move every unused block out of ``tier`` (``"gpu"`` or ``"host"``) into the next tier down.
+
+        For draining before a shutdown, and for tests that need a prefix to
+        live in a given tier. Blocks in use stay. Returns how many moved.
+        """
+        h = self.h
+        self.spiller.wait()
+        with h.lock:
+            if tier == "gpu":
+                before = h.counters.gpu_evictions
+                self.spiller.ensure_gpu_free(h.pool.num_blocks)
+                return h.counters.gpu_evictions - before
+            if tier == "host":
+                if h.host is None:
+                    return 0
+                return self.spiller.make_host_room(h.host.num_slots)  # type: ignore[attr-defined]
+        raise ValueError(f"offload: tier must be 'gpu' or 'host', got {tier!r}")
+
+    def save(self, keys: Sequence[bytes]) -> int:
+        """Copy these indexed blocks to every lower tier now and wait; returns how many reached the host tier.
+
+        Used to swap a preempted sequence out instead of recomputing it.
+        """
+        with self.h.lock:
+            entries = [e for e in (self.h.index.get(k) for k in keys) if e is not None]
+        self.spiller.write_down(entries)
+        self.spiller.wait()
+        with self.h.lock:
+            return sum(1 for e in entries if e.host_slot is not None)
 
     # ------------------------------------------------------ stats and upkeep
     def stats(self) -> dict[str, Any]:

@@ -1,0 +1,108 @@
+"""The correctness oracle: output with a prefix from any tier equals output computed from scratch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from connlib import GREEDY, capture_logits, make_llm, prompt
+
+PROMPT = prompt(1, 45)  # 11 full blocks of 4 and one partial
+
+
+@pytest.fixture(scope="module")
+def reference() -> tuple[list[int], torch.Tensor]:
+    llm = make_llm(None)
+    logits = capture_logits(llm)
+    out = llm.generate([PROMPT], GREEDY)[0]
+    assert out.metrics.num_cached_tokens == 0
+    return out.token_ids, logits[out.request_id]
+
+
+def _second_run(llm, offload: tuple[str, ...] = ()):  # noqa: ANN001, ANN202
+    first = llm.generate([PROMPT], GREEDY)[0]
+    store = llm.connector.store
+    store.flush()
+    for tier in offload:
+        store.offload(tier)
+    store.check_integrity()
+    logits = capture_logits(llm)
+    second = llm.generate([PROMPT], GREEDY)[0]
+    store.check_integrity()
+    return first, second, logits[second.request_id]
+
+
+def _assert_same(out, logits, reference) -> None:  # noqa: ANN001
+    ref_ids, ref_logits = reference
+    assert out.token_ids == ref_ids
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_recompute_with_connector_matches(tmp_path: Path, reference) -> None:  # noqa: ANN001
+    llm = make_llm(tmp_path)
+    logits = capture_logits(llm)
+    out = llm.generate([PROMPT], GREEDY)[0]
+    assert out.metrics.num_cached_tokens == 0
+    _assert_same(out, logits[out.request_id], reference)
+
+
+def test_prefix_from_gpu(tmp_path: Path, reference) -> None:  # noqa: ANN001
+    first, second, logits = _second_run(make_llm(tmp_path))
+    assert second.metrics.cached_tokens_by_tier == {"gpu": 44, "host": 0, "disk": 0}
+    assert second.metrics.num_prefill_tokens_computed == 1
+    _assert_same(second, logits, reference)
+
+
+def test_prefix_from_host(tmp_path: Path, reference) -> None:  # noqa: ANN001
+    _, second, logits = _second_run(make_llm(tmp_path, write="write_back"), offload=("gpu",))
+    assert second.metrics.cached_tokens_by_tier == {"gpu": 0, "host": 44, "disk": 0}
+    _assert_same(second, logits, reference)
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd", "shuffle_zstd"])
+def test_prefix_from_disk(tmp_path: Path, reference, codec: str) -> None:  # noqa: ANN001
+    _, second, logits = _second_run(make_llm(tmp_path, codec=codec, write="write_back"), offload=("gpu", "host"))
+    assert second.metrics.cached_tokens_by_tier == {"gpu": 0, "host": 0, "disk": 44}
+    _assert_same(second, logits, reference)
+
+
+def test_prefix_from_disk_after_restart(tmp_path: Path, reference) -> None:  # noqa: ANN001
+    here = Path(__file__).parent
+    script = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(here)!r})
+        from pathlib import Path
+        from connlib import GREEDY, make_llm, prompt
+        llm = make_llm(Path({str(tmp_path)!r}), codec="zstd")
+        out = llm.generate([prompt(1, 45)], GREEDY)[0]
+        llm.connector.store.flush()
+        print(out.token_ids)
+        import os; os._exit(0)  # no close(): what was flushed must be enough
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONHASHSEED="77"))
+    assert res.returncode == 0, res.stderr
+    llm = make_llm(tmp_path, codec="zstd")
+    logits = capture_logits(llm)
+    out = llm.generate([PROMPT], GREEDY)[0]
+    assert out.metrics.cached_tokens_by_tier == {"gpu": 0, "host": 0, "disk": 44}
+    _assert_same(out, logits[out.request_id], reference)
+    assert str(out.token_ids) == res.stdout.strip()
+
+
+def test_tenant_salt_isolates(tmp_path: Path, reference) -> None:  # noqa: ANN001
+    llm = make_llm(tmp_path)
+    llm.generate([PROMPT], GREEDY, cache_salt="tenant-a")
+    other = llm.generate([PROMPT], GREEDY, cache_salt="tenant-b")[0]
+    unsalted = llm.generate([PROMPT], GREEDY)[0]
+    same = llm.generate([PROMPT], GREEDY, cache_salt="tenant-a")[0]
+    assert other.metrics.num_cached_tokens == 0
+    assert unsalted.metrics.num_cached_tokens == 0
+    assert same.metrics.num_cached_tokens == 44
+    for out in (other, unsalted, same):
+        assert out.token_ids == reference[0]
