@@ -17,8 +17,11 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kvstore.cli.config_cmd",
     "kvstore.cli.run_cmd",
     "kvstore.cli.generate_cmd",
+    "kvstore.cli.demo_cmd",
     "kvstore.cli.bench_cmd",
     "kvstore.cli.plan_cmd",
+    "kvstore.cli.serve_cmd",
+    "kvstore.cli.stats_cmd",
 )
 
 

@@ -1,0 +1,94 @@
+"""``kvstore serve``: run the sidecar daemon on a config until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+
+from kvstore.config import ConfigError, load_config
+from kvstore.config.schema import KVStoreConfig
+from kvstore.errors import KVStoreError
+
+log = logging.getLogger("kvstore.serve")
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+               "message": record.getMessage()}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def _setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+async def _serve(cfg: KVStoreConfig, config_name: str) -> int:
+    from kvstore.daemon.server import DaemonServer
+
+    server = DaemonServer(cfg)
+    info = await server.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.request_stop)
+    metrics = f"{info.metrics_url}/metrics" if info.metrics_url else "off"
+    print(
+        f"kvstore serve: listening on unix:{info.socket_path} (mode 0600); tcp: {info.tcp or 'off'}; "
+        f"metrics: {metrics}; shm: {info.shm_name}; config: {config_name}",
+        flush=True,
+    )
+    log.info("serving with config %s", config_name)
+    await server.wait_stopped()
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config)
+        if args.socket is not None:
+            cfg.daemon.socket_path = args.socket
+        if args.metrics_port is not None:
+            cfg.metrics.port = args.metrics_port
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _setup_logging(args.log_level or cfg.logging.level, cfg.logging.format)
+    try:
+        return asyncio.run(_serve(cfg, args.config or "<built-in defaults>"))
+    except (KVStoreError, OSError) as exc:
+        print(f"error: cannot start the daemon: {exc}", file=sys.stderr)
+        return 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``serve`` command."""
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the sidecar daemon: one host-RAM + NVMe cache shared by the engines on this host",
+        description="Run kvstore as a long-lived daemon. It owns the host tier (an arena in POSIX shared memory) "
+        "and the disk tier (LMDB), serves engines on a Unix socket (mode 0600) and optionally TCP (token "
+        "required), and exposes /healthz and Prometheus /metrics over HTTP. It prints one line saying where it "
+        "listens, logs to stderr, and on SIGTERM stops accepting, flushes every acknowledged block to disk, "
+        "removes its socket and shared memory, and exits 0.",
+    )
+    parser.add_argument("--config", default=None, metavar="PATH",
+                        help="YAML config; the model, host, disk, daemon, metrics and logging sections apply "
+                        "(default: built-in defaults, plus KVSTORE_<SECTION>__<FIELD> environment overrides)")
+    parser.add_argument("--socket", default=None, metavar="PATH",
+                        help="Unix socket path, overriding daemon.socket_path (at most 107 bytes)")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="N",
+                        help="HTTP port of /healthz and /metrics, overriding metrics.port (0 picks a free port)")
+    parser.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="lowest level logged to stderr, overriding logging.level")
+    parser.set_defaults(func=_run)

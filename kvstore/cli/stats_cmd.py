@@ -1,0 +1,85 @@
+"""``kvstore stats``: read a running daemon's tiers, occupancy, hit rates and clients."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from kvstore.config import ConfigError, load_config
+
+
+def _gib(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def format_stats(s: dict[str, Any]) -> str:
+    """Human-readable summary of a STATS reply."""
+    d, c = s["daemon"], s["counters"]
+    lines = [
+        f"daemon pid {d['pid']}, up {d['uptime_s']:.0f} s, model {d['model_id']!r}, {d['bytes_per_block']} bytes/block",
+        f"listening: unix {d['socket_path']}, tcp {d['tcp'] or 'off'}, metrics {d['metrics_url'] or 'off'}",
+        f"clients: {d['clients']} connected, {d['connections']} since start",
+        f"{'tier':<6}{'blocks':>10}{'used':>12}{'capacity':>12}{'occupancy':>11}{'hits':>10}{'misses':>10}"
+        f"{'hit rate':>10}{'evicted':>9}{'corrupt':>9}",
+    ]
+    for tier in ("host", "disk"):
+        t = s.get(tier)
+        if not t:
+            continue
+        hits, misses = c[f"{tier}_hits"], c[f"{tier}_misses"]
+        rate = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
+        occ = f"{t['used_bytes'] / t['capacity_bytes']:.1%}" if t["capacity_bytes"] else "-"
+        lines.append(
+            f"{tier:<6}{t['num_blocks']:>10}{_gib(t['used_bytes']):>12}{_gib(t['capacity_bytes']):>12}{occ:>11}"
+            f"{hits:>10}{misses:>10}{rate:>10}{t['evictions']:>9}{t['corrupt_dropped']:>9}"
+        )
+    lines.append(f"leases held {s['leases']} (expired {s['leases_expired']}), pending disk writes {s['pending_writes']}")
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kvstore.daemon.client import DaemonClient, DaemonUnavailable
+    from kvstore.daemon.frames import DaemonError
+
+    socket_path, token = args.socket, None
+    if socket_path is None or args.config is not None:
+        try:
+            cfg = load_config(args.config)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        socket_path = socket_path or cfg.daemon.socket_path
+        token = cfg.daemon.token
+    client = DaemonClient(None, socket_path=socket_path, token=token, client_name="kvstore stats", use_shm=False)
+    try:
+        client.connect(args.wait)
+        stats = client.stats()
+    except (DaemonUnavailable, DaemonError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    print(json.dumps(stats, indent=2, sort_keys=True) if args.json else format_stats(stats))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``stats`` command."""
+    parser = subparsers.add_parser(
+        "stats",
+        help="show a running daemon's tiers, occupancy, hit rates and clients",
+        description="Connect to a running `kvstore serve` daemon (as an observer that needs no model layout) "
+        "and print its statistics.",
+    )
+    parser.add_argument("--config", default=None, metavar="PATH",
+                        help="config whose daemon.socket_path (and token) to use (default: built-in defaults)")
+    parser.add_argument("--socket", default=None, metavar="PATH", help="daemon socket path (overrides --config)")
+    parser.add_argument("--json", action="store_true", help="print the raw statistics as JSON")
+    parser.add_argument("--wait", type=float, default=0.0, metavar="S",
+                        help="keep retrying for up to S seconds while the daemon is not answering yet")
+    parser.set_defaults(func=_run)

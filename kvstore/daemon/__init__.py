@@ -1,0 +1,6 @@
+"""The sidecar daemon (``kvstore serve``): one host-RAM + NVMe cache shared by the engines on a host.
+
+``frames``/``messages`` define the wire protocol, ``session`` serves one
+connection, ``backend`` holds the tiers and leases, ``server`` runs it all,
+``client`` is what engines (through ``kvstore.tiers.remote.DaemonTier``) use.
+"""

@@ -1,0 +1,259 @@
+"""The daemon's storage: its shared-memory host tier in front of its disk tier, with client leases.
+
+Semantics of the one tier the daemon offers its clients:
+
+- ``get``: served from the host tier; a host miss is loaded from disk into a
+  freshly reserved host slot (published, so the next client finds it there).
+- ``put``: lands in the host tier and is written through to disk by the
+  :class:`WriteBehind` thread; ``flush`` waits for that queue, then syncs disk.
+
+Every host-tier state change (lock, reserve, publish, abort, evict inside
+reserve) happens under one mutex, so "is it published?" and "lock it" are
+one atomic step; the byte copies (disk into a slot, a slot into a reply)
+happen outside it, on slots held by a lock or a reservation. All methods are
+blocking and thread-safe: the server calls them from its executor.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from kvstore.daemon.leases import LeaseTable
+from kvstore.daemon.messages import PutState
+from kvstore.daemon.writer import WriteBehind
+from kvstore.errors import BlockStateError
+from kvstore.layout import KVLayout
+from kvstore.tiers.base import Tier
+from kvstore.tiers.host import HostTier
+
+INTERNAL_OWNER = -1
+"""Owner id of the daemon's own short-lived references (inline requests)."""
+
+
+@dataclass
+class BackendCounters:
+    """Hits and misses as clients see them, per tier that answered."""
+
+    host_hits: int = 0
+    host_misses: int = 0
+    disk_hits: int = 0
+    disk_misses: int = 0
+    no_room: int = 0
+    """Keys a get or put could not serve because every host slot was locked or reserved."""
+
+
+class DaemonBackend:
+    """Host (shared memory) + disk tiers and the lease table, behind one mutex."""
+
+    def __init__(self, layout: KVLayout, host: HostTier, disk: Tier | None, leases: LeaseTable) -> None:
+        self.layout, self.host, self.disk, self.leases = layout, host, disk, leases
+        self.counters = BackendCounters()
+        self._mu = threading.Lock()
+        self.writer = WriteBehind(host, disk, self._unlock) if disk is not None else None
+
+    # ---------------------------------------------------------------- reads
+    def exists_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, from the first, are in the host or disk tier. Changes nothing."""
+        i, n = 0, len(keys)
+        while i < n:
+            i += self.host.contains_prefix(keys[i:])
+            if i >= n or self.disk is None:
+                break
+            step = self.disk.contains_prefix(keys[i:])
+            if step == 0:
+                break
+            i += step
+        return i
+
+    def lease_get(self, owner: int, keys: Sequence[bytes]) -> list[int | None]:
+        """Lock each found key's host slot for ``owner`` (loading disk hits into host first); ``None`` = miss.
+
+        Every returned slot is a ``read`` lease in the table until RELEASE or its deadline.
+        """
+        slots = self._lock_found(keys)
+        self.leases.grant(owner, "read", [k for k, s in zip(keys, slots) if s is not None], time.monotonic())
+        return slots
+
+    def read_inline(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Copies of the found blocks (loading disk hits into host like :meth:`lease_get`)."""
+        slots = self._lock_found(keys)
+        try:
+            return [None if s is None else self.host.slot_view(s).numpy().tobytes() for s in slots]
+        finally:
+            self._unlock([k for k, s in zip(keys, slots) if s is not None])
+
+    # --------------------------------------------------------------- writes
+    def reserve(self, owner: int, keys: Sequence[bytes]) -> list[tuple[PutState, int | None]]:
+        """Reserve a host slot per absent key for ``owner`` to write into (a ``write`` lease each)."""
+        out = self._reserve(keys)
+        self.leases.grant(owner, "write", [k for k, (st, _) in zip(keys, out) if st == PutState.RESERVED], time.monotonic())
+        return out
+
+    def commit(self, owner: int, keys: Sequence[bytes]) -> list[bool]:
+        """Publish the keys ``owner`` reserved and queue them for disk; ``False`` for a key it did not hold."""
+        held = self.leases.take(owner, "write", keys)
+        self._publish([k for k, h in zip(keys, held) if h])
+        return held
+
+    def put_inline(self, keys: Sequence[bytes], blocks: Sequence[memoryview]) -> list[bool]:
+        """Store blocks given as bytes; ``result[i]`` says whether ``keys[i]`` is stored after the call."""
+        states = self._reserve(keys)
+        mine = [(k, b, s) for k, b, (st, s) in zip(keys, blocks, states) if st == PutState.RESERVED]
+        try:
+            for _, block, slot in mine:
+                assert slot is not None
+                self.host.slot_view(slot).numpy()[:] = np.frombuffer(block, dtype=np.uint8)
+        except BaseException:
+            with self._mu:
+                self.host.abort([k for k, _, _ in mine])
+            raise
+        self._publish([k for k, _, _ in mine])
+        return [st in (PutState.RESERVED, PutState.PRESENT) for st, _ in states]
+
+    def release(self, owner: int, keys: Sequence[bytes]) -> int:
+        """End ``owner``'s leases on ``keys``: unlock read leases, abort write reservations. Returns how many ended."""
+        reads = self.leases.take(owner, "read", keys)
+        rest = [k for k, r in zip(keys, reads) if not r]
+        writes = self.leases.take(owner, "write", rest)
+        with self._mu:
+            self.host.unlock([k for k, r in zip(keys, reads) if r])
+            self.host.abort([k for k, w in zip(rest, writes) if w])
+        return sum(reads) + sum(writes)
+
+    def expire(self) -> int:
+        """End every lease past its deadline (unlock or abort); returns how many."""
+        expired = self.leases.expire(time.monotonic())
+        with self._mu:
+            for lease in expired:
+                if lease.kind == "read":
+                    self.host.unlock([lease.key])
+                else:
+                    self.host.abort([lease.key])
+        return len(expired)
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Remove keys from both tiers (host copies that are locked stay); returns keys removed from either."""
+        removed: set[bytes] = set()
+        with self._mu:
+            for key in dict.fromkeys(keys):
+                try:
+                    if self.host.delete([key]):
+                        removed.add(key)
+                except BlockStateError:
+                    pass  # a client holds it now; it stays until evicted
+        if self.disk is not None:
+            on_disk = [k for k in dict.fromkeys(keys) if self.disk.contains(k)]
+            self.disk.delete(on_disk)
+            removed.update(on_disk)
+        return len(removed)
+
+    def flush(self) -> None:
+        """Write every committed block to disk and sync it: all acknowledged puts are durable after this."""
+        if self.writer is not None:
+            self.writer.drain()
+        if self.disk is not None:
+            self.disk.flush()
+
+    def close(self) -> None:
+        """Flush, stop the writer and close both tiers (the shared-memory segment is unlinked)."""
+        if self.writer is not None:
+            self.writer.close()
+        if self.disk is not None:
+            self.disk.close()
+        self.host.close()
+
+    def stats(self) -> dict[str, Any]:
+        """Snapshot: per-tier counters and occupancy, client-view hits and misses, leases, pending writes."""
+        out: dict[str, Any] = {"host": self.host.stats().as_dict(), "counters": asdict(self.counters)}
+        out["disk"] = self.disk.stats().as_dict() if self.disk is not None else None
+        out["leases"] = len(self.leases)
+        out["leases_expired"] = self.leases.expired_total
+        out["pending_writes"] = self.writer.pending if self.writer is not None else 0
+        out["write_failures"] = self.writer.failed if self.writer is not None else 0
+        return out
+
+    # -------------------------------------------------------------- private
+    def _lock_found(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Lock the host slot of every found key (one reference per occurrence), loading disk hits first."""
+        loading: dict[bytes, int] = {}
+        with self._mu:
+            slots = [self.host.slot_of(k) for k in keys]
+            self.host.lock([k for k, s in zip(keys, slots) if s is not None])
+            if self.disk is not None:
+                for key in dict.fromkeys(k for k, s in zip(keys, slots) if s is None):
+                    try:
+                        slot = self._reserve_one(key)
+                    except BlockStateError:
+                        continue  # being written by a client right now: a miss until it is committed
+                    if slot is not None:
+                        loading[key] = slot
+        hits = sum(s is not None for s in slots)
+        found: dict[bytes, int] = {}
+        if loading:
+            assert self.disk is not None
+            ok = self.disk.get(list(loading), [self.host.slot_view(s) for s in loading.values()])
+            found = {k: s for (k, s), f in zip(loading.items(), ok) if f}
+        with self._mu:
+            self.host.abort([k for k in loading if k not in found])
+            self.host.publish(list(found))
+            for i, key in enumerate(keys):
+                if slots[i] is None and key in found:
+                    self.host.lock([key])
+                    slots[i] = found[key]
+            c = self.counters
+            c.host_hits += hits
+            c.host_misses += len(keys) - hits
+            if self.disk is not None:
+                c.disk_hits += sum(s is not None for s in slots) - hits
+                c.disk_misses += sum(s is None for s in slots)
+        return slots
+
+    def _reserve(self, keys: Sequence[bytes]) -> list[tuple[PutState, int | None]]:
+        absent = [k for k in dict.fromkeys(keys) if self.host.slot_of(k) is None]
+        on_disk = {k for k in absent if self.disk is not None and self.disk.contains(k)}
+        out: list[tuple[PutState, int | None]] = []
+        seen: dict[bytes, PutState] = {}
+        with self._mu:
+            for key in keys:
+                if key in seen:  # a repeated key: its first occurrence does the work
+                    first = seen[key]
+                    out.append((PutState.PRESENT if first == PutState.RESERVED else first, None))
+                elif self.host.slot_of(key) is not None or key in on_disk:
+                    out.append((PutState.PRESENT, None))
+                else:
+                    try:
+                        slot = self._reserve_one(key)
+                    except BlockStateError:
+                        out.append((PutState.BUSY, None))
+                    else:
+                        out.append((PutState.NO_ROOM, None) if slot is None else (PutState.RESERVED, slot))
+                seen.setdefault(key, out[-1][0])
+        return out
+
+    def _reserve_one(self, key: bytes) -> int | None:
+        """Reserve one slot (mutex held); ``None`` when no slot can be freed; raises if someone else reserved it."""
+        slot = self.host.reserve([key])[0]
+        if slot is None:
+            self.counters.no_room += 1
+        return slot
+
+    def _publish(self, keys: list[bytes]) -> None:
+        """Make reserved keys visible and queue them (locked) for the disk writer."""
+        if not keys:
+            return
+        with self._mu:
+            self.host.publish(keys)
+            if self.writer is None:
+                return
+            slots = self.host.lock(keys)
+        self.writer.submit([(k, s) for k, s in zip(keys, slots) if s is not None])
+
+    def _unlock(self, keys: list[bytes]) -> None:
+        with self._mu:
+            self.host.unlock(keys)

@@ -1,0 +1,235 @@
+"""Blocking, thread-safe client of the daemon: connection, handshake, requests, reconnection.
+
+One socket (Unix or TCP), one request in flight at a time under :attr:`lock`
+(an ``RLock``, so a caller can hold it across several requests that must
+see the same connection, such as GET_SHM, copy, RELEASE). When the daemon
+goes away the next request fails with :class:`DaemonUnavailable`; later
+requests reconnect, no sooner than an exponential backoff allows (so a dead
+daemon costs a caller one failed ``connect``, not a hang). Every successful
+(re)connection increments :attr:`generation` and re-attaches the shared
+memory: slots and leases from an older generation mean nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Sequence
+
+from kvstore.daemon import messages as m
+from kvstore.daemon.frames import (
+    HEADER_SIZE, MAX_KEYS, MAX_REPLY_BYTES, OBSERVER_FINGERPRINT, REPLY_BIT, DaemonError, ErrorCode, Op, ProtocolError, decode_header,
+    encode_frame,
+)
+from kvstore.errors import KVStoreError
+from kvstore.layout import KVLayout
+from kvstore.tiers.arena import HostArena
+
+log = logging.getLogger(__name__)
+
+
+class DaemonUnavailable(KVStoreError):
+    """No daemon answers at the configured address (now, or within the backoff window)."""
+
+
+class DaemonClient:
+    """Speaks the daemon protocol for one engine process (``layout=None``: an observer that may only ask STATS)."""
+
+    def __init__(
+        self,
+        layout: KVLayout | None,
+        *,
+        socket_path: str | None = None,
+        tcp: tuple[str, int] | None = None,
+        token: str | None = None,
+        client_name: str = "",
+        use_shm: bool = True,
+        timeout_s: float = 60.0,
+        backoff_initial_s: float = 0.05,
+        backoff_max_s: float = 2.0,
+    ) -> None:
+        if (socket_path is None) == (tcp is None):
+            raise ValueError("give exactly one of socket_path and tcp")
+        self.layout = layout
+        self.socket_path, self.tcp, self.token, self.client_name = socket_path, tcp, token, client_name
+        self.use_shm = use_shm and socket_path is not None
+        self.timeout_s = timeout_s
+        self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
+        self.lock = threading.RLock()
+        self.hello: m.HelloReply | None = None
+        self.arena: HostArena | None = None
+        self.generation = 0
+        self._sock: socket.socket | None = None
+        self._next_id = 0
+        self._backoff = backoff_initial_s
+        self._next_attempt = 0.0
+
+    @property
+    def address(self) -> str:
+        """``unix:PATH`` or ``tcp:HOST:PORT``."""
+        return f"unix:{self.socket_path}" if self.socket_path else f"tcp:{self.tcp[0]}:{self.tcp[1]}"  # type: ignore[index]
+
+    # -------------------------------------------------------- connection
+    def connect(self, wait_s: float = 0.0) -> m.HelloReply:
+        """Connect and handshake, retrying with backoff for up to ``wait_s`` seconds.
+
+        Raises :class:`DaemonUnavailable` when nothing answers in time, and
+        :class:`DaemonError` at once when the daemon refuses the handshake.
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self.lock:
+                self._next_attempt = 0.0
+                try:
+                    return self._ensure()
+                except DaemonUnavailable:
+                    if time.monotonic() >= deadline:
+                        raise
+                    delay = self._backoff
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+
+    def ensure(self) -> m.HelloReply:
+        """The current handshake, connecting first if needed (but not before the backoff allows).
+
+        Raises :class:`DaemonUnavailable` or, for a refused handshake, :class:`DaemonError`.
+        """
+        with self.lock:
+            return self._ensure()
+
+    def close(self) -> None:
+        """Close the connection and detach the shared memory (the daemon's leases end at their deadlines)."""
+        with self.lock:
+            self._drop()
+            if self.arena is not None:
+                self.arena.close()
+                self.arena = None
+
+    def _ensure(self) -> m.HelloReply:
+        if self._sock is not None and self.hello is not None:
+            return self.hello
+        now = time.monotonic()
+        if now < self._next_attempt:
+            raise DaemonUnavailable(f"daemon at {self.address} is down; next reconnect in {self._next_attempt - now:.2f} s")
+        try:
+            self._sock = self._open()
+            payload = m.encode_hello(m.Hello(self._fingerprint(), self.token, self.client_name, self.use_shm))
+            hello = m.decode_hello_reply(self._roundtrip(Op.HELLO, payload))
+        except (OSError, ProtocolError) as exc:
+            self._drop()
+            self._next_attempt = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, self.backoff_max_s)
+            raise DaemonUnavailable(f"cannot reach the daemon at {self.address}: {exc}") from None
+        except DaemonError:
+            self._drop()
+            raise
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+        if hello.shm_name is not None:
+            self.arena = HostArena.attach(hello.shm_name, hello.bytes_per_block)
+        self.hello = hello
+        self.generation += 1
+        self._backoff = self.backoff_initial_s
+        log.info("connected to the daemon at %s (generation %d, shm %s)", self.address, self.generation, hello.shm_name)
+        return hello
+
+    def _fingerprint(self) -> bytes:
+        return OBSERVER_FINGERPRINT if self.layout is None else self.layout.fingerprint
+
+    def _open(self) -> socket.socket:
+        if self.socket_path is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            target: str | tuple[str, int] = self.socket_path
+        else:
+            assert self.tcp is not None
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            target = self.tcp
+        sock.settimeout(self.timeout_s)
+        try:
+            sock.connect(target)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = None
+        self.hello = None
+
+    # ----------------------------------------------------------- requests
+    def request(self, op: Op, payload: bytes = b"") -> bytes:
+        """Send one request and return the reply payload.
+
+        Raises :class:`DaemonError` for an error reply (the connection stays
+        usable unless the error was fatal) and :class:`DaemonUnavailable` when
+        the connection breaks (the request may or may not have been executed).
+        """
+        with self.lock:
+            self._ensure()
+            try:
+                return self._roundtrip(op, payload)
+            except (OSError, ProtocolError) as exc:
+                self._drop()
+                self._next_attempt = 0.0  # the first reconnect after a break is immediate
+                raise DaemonUnavailable(f"connection to the daemon at {self.address} broke during {op.name}: {exc}") from None
+
+    def _roundtrip(self, op: Op, payload: bytes) -> bytes:
+        assert self._sock is not None
+        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        rid = self._next_id
+        self._sock.sendall(encode_frame(op, rid, payload))
+        header = decode_header(self._recv(HEADER_SIZE), MAX_REPLY_BYTES)
+        body = self._recv(header.length)
+        if header.request_id != rid:
+            raise ProtocolError(ErrorCode.BAD_FRAME, f"{op.name}: reply to request {header.request_id}, expected {rid}")
+        if header.op == Op.ERROR:
+            code, message = m.decode_error(body)
+            if code in (ErrorCode.UNAUTHORIZED, ErrorCode.BAD_LAYOUT, ErrorCode.BAD_VERSION, ErrorCode.TOO_LARGE):
+                self._drop()  # fatal on the daemon's side: it closes the connection
+            raise DaemonError(code, message)
+        if header.op != op | REPLY_BIT:
+            raise ProtocolError(ErrorCode.BAD_FRAME, f"{op.name}: got a reply to {header.op_name()}")
+        return body
+
+    def _recv(self, n: int) -> bytes:
+        assert self._sock is not None
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self._sock.recv_into(view[got:])
+            if k == 0:
+                raise ConnectionResetError("the daemon closed the connection")
+            got += k
+        return bytes(buf)
+
+    # ------------------------------------------------------ typed requests
+    def exists_prefix(self, keys: Sequence[bytes]) -> int:
+        """EXISTS_PREFIX over any number of keys (split into batches of :data:`MAX_KEYS`)."""
+        n = 0
+        for start in range(0, len(keys), MAX_KEYS):
+            chunk = list(keys[start : start + MAX_KEYS])
+            got = m.decode_count(self.request(Op.EXISTS_PREFIX, m.encode_keys(chunk)), Op.EXISTS_PREFIX)
+            n += got
+            if got < len(chunk):
+                break
+        return n
+
+    def keys_request(self, op: Op, keys: Sequence[bytes]) -> bytes:
+        """Send a keys-only request (at most :data:`MAX_KEYS` keys) and return the raw reply payload."""
+        if len(keys) > MAX_KEYS:
+            raise ValueError(f"{op.name}: {len(keys)} keys in one request, limit is {MAX_KEYS}")
+        return self.request(op, m.encode_keys(list(keys)))
+
+    def flush(self) -> None:
+        """FLUSH: returns once every put the daemon acknowledged is durable on its disk tier."""
+        self.request(Op.FLUSH)
+
+    def stats(self) -> dict[str, object]:
+        """STATS: the daemon's snapshot as a dict."""
+        return m.decode_json(self.request(Op.STATS))

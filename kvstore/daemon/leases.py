@@ -1,0 +1,105 @@
+"""Which client holds which host slot, and until when.
+
+A *lease* is one reference a connection holds on a host-tier key:
+
+- ``read``: a locked, published slot the client copies out of (GET_SHM);
+  ended by RELEASE (unlock).
+- ``write``: a reserved slot the client writes into (PUT_SHM_RESERVE); ended
+  by PUT_SHM_COMMIT (publish) or RELEASE (abort).
+
+Every lease expires ``timeout_s`` after it was granted, whether or not the
+client is still connected: a client that vanishes (crash, ``kill -9``, a
+broken socket) never pins host memory forever. A well-behaved client treats
+a lease older than half the timeout as void (see ``DaemonClient``), so an
+expired slot is never read or written after the daemon reused it.
+
+Plain containers: per (owner, kind) a dict from key to the deadlines of its
+references, oldest first. The table is only touched from the event loop
+thread, under a lock anyway because executor threads read its size.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+LeaseKind = Literal["read", "write"]
+
+
+@dataclass(frozen=True)
+class ExpiredLease:
+    """A lease whose deadline passed: the daemon must unlock (read) or abort (write) ``key``."""
+
+    owner: int
+    kind: LeaseKind
+    key: bytes
+
+
+class LeaseTable:
+    """Per-connection lease bookkeeping with deadlines."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._held: dict[tuple[int, LeaseKind], dict[bytes, list[float]]] = {}
+        self._lock = threading.Lock()
+        self.expired_total = 0
+        """Leases ended by their deadline (a counter for metrics)."""
+
+    def grant(self, owner: int, kind: LeaseKind, keys: Sequence[bytes], now: float) -> None:
+        """Record one reference of ``kind`` per key for ``owner``, expiring at ``now + timeout_s``."""
+        deadline = now + self.timeout_s
+        with self._lock:
+            table = self._held.setdefault((owner, kind), {})
+            for key in keys:
+                table.setdefault(key, []).append(deadline)
+
+    def take(self, owner: int, kind: LeaseKind, keys: Sequence[bytes]) -> list[bool]:
+        """Remove one reference per key; ``result[i]`` says whether ``owner`` held one to remove."""
+        out: list[bool] = []
+        with self._lock:
+            table = self._held.get((owner, kind), {})
+            for key in keys:
+                refs = table.get(key)
+                if not refs:
+                    out.append(False)
+                    continue
+                refs.pop(0)
+                if not refs:
+                    del table[key]
+                out.append(True)
+            if not table:
+                self._held.pop((owner, kind), None)
+        return out
+
+    def holds(self, owner: int, kind: LeaseKind, key: bytes) -> bool:
+        """Whether ``owner`` holds at least one ``kind`` lease on ``key``. Changes nothing."""
+        with self._lock:
+            return bool(self._held.get((owner, kind), {}).get(key))
+
+    def expire(self, now: float) -> list[ExpiredLease]:
+        """Remove and return every lease whose deadline is ``<= now``."""
+        out: list[ExpiredLease] = []
+        with self._lock:
+            for (owner, kind), table in list(self._held.items()):
+                for key, refs in list(table.items()):
+                    while refs and refs[0] <= now:
+                        refs.pop(0)
+                        out.append(ExpiredLease(owner, kind, key))
+                    if not refs:
+                        del table[key]
+                if not table:
+                    del self._held[(owner, kind)]
+            self.expired_total += len(out)
+        return out
+
+    def owned_by(self, owner: int) -> int:
+        """References ``owner`` holds now. Changes nothing."""
+        with self._lock:
+            return sum(len(r) for (o, _), t in self._held.items() if o == owner for r in t.values())
+
+    def __len__(self) -> int:
+        """References held by all owners."""
+        with self._lock:
+            return sum(len(r) for t in self._held.values() for r in t.values())

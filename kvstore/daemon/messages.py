@@ -1,0 +1,290 @@
+"""Typed messages of the daemon protocol and their payload encodings.
+
+Payloads (little-endian; ``keys`` = ``u32 count`` then ``count`` 32-byte keys)::
+
+    HELLO            fingerprint[16] want_shm:u8 token_len:u16 token name_len:u16 name
+      reply          has_salt:u8 salt_len:u16 salt shm_len:u16 shm_name bytes_per_block:u32
+                     num_slots:u32 lease_timeout_ms:u32 max_frame_bytes:u32
+    EXISTS_PREFIX    keys                       reply  count:u32
+    GET_SHM          keys                       reply  count:u32 (found:u8 slot:u32)*count
+    GET_INLINE       keys                       reply  count:u32 found:u8*count block*found
+    PUT_SHM_RESERVE  keys                       reply  count:u32 (state:u8 slot:u32)*count
+    PUT_SHM_COMMIT   keys                       reply  count:u32 ok:u8*count
+    PUT_INLINE       keys block*count           reply  count:u32 ok:u8*count
+    RELEASE, DELETE  keys                       reply  count:u32
+    FLUSH, STATS     (empty)                    reply  (empty) / UTF-8 JSON
+    ERROR            (reply only)               code:u16 message (UTF-8)
+
+Every count is checked against :data:`MAX_KEYS` and against the payload
+length before anything is sliced, and every length must match exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, Union
+
+from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, MAX_NAME_BYTES, MAX_TOKEN_BYTES, ErrorCode, Op, ProtocolError
+
+_U32 = struct.Struct("<I")
+_SLOT = struct.Struct("<BI")
+_HELLO = struct.Struct("<16sBH")
+_HELLO_TAIL = struct.Struct("<IIII")
+KEY_OPS = frozenset(
+    {Op.EXISTS_PREFIX, Op.GET_SHM, Op.GET_INLINE, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT, Op.RELEASE, Op.DELETE}
+)
+EMPTY_OPS = frozenset({Op.FLUSH, Op.STATS})
+
+
+class PutState(IntEnum):
+    """Outcome of reserving a slot for one key (PUT_SHM_RESERVE)."""
+
+    NO_ROOM = 0
+    """Every slot is locked or reserved; the block was not stored."""
+    RESERVED = 1
+    """A slot is reserved: write the block into it, then PUT_SHM_COMMIT."""
+    PRESENT = 2
+    """The block is already stored (host or disk); nothing to write."""
+    BUSY = 3
+    """Another client is writing the same block now."""
+
+
+@dataclass(frozen=True)
+class Hello:
+    """First request of a connection."""
+
+    fingerprint: bytes
+    token: str | None
+    client_name: str
+    want_shm: bool
+
+
+@dataclass(frozen=True)
+class KeysRequest:
+    """A request whose payload is a list of block keys."""
+
+    op: Op
+    keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class PutInline:
+    """Blocks sent as bytes (remote clients)."""
+
+    keys: tuple[bytes, ...]
+    blocks: tuple[memoryview, ...]
+
+
+@dataclass(frozen=True)
+class EmptyRequest:
+    """FLUSH or STATS."""
+
+    op: Op
+
+
+Request = Union[Hello, KeysRequest, PutInline, EmptyRequest]
+
+
+@dataclass(frozen=True)
+class HelloReply:
+    """What the daemon tells a client at handshake."""
+
+    salt: bytes | None
+    shm_name: str | None
+    bytes_per_block: int
+    num_slots: int
+    lease_timeout_s: float
+    max_frame_bytes: int
+
+
+# ------------------------------------------------------------------ helpers
+def _need(cond: bool, op: Op | str, what: str) -> None:
+    if not cond:
+        name = op.name if isinstance(op, Op) else op
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"{name}: {what}")
+
+
+def _count(payload: memoryview, op: Op, per_item: int, extra: int = 0) -> int:
+    """Read the leading u32 count and check the payload holds exactly ``count * per_item + extra`` more bytes."""
+    _need(len(payload) >= 4, op, f"payload of {len(payload)} bytes has no count")
+    (n,) = _U32.unpack_from(payload)
+    if n > MAX_KEYS:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"{op.name}: {n} keys, limit is {MAX_KEYS}")
+    _need(len(payload) == 4 + n * per_item + extra, op, f"{n} entries need {4 + n * per_item + extra} bytes, got {len(payload)}")
+    return n
+
+
+def encode_keys(keys: tuple[bytes, ...] | list[bytes]) -> bytes:
+    """``u32 count`` + the keys; raises ``ValueError`` naming a key that is not 32 bytes."""
+    for k in keys:
+        if len(k) != KEY_BYTES:
+            raise ValueError(f"block key {bytes(k[:8]).hex()}… is {len(k)} bytes, expected {KEY_BYTES}")
+    return _U32.pack(len(keys)) + b"".join(keys)
+
+
+def _keys(payload: memoryview, op: Op, n: int) -> tuple[bytes, ...]:
+    return tuple(bytes(payload[4 + i * KEY_BYTES : 4 + (i + 1) * KEY_BYTES]) for i in range(n))
+
+
+def _text(raw: memoryview, op: Op, field: str, limit: int) -> str:
+    _need(len(raw) <= limit, op, f"{field} is {len(raw)} bytes, limit {limit}")
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"{op.name}: {field} is not UTF-8") from None
+
+
+# ----------------------------------------------------------------- requests
+def encode_hello(msg: Hello) -> bytes:
+    """Payload of a HELLO request."""
+    token = (msg.token or "").encode()
+    name = msg.client_name.encode()[:MAX_NAME_BYTES]
+    return _HELLO.pack(msg.fingerprint, int(msg.want_shm), len(token)) + token + struct.pack("<H", len(name)) + name
+
+
+def encode_put_inline(keys: list[bytes], blocks: list[bytes | memoryview]) -> bytes:
+    """Payload of a PUT_INLINE request (keys, then the blocks in the same order)."""
+    return encode_keys(keys) + b"".join(bytes(b) for b in blocks)
+
+
+def decode_request(op_num: int, payload: bytes | memoryview, block_bytes: int) -> Request:
+    """Parse a request payload for ``op_num``; raise :class:`ProtocolError` naming the op and the field."""
+    view = memoryview(payload)
+    if op_num not in Op._value2member_map_ or op_num == Op.ERROR:
+        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown operation 0x{op_num:04x}")
+    op = Op(op_num)
+    if op == Op.HELLO:
+        _need(len(view) >= _HELLO.size + 2, op, f"payload of {len(view)} bytes is shorter than {_HELLO.size + 2}")
+        fp, want_shm, tlen = _HELLO.unpack_from(view)
+        _need(len(view) >= _HELLO.size + tlen + 2, op, f"token length {tlen} overruns the payload")
+        token = _text(view[_HELLO.size : _HELLO.size + tlen], op, "token", MAX_TOKEN_BYTES)
+        at = _HELLO.size + tlen
+        (nlen,) = struct.unpack_from("<H", view, at)
+        _need(len(view) == at + 2 + nlen, op, f"client name length {nlen} does not match the payload")
+        name = _text(view[at + 2 :], op, "client name", MAX_NAME_BYTES)
+        _need(want_shm in (0, 1), op, f"want_shm flag is {want_shm}, expected 0 or 1")
+        return Hello(bytes(fp), token or None, name, bool(want_shm))
+    if op in KEY_OPS:
+        n = _count(view, op, KEY_BYTES)
+        return KeysRequest(op, _keys(view, op, n))
+    if op == Op.PUT_INLINE:
+        n = _count(view, op, KEY_BYTES + block_bytes)
+        base = 4 + n * KEY_BYTES
+        blocks = tuple(view[base + i * block_bytes : base + (i + 1) * block_bytes] for i in range(n))
+        return PutInline(_keys(view, op, n), blocks)
+    _need(len(view) == 0, op, f"expects an empty payload, got {len(view)} bytes")
+    return EmptyRequest(op)
+
+
+# ------------------------------------------------------------------ replies
+def encode_hello_reply(r: HelloReply) -> bytes:
+    """Payload of the HELLO reply."""
+    salt = r.salt or b""
+    shm = (r.shm_name or "").encode()
+    head = struct.pack("<BH", int(r.salt is not None), len(salt)) + salt + struct.pack("<H", len(shm)) + shm
+    return head + _HELLO_TAIL.pack(r.bytes_per_block, r.num_slots, int(r.lease_timeout_s * 1000), min(r.max_frame_bytes, 2**32 - 1))
+
+
+def decode_hello_reply(payload: bytes) -> HelloReply:
+    """Parse the HELLO reply (raises :class:`ProtocolError` on a malformed one)."""
+    v = memoryview(payload)
+    try:
+        has_salt, slen = struct.unpack_from("<BH", v)
+        salt = bytes(v[3 : 3 + slen])
+        (mlen,) = struct.unpack_from("<H", v, 3 + slen)
+        shm = bytes(v[5 + slen : 5 + slen + mlen]).decode()
+        bpb, slots, lease_ms, max_frame = _HELLO_TAIL.unpack_from(v, 5 + slen + mlen)
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"HELLO reply is malformed: {exc}") from None
+    return HelloReply(salt if has_salt else None, shm or None, bpb, slots, lease_ms / 1000, max_frame)
+
+
+def encode_slots(entries: list[tuple[int, int | None]]) -> bytes:
+    """``(state, slot)`` pairs (GET_SHM: state 1 = found; PUT_SHM_RESERVE: a :class:`PutState`)."""
+    return _U32.pack(len(entries)) + b"".join(_SLOT.pack(s, 0 if slot is None else slot) for s, slot in entries)
+
+
+def decode_slots(payload: bytes, op: Op) -> list[tuple[int, int | None]]:
+    """Inverse of :func:`encode_slots`; the slot is ``None`` unless the state is 1 (found / reserved)."""
+    v = memoryview(payload)
+    n = _count(v, op, _SLOT.size)
+    out: list[tuple[int, int | None]] = []
+    for i in range(n):
+        state, slot = _SLOT.unpack_from(v, 4 + i * _SLOT.size)
+        out.append((state, slot if state == 1 else None))  # GET_SHM found and PutState.RESERVED are both 1
+    return out
+
+
+def encode_flags(flags: list[bool]) -> bytes:
+    """``u32 count`` + one byte per flag."""
+    return _U32.pack(len(flags)) + bytes(int(f) for f in flags)
+
+
+def decode_flags(payload: bytes, op: Op) -> list[bool]:
+    """Inverse of :func:`encode_flags`."""
+    v = memoryview(payload)
+    n = _count(v, op, 1)
+    return [b == 1 for b in v[4 : 4 + n]]
+
+
+def encode_blocks(blocks: list[bytes | memoryview | None]) -> bytes:
+    """GET_INLINE reply: found flags, then the found blocks in order."""
+    return encode_flags([b is not None for b in blocks]) + b"".join(bytes(b) for b in blocks if b is not None)
+
+
+def decode_blocks(payload: bytes, block_bytes: int) -> list[bytes | None]:
+    """Inverse of :func:`encode_blocks`."""
+    v = memoryview(payload)
+    _need(len(v) >= 4, Op.GET_INLINE, "reply has no count")
+    (n,) = _U32.unpack_from(v)
+    _need(n <= MAX_KEYS and len(v) >= 4 + n, Op.GET_INLINE, f"reply count {n} is out of bounds")
+    flags = [b == 1 for b in v[4 : 4 + n]]
+    _need(len(v) == 4 + n + sum(flags) * block_bytes, Op.GET_INLINE, "reply length does not match its found blocks")
+    out: list[bytes | None] = []
+    at = 4 + n
+    for f in flags:
+        out.append(bytes(v[at : at + block_bytes]) if f else None)
+        at += block_bytes if f else 0
+    return out
+
+
+def encode_count(n: int) -> bytes:
+    """``u32``."""
+    return _U32.pack(n)
+
+
+def decode_count(payload: bytes, op: Op) -> int:
+    """Inverse of :func:`encode_count`."""
+    _need(len(payload) == 4, op, f"count reply is {len(payload)} bytes, expected 4")
+    return int(_U32.unpack(payload)[0])
+
+
+def encode_error(code: ErrorCode, message: str) -> bytes:
+    """ERROR payload: ``u16 code`` + UTF-8 message (truncated to 1 KiB)."""
+    return struct.pack("<H", int(code)) + message.encode("utf-8", "replace")[:1024]
+
+
+def decode_error(payload: bytes) -> tuple[int, str]:
+    """Inverse of :func:`encode_error`."""
+    if len(payload) < 2:
+        return int(ErrorCode.BAD_FRAME), "error reply without a code"
+    return struct.unpack_from("<H", payload)[0], payload[2:].decode("utf-8", "replace")
+
+
+def encode_json(data: dict[str, Any]) -> bytes:
+    """STATS reply."""
+    return json.dumps(data, sort_keys=True).encode()
+
+
+def decode_json(payload: bytes) -> dict[str, Any]:
+    """Inverse of :func:`encode_json`."""
+    try:
+        data = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"STATS reply is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError(ErrorCode.BAD_FRAME, "STATS reply is not a JSON object")
+    return data

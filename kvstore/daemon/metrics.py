@@ -1,0 +1,120 @@
+"""Daemon metrics: request counters and latency histograms, rendered in the Prometheus text format.
+
+Only the event loop thread updates these (no lock). Tier figures (hits,
+misses, bytes, evictions, occupancy, corrupt entries dropped) are not copied
+here: :func:`render_prometheus` reads them from the backend's stats snapshot
+at scrape time, so there is one source of truth per number.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+)
+"""Upper bounds (seconds) of the request latency histogram buckets."""
+
+
+@dataclass
+class Histogram:
+    """Cumulative-on-render histogram: per-bucket counts, total count and sum."""
+
+    bounds: tuple[float, ...] = LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    total: int = 0
+    sum: float = 0.0
+
+    def observe(self, value: float) -> None:
+        """Add one observation."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += 1
+        self.sum += value
+
+
+@dataclass
+class DaemonMetrics:
+    """Counters the server updates per request and per connection."""
+
+    requests: dict[str, int] = field(default_factory=dict)
+    latency: dict[str, Histogram] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+    """Error replies sent, by error code name."""
+    bytes_in: int = 0
+    """Frame bytes received (headers included)."""
+    bytes_out: int = 0
+    """Frame bytes sent."""
+    clients: int = 0
+    """Connections open now (handshaken or not)."""
+    connections: int = 0
+    """Connections accepted since start."""
+
+    def observe(self, op: str, seconds: float) -> None:
+        """Count one served request of ``op`` and its latency."""
+        self.requests[op] = self.requests.get(op, 0) + 1
+        self.latency.setdefault(op, Histogram()).observe(seconds)
+
+    def error(self, code: str) -> None:
+        """Count one error reply."""
+        self.errors[code] = self.errors.get(code, 0) + 1
+
+
+def _fmt(value: float) -> str:
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def render_prometheus(m: DaemonMetrics, backend: dict[str, Any]) -> str:
+    """The ``/metrics`` body for the metrics ``m`` and a :meth:`DaemonBackend.stats` snapshot."""
+    lines: list[str] = []
+
+    def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lines.append(f"{name}{labels} {_fmt(value)}")
+
+    tiers = [(t, backend[t]) for t in ("host", "disk") if backend.get(t) is not None]
+    c = backend["counters"]
+    family("kvstore_hits_total", "counter", "Blocks found, by the tier that served them.",
+           [('{tier="host"}', c["host_hits"])] + ([('{tier="disk"}', c["disk_hits"])] if backend.get("disk") else []))
+    family("kvstore_misses_total", "counter", "Blocks asked for and not found in the tier.",
+           [('{tier="host"}', c["host_misses"])] + ([('{tier="disk"}', c["disk_misses"])] if backend.get("disk") else []))
+    family("kvstore_tier_bytes_read_total", "counter", "Raw block bytes read out of the tier.",
+           [(f'{{tier="{t}"}}', s["bytes_read"]) for t, s in tiers])
+    family("kvstore_tier_bytes_written_total", "counter", "Raw block bytes stored into the tier.",
+           [(f'{{tier="{t}"}}', s["bytes_written"]) for t, s in tiers])
+    family("kvstore_evictions_total", "counter", "Blocks evicted to respect the tier's capacity.",
+           [(f'{{tier="{t}"}}', s["evictions"]) for t, s in tiers])
+    family("kvstore_corrupt_dropped_total", "counter", "Stored entries that failed verification and were deleted.",
+           [(f'{{tier="{t}"}}', s["corrupt_dropped"]) for t, s in tiers])
+    family("kvstore_used_bytes", "gauge", "Bytes occupied in the tier.", [(f'{{tier="{t}"}}', s["used_bytes"]) for t, s in tiers])
+    family("kvstore_capacity_bytes", "gauge", "Capacity of the tier in bytes.",
+           [(f'{{tier="{t}"}}', s["capacity_bytes"]) for t, s in tiers])
+    family("kvstore_blocks", "gauge", "Blocks stored in the tier.", [(f'{{tier="{t}"}}', s["num_blocks"]) for t, s in tiers])
+    family("kvstore_no_room_total", "counter", "Keys not served because every host slot was locked or reserved.",
+           [("", c["no_room"])])
+    family("kvstore_leases", "gauge", "Host slot leases held by clients now.", [("", backend["leases"])])
+    family("kvstore_leases_expired_total", "counter", "Leases ended by their deadline (vanished or slow clients).",
+           [("", backend["leases_expired"])])
+    family("kvstore_pending_writes", "gauge", "Committed blocks not yet written to disk.", [("", backend["pending_writes"])])
+    family("kvstore_protocol_bytes_in_total", "counter", "Protocol bytes received.", [("", m.bytes_in)])
+    family("kvstore_protocol_bytes_out_total", "counter", "Protocol bytes sent.", [("", m.bytes_out)])
+    family("kvstore_connected_clients", "gauge", "Client connections open now.", [("", m.clients)])
+    family("kvstore_connections_total", "counter", "Client connections accepted.", [("", m.connections)])
+    family("kvstore_requests_total", "counter", "Requests served, by operation.",
+           [(f'{{op="{op}"}}', n) for op, n in sorted(m.requests.items())])
+    family("kvstore_errors_total", "counter", "Error replies sent, by error code.",
+           [(f'{{code="{code}"}}', n) for code, n in sorted(m.errors.items())])
+    lines.append("# HELP kvstore_request_seconds Request latency in the daemon, by operation.")
+    lines.append("# TYPE kvstore_request_seconds histogram")
+    for op, h in sorted(m.latency.items()):
+        running = 0
+        for bound, count in zip(list(h.bounds) + [float("inf")], h.counts):
+            running += count
+            le = "+Inf" if bound == float("inf") else repr(bound)
+            lines.append(f'kvstore_request_seconds_bucket{{op="{op}",le="{le}"}} {running}')
+        lines.append(f'kvstore_request_seconds_sum{{op="{op}"}} {h.sum!r}')
+        lines.append(f'kvstore_request_seconds_count{{op="{op}"}} {h.total}')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,204 @@
+"""The daemon: listeners, the lease reaper, stats, and an orderly shutdown.
+
+::
+
+    start ─► clear a stale socket/segment ─► host tier (POSIX shm) + disk tier
+          ─► Unix socket (0600) [+ TCP] [+ HTTP /healthz /metrics] ─► reaper task
+    stop  ─► stop accepting ─► wait for requests in flight ─► close connections
+          ─► flush (write-behind drained, disk synced) ─► unlink socket, unlink shm
+
+Blocking tier work runs on a thread pool; the event loop only parses frames,
+keeps the lease table and answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from kvstore.config.schema import KVStoreConfig
+from kvstore.daemon.backend import DaemonBackend
+from kvstore.daemon.http import HttpEndpoints
+from kvstore.daemon.leases import LeaseTable
+from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
+from kvstore.daemon.session import Session, SessionContext, Transport
+from kvstore.daemon.socketfile import bind_private, clear_stale, default_shm_name
+from kvstore.tiers.base import Tier
+from kvstore.tiers.host import HostTier
+
+log = logging.getLogger(__name__)
+DRAIN_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ListenInfo:
+    """Where a started daemon listens."""
+
+    socket_path: str
+    tcp: str | None
+    metrics_url: str | None
+    shm_name: str
+
+
+class DaemonServer:
+    """The sidecar daemon for one config. :meth:`start`, then :meth:`wait_stopped` or :meth:`stop`."""
+
+    def __init__(self, cfg: KVStoreConfig, executor_threads: int = 16) -> None:
+        self.cfg = cfg
+        self.layout = cfg.model.layout()
+        self.metrics = DaemonMetrics()
+        self.started_at = time.time()
+        self._executor = ThreadPoolExecutor(executor_threads, thread_name_prefix="kvstore-daemon")
+        self._sessions: set[Session] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._servers: list[asyncio.AbstractServer] = []
+        self._http: HttpEndpoints | None = None
+        self._ids = itertools.count(1)
+        self._stop = asyncio.Event()
+        self._stopping = False
+        self.backend: DaemonBackend | None = None
+        self.info: ListenInfo | None = None
+
+    # ------------------------------------------------------------- start
+    async def start(self) -> ListenInfo:
+        """Open the tiers and every listener; returns where it listens. Raises ``DaemonStartError``/``TierError``."""
+        cfg, d = self.cfg, self.cfg.daemon
+        shm_name = cfg.host.shm_name or default_shm_name(d.socket_path)
+        if clear_stale(d.socket_path, shm_name):
+            log.warning("removed a stale socket %s / segment %s left by a daemon that is gone", d.socket_path, shm_name)
+        host = HostTier(self.layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory,
+                        shared_memory=True, shm_name=shm_name, auto_evict=True)
+        self.backend = DaemonBackend(self.layout, host, self._lower_tier(), LeaseTable(d.lease_timeout_s))
+        ctx = SessionContext(d, self.layout, self.backend, self.metrics, self._executor, shm_name, self.stats)
+        self._servers.append(await bind_private(
+            d.socket_path, lambda p: asyncio.start_unix_server(lambda r, w: self._accept(r, w, "unix", ctx), p)
+        ))
+        tcp = None
+        if d.tcp_host is not None:
+            srv = await asyncio.start_server(lambda r, w: self._accept(r, w, "tcp", ctx), d.tcp_host, d.tcp_port)
+            self._servers.append(srv)
+            addr = srv.sockets[0].getsockname()
+            tcp = f"{addr[0]}:{addr[1]}"
+        metrics_url = None
+        if cfg.metrics.enabled:
+            self._http = HttpEndpoints(lambda: not self._stopping, self._metrics_text)
+            mhost, mport = await self._http.start(cfg.metrics.host, cfg.metrics.port)
+            metrics_url = f"http://{mhost}:{mport}"
+        self._spawn(self._reap_leases())
+        self.info = ListenInfo(os.path.abspath(d.socket_path), tcp, metrics_url, shm_name)
+        disk = self.backend.disk
+        log.info(
+            "kvstore daemon serving model %r (%d layers, block %d tokens, %d bytes/block): host %d slots in shm %s, "
+            "%s; unix %s (0600), tcp %s, metrics %s",
+            self.layout.model_id, self.layout.num_layers, self.layout.block_size, self.layout.bytes_per_block,
+            host.num_slots, shm_name, f"disk {disk.name} at {getattr(disk, 'path', '?')}" if disk else "no disk tier",
+            self.info.socket_path, tcp or "off", metrics_url or "off",
+        )
+        return self.info
+
+    def _lower_tier(self) -> Tier | None:
+        """The disk tier ``cfg.tiers`` names (``lmdb`` or ``file``), if any. The host tier always exists:
+        its shared-memory arena is the daemon's data plane."""
+        from kvstore.tiers import build_tier
+
+        sections = {"lmdb": self.cfg.disk, "file": self.cfg.file}
+        names = [t for t in self.cfg.tiers if t in sections]
+        return build_tier(names[0], sections[names[0]], self.layout) if names else None
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, transport: Transport,
+                      ctx: SessionContext) -> None:
+        if self._stopping:
+            writer.close()
+            return
+        session = Session(next(self._ids), transport, ctx)
+        self._sessions.add(session)
+        try:
+            await session.serve(reader, writer)
+        finally:
+            self._sessions.discard(session)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reap_leases(self) -> None:
+        period = min(1.0, self.cfg.daemon.lease_timeout_s / 4)
+        loop = asyncio.get_running_loop()
+        assert self.backend is not None
+        while not self._stopping:
+            await asyncio.sleep(period)
+            n = await loop.run_in_executor(self._executor, self.backend.expire)
+            if n:
+                log.warning("released %d host slot leases past their %.1f s deadline", n, self.cfg.daemon.lease_timeout_s)
+
+    # ------------------------------------------------------------- stats
+    async def stats(self) -> dict[str, Any]:
+        """Backend snapshot plus daemon facts (clients, requests, where it listens, uptime)."""
+        assert self.backend is not None
+        out = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.stats)
+        out["daemon"] = {
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "clients": self.metrics.clients,
+            "connections": self.metrics.connections,
+            "requests": dict(self.metrics.requests),
+            "errors": dict(self.metrics.errors),
+            "socket_path": self.info.socket_path if self.info else None,
+            "tcp": self.info.tcp if self.info else None,
+            "metrics_url": self.info.metrics_url if self.info else None,
+            "model_id": self.layout.model_id,
+            "bytes_per_block": self.layout.bytes_per_block,
+        }
+        return out
+
+    async def _metrics_text(self) -> str:
+        assert self.backend is not None
+        snapshot = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.stats)
+        return render_prometheus(self.metrics, snapshot)
+
+    # -------------------------------------------------------------- stop
+    def request_stop(self) -> None:
+        """Ask :meth:`wait_stopped` to shut down (safe from a signal handler on the loop)."""
+        self._stop.set()
+
+    async def wait_stopped(self) -> None:
+        """Wait for :meth:`request_stop`, then shut down."""
+        await self._stop.wait()
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Stop accepting, let requests in flight finish, flush, remove the socket and the shared memory."""
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("stopping: no new connections; %d open", len(self._sessions))
+        for srv in self._servers:
+            srv.close()
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while any(s.busy for s in self._sessions) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for s in list(self._sessions):
+            if s.writer is not None:
+                s.writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._http is not None:
+            await self._http.close()
+        try:
+            os.unlink(self.cfg.daemon.socket_path)
+        except FileNotFoundError:
+            pass
+        if self.backend is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, self.backend.flush)
+            log.info("flushed: every acknowledged block is on disk")
+            await loop.run_in_executor(self._executor, self.backend.close)
+        self._executor.shutdown(wait=True)
+        log.info("stopped")

@@ -1,0 +1,89 @@
+"""The daemon's Unix socket file and shared-memory name: derive, detect stale ones, bind privately.
+
+A daemon killed with ``kill -9`` leaves its socket file (and possibly its
+shared-memory segment) behind. At start the file is removed only if nothing
+answers on it; if another daemon answers, starting fails instead of stealing
+its path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import socket
+import stat
+from collections.abc import Awaitable, Callable
+from multiprocessing.shared_memory import SharedMemory
+
+from kvstore.errors import KVStoreError
+
+SOCKET_MODE = 0o600
+
+
+class DaemonStartError(KVStoreError):
+    """The daemon cannot start: its path is taken by a live daemon, or is not a socket."""
+
+
+def default_shm_name(socket_path: str) -> str:
+    """Segment name derived from the absolute socket path, so one path means one segment."""
+    digest = hashlib.blake2b(os.path.abspath(socket_path).encode(), digest_size=8).hexdigest()
+    return f"kvstore-{digest}"
+
+
+def socket_is_live(path: str, timeout_s: float = 0.5) -> bool:
+    """Whether something accepts connections on the Unix socket ``path``."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def clear_stale(path: str, shm_name: str) -> bool:
+    """Remove a socket file nobody answers on, and the segment ``shm_name`` left by that dead daemon.
+
+    Raises :class:`DaemonStartError` if a daemon is live on ``path`` or ``path``
+    is something other than a socket. Returns whether anything stale was removed.
+    """
+    removed = False
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise DaemonStartError(f"daemon.socket_path {path} exists and is not a socket; refusing to replace it")
+        if socket_is_live(path):
+            raise DaemonStartError(f"another daemon is serving on {path}")
+        os.unlink(path)
+        removed = True
+    try:
+        segment = SharedMemory(name=shm_name)
+        segment.close()
+        segment.unlink()
+        removed = True
+    except FileNotFoundError:
+        pass
+    return removed
+
+
+async def bind_private(
+    path: str, start: Callable[[str], Awaitable[asyncio.AbstractServer]]
+) -> asyncio.AbstractServer:
+    """Create the parent directory (0700 if new) and bind ``path`` with mode 0600 from the first instant.
+
+    The umask is narrowed while binding so the file never exists with wider
+    permissions, then ``chmod`` states the mode explicitly.
+    """
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    if len(os.fsencode(os.path.abspath(path))) > 107:
+        raise DaemonStartError(f"daemon.socket_path {path} is longer than the 107 bytes AF_UNIX allows")
+    old = os.umask(0o177)
+    try:
+        server = await start(path)
+    finally:
+        os.umask(old)
+    os.chmod(path, SOCKET_MODE)
+    return server

@@ -1,0 +1,207 @@
+"""A tier that lives in a ``kvstore serve`` daemon: the daemon's host (shm) tier in front of its disk tier.
+
+The engine's :class:`~kvstore.store.TieredStore` uses it as its one lower
+tier (``TieredStore(layout, pool, host=None, disk=DaemonTier(client))``); the
+radix index and GPU pool stay in the engine process.
+
+Data path for a local client (Unix socket, shared memory)::
+
+    get:  GET_SHM (daemon locks slots) ─► copy slot → dest ─► RELEASE
+    put:  PUT_SHM_RESERVE (daemon reserves slots) ─► copy src → slot ─► PUT_SHM_COMMIT
+
+and for a remote one (TCP) the bytes travel inline (GET_INLINE, PUT_INLINE).
+Each exchange holds the client's lock, so it sees one connection. A slot is
+used only while its lease is younger than half the daemon's lease timeout;
+an older one counts as a miss (get) or is aborted (put), so a slot the
+daemon may have reclaimed is never read or written.
+
+When the daemon is unreachable the tier degrades instead of failing the
+engine: probes find nothing, gets miss, puts are not stored; it reconnects
+with backoff on a later call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from kvstore.config.schema import KVStoreConfig
+from kvstore.daemon import messages as m
+from kvstore.daemon.client import DaemonClient, DaemonUnavailable
+from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, Op
+from kvstore.errors import TierError
+from kvstore.layout import KVLayout
+from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
+
+log = logging.getLogger(__name__)
+
+
+class DaemonTier(Tier):
+    """Blocks kept by the daemon the ``client`` talks to."""
+
+    name = "daemon"
+
+    def __init__(self, layout: KVLayout, client: DaemonClient) -> None:
+        super().__init__(layout)
+        self.client = client
+        self.bpb = layout.bytes_per_block
+
+    @classmethod
+    def from_config(cls, cfg: KVStoreConfig, client_name: str = "", wait_s: float = 10.0) -> DaemonTier:
+        """Connect to the daemon at ``cfg.daemon.socket_path`` (waiting up to ``wait_s`` for it to answer)."""
+        layout = cfg.model.layout()
+        client = DaemonClient(layout, socket_path=cfg.daemon.socket_path, token=cfg.daemon.token, client_name=client_name)
+        client.connect(wait_s)
+        return cls(layout, client)
+
+    @property
+    def salt(self) -> bytes | None:
+        """The tenant salt the daemon assigned at handshake (``None``: no tenant salt)."""
+        return self.client.ensure().salt
+
+    # ------------------------------------------------------------- queries
+    def contains_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, from the first, the daemon holds (0 while it is unreachable). Changes nothing."""
+        try:
+            return self.client.exists_prefix(keys)
+        except DaemonUnavailable as exc:
+            log.warning("daemon tier probe: %s", exc)
+            return 0
+
+    def contains(self, key: bytes) -> bool:
+        """Whether the daemon holds ``key``. Changes nothing."""
+        return self.contains_prefix([key]) == 1
+
+    # ---------------------------------------------------------------- data
+    def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
+        """Copy found blocks into ``dests``; the daemon marks them recently used (and loads disk hits into its host tier)."""
+        check_buffers(keys, dests, self.bpb, "daemon")
+        out: list[bool] = []
+        for start in range(0, len(keys), self._batch()):
+            ks, ds = list(keys[start : start + self._batch()]), list(dests[start : start + self._batch()])
+            try:
+                out += self._get_batch(ks, ds)
+            except DaemonUnavailable as exc:
+                log.warning("daemon tier get: %s", exc)
+                out += [False] * (len(keys) - len(out))
+                break
+        hits = sum(out)
+        self._stats.hits += hits
+        self._stats.misses += len(out) - hits
+        self._stats.bytes_read += hits * self.bpb
+        return out
+
+    def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
+        """Hand blocks to the daemon; ``result[i]`` says whether it holds ``keys[i]`` afterwards."""
+        check_buffers(keys, srcs, self.bpb, "daemon")
+        out: list[bool] = []
+        for start in range(0, len(keys), self._batch()):
+            ks, ss = list(keys[start : start + self._batch()]), list(srcs[start : start + self._batch()])
+            try:
+                out += self._put_batch(ks, ss)
+            except DaemonUnavailable as exc:
+                log.warning("daemon tier put: %s", exc)
+                out += [False] * (len(keys) - len(out))
+                break
+        self._stats.puts += sum(out)
+        self._stats.bytes_written += sum(out) * self.bpb
+        return out
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Ask the daemon to remove ``keys`` from its tiers; returns how many it removed."""
+        n = 0
+        for start in range(0, len(keys), MAX_KEYS):
+            n += m.decode_count(self.client.keys_request(Op.DELETE, keys[start : start + MAX_KEYS]), Op.DELETE)
+        return n
+
+    def flush(self) -> None:
+        """Make every put the daemon acknowledged durable on its disk; raises :class:`TierError` if unreachable."""
+        try:
+            self.client.flush()
+        except DaemonUnavailable as exc:
+            raise TierError(f"flush of the daemon tier failed: {exc}") from None
+
+    def close(self) -> None:
+        """Disconnect (the daemon's data stays; that is the point of it)."""
+        self.client.close()
+
+    def stats(self) -> TierStats:
+        """This process's view (hits, misses, bytes) plus the daemon's occupancy when it answers."""
+        snap = super().stats()
+        try:
+            remote = self.client.stats()
+        except DaemonUnavailable:
+            return snap
+        for tier in ("host", "disk"):
+            t = remote.get(tier)
+            if isinstance(t, dict):
+                snap.used_bytes += int(t.get("used_bytes", 0))
+                snap.capacity_bytes += int(t.get("capacity_bytes", 0))
+                snap.evictions += int(t.get("evictions", 0))
+                snap.corrupt_dropped += int(t.get("corrupt_dropped", 0))
+        disk = remote.get("disk")
+        host = remote.get("host")
+        snap.num_blocks = int((disk if isinstance(disk, dict) else host or {}).get("num_blocks", 0))  # type: ignore[union-attr]
+        return snap
+
+    # ------------------------------------------------------------- private
+    def _batch(self) -> int:
+        hello = self.client.hello
+        if hello is None or hello.shm_name is not None:
+            return MAX_KEYS
+        return max(1, min(MAX_KEYS, (hello.max_frame_bytes - 64) // (self.bpb + KEY_BYTES + 1)))
+
+    def _fresh(self, since: float) -> bool:
+        hello = self.client.hello
+        return hello is not None and time.monotonic() - since < hello.lease_timeout_s / 2
+
+    def _get_batch(self, keys: list[bytes], dests: list[Buffer]) -> list[bool]:
+        c = self.client
+        with c.lock:
+            c.ensure()
+            t0 = time.monotonic()
+            if c.arena is None:
+                blocks = m.decode_blocks(c.keys_request(Op.GET_INLINE, keys), self.bpb)
+                for block, dest in zip(blocks, dests):
+                    if block is not None:
+                        dest.numpy()[:] = memoryview(block)
+                return [b is not None for b in blocks]
+            slots = m.decode_slots(c.keys_request(Op.GET_SHM, keys), Op.GET_SHM)
+            arena = c.arena
+            if arena is None:
+                raise DaemonUnavailable("the daemon did not offer shared memory for GET_SHM")
+            found = [slot for _, slot in slots]
+            for slot, dest in zip(found, dests):
+                if slot is not None:
+                    dest.copy_(arena.slot_view(slot))
+            fresh = self._fresh(t0)
+            leased = [k for k, s in zip(keys, found) if s is not None]
+            if leased:
+                try:
+                    c.keys_request(Op.RELEASE, leased)
+                except DaemonUnavailable:
+                    pass  # the daemon ends the leases at their deadline
+            return [s is not None and fresh for s in found]
+
+    def _put_batch(self, keys: list[bytes], srcs: list[Buffer]) -> list[bool]:
+        c = self.client
+        with c.lock:
+            c.ensure()
+            t0 = time.monotonic()
+            if c.arena is None:
+                payload = m.encode_put_inline(keys, [s.numpy().data for s in srcs])
+                return m.decode_flags(c.request(Op.PUT_INLINE, payload), Op.PUT_INLINE)
+            states = m.decode_slots(c.keys_request(Op.PUT_SHM_RESERVE, keys), Op.PUT_SHM_RESERVE)
+            arena = c.arena
+            mine = [(k, s, slot) for k, s, (st, slot) in zip(keys, srcs, states) if st == m.PutState.RESERVED]
+            if arena is None or not self._fresh(t0):
+                if mine:
+                    c.keys_request(Op.RELEASE, [k for k, _, _ in mine])
+                return [st == m.PutState.PRESENT for st, _ in states]
+            for _, src, slot in mine:
+                assert slot is not None
+                arena.slot_view(slot).copy_(src)
+            committed = dict(zip([k for k, _, _ in mine], m.decode_flags(
+                c.keys_request(Op.PUT_SHM_COMMIT, [k for k, _, _ in mine]), Op.PUT_SHM_COMMIT) if mine else []))
+            return [st == m.PutState.PRESENT or committed.get(k, False) for k, (st, _) in zip(keys, states)]
