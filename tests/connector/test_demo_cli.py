@@ -1,0 +1,36 @@
+"""`kvstore demo` runs end to end and, on a second run, serves the first turn from disk."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _demo(cwd: Path) -> str:
+    res = subprocess.run(
+        [sys.executable, "-m", "kvstore", "demo", "--users", "2", "--turns", "3", "--max-tokens", "4", "--no-progress"],
+        capture_output=True, text=True, cwd=cwd, timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def _rows(out: str) -> list[list[int]]:
+    rows = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 7 and all(p.replace(".", "").isdigit() for p in parts):
+            rows.append([int(float(p)) for p in parts])
+    return rows
+
+
+def test_demo_reports_every_tier_and_reuses_disk_after_restart(tmp_path: Path) -> None:
+    first = _rows(_demo(tmp_path))
+    assert [r[0] for r in first] == [1, 2, 3]
+    for turn, prompt_tok, _ttft, gpu, host, disk, computed in first:
+        assert gpu + host + disk + computed >= prompt_tok  # every prompt token is cached or computed
+    assert first[1][4] > 0  # turn 2 hits the host tier (blocks moved down after turn 1)
+    assert first[0][5] == 0  # nothing on disk on a fresh run
+    second = _rows(_demo(tmp_path))
+    assert second[0][5] > 0  # a new process finds turn 1's prefix on disk
