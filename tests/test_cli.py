@@ -13,14 +13,21 @@ def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
     return subprocess.run([sys.executable, "-m", "kvstore", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
-def test_every_command_has_help() -> None:
+def test_every_command_and_flag_has_help() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    assert sub.choices, "no commands registered"
-    for name in sub.choices:
-        res = _run(name, "--help")
-        assert res.returncode == 0, (name, res.stderr)
-        assert "usage: kvstore" in res.stdout and len(res.stdout) > 80
+    assert {"config", "run", "generate", "demo", "serve", "stats", "bench", "plan"} <= set(sub.choices)
+    for name, cmd in sub.choices.items():
+        text = cmd.format_help()
+        assert text.startswith(f"usage: kvstore {name}") and cmd.description, name
+        for action in cmd._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"kvstore {name} {action.option_strings[0]} has no help text"
+
+
+def test_help_from_the_console() -> None:
+    res = _run("--help")
+    assert res.returncode == 0 and "usage: kvstore" in res.stdout
 
 
 def test_run_smoke_on_test_config(repo: Path, tmp_path: Path) -> None:

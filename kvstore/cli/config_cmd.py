@@ -27,7 +27,12 @@ def _default(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``config`` command group."""
-    parser = subparsers.add_parser("config", help="validate or print configuration files")
+    parser = subparsers.add_parser(
+        "config",
+        help="validate or print configuration files",
+        description="Validate a YAML config (`kvstore config check PATH`) or print the documented defaults "
+        "(`kvstore config default`).",
+    )
     sub = parser.add_subparsers(dest="config_command", metavar="ACTION")
     sub.required = True
     check = sub.add_parser(
