@@ -35,6 +35,9 @@ from kvstore.layout import KVLayout
 from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
 
 log = logging.getLogger(__name__)
+PUT_RETRIES = 4
+PUT_RETRY_S = 0.002
+"""First pause before retrying blocks the daemon had no free slot for (doubling per retry)."""
 
 
 class DaemonTier(Tier):
@@ -78,8 +81,9 @@ class DaemonTier(Tier):
         """Copy found blocks into ``dests``; the daemon marks them recently used (and loads disk hits into its host tier)."""
         check_buffers(keys, dests, self.bpb, "daemon")
         out: list[bool] = []
-        for start in range(0, len(keys), self._batch()):
-            ks, ds = list(keys[start : start + self._batch()]), list(dests[start : start + self._batch()])
+        step = self._batch()
+        for start in range(0, len(keys), step):
+            ks, ds = list(keys[start : start + step]), list(dests[start : start + step])
             try:
                 out += self._get_batch(ks, ds)
             except DaemonUnavailable as exc:
@@ -96,10 +100,11 @@ class DaemonTier(Tier):
         """Hand blocks to the daemon; ``result[i]`` says whether it holds ``keys[i]`` afterwards."""
         check_buffers(keys, srcs, self.bpb, "daemon")
         out: list[bool] = []
-        for start in range(0, len(keys), self._batch()):
-            ks, ss = list(keys[start : start + self._batch()]), list(srcs[start : start + self._batch()])
+        step = self._batch()
+        for start in range(0, len(keys), step):
+            ks, ss = list(keys[start : start + step]), list(srcs[start : start + step])
             try:
-                out += self._put_batch(ks, ss)
+                out += self._put_retrying(ks, ss)
             except DaemonUnavailable as exc:
                 log.warning("daemon tier put: %s", exc)
                 out += [False] * (len(keys) - len(out))
@@ -123,7 +128,11 @@ class DaemonTier(Tier):
             raise TierError(f"flush of the daemon tier failed: {exc}") from None
 
     def close(self) -> None:
-        """Disconnect (the daemon's data stays; that is the point of it)."""
+        """Flush (when the daemon answers), then disconnect; the daemon's data stays (that is the point of it)."""
+        try:
+            self.client.flush()
+        except DaemonUnavailable as exc:
+            log.warning("daemon tier close: could not flush: %s", exc)
         self.client.close()
 
     def stats(self) -> TierStats:
@@ -147,10 +156,16 @@ class DaemonTier(Tier):
 
     # ------------------------------------------------------------- private
     def _batch(self) -> int:
-        hello = self.client.hello
-        if hello is None or hello.shm_name is not None:
-            return MAX_KEYS
-        return max(1, min(MAX_KEYS, (hello.max_frame_bytes - 64) // (self.bpb + KEY_BYTES + 1)))
+        """Keys per request: at most a quarter of the daemon's slots (a batch pins its slots until committed or
+        released, and committed ones until written to disk), and for inline bytes what fits one frame."""
+        try:
+            hello = self.client.ensure()
+        except DaemonUnavailable:
+            return MAX_KEYS  # the first batch fails fast and the call degrades
+        n = max(1, min(MAX_KEYS, hello.num_slots // 4))
+        if hello.shm_name is None:
+            n = min(n, max(1, (hello.max_frame_bytes - 64) // (self.bpb + KEY_BYTES + 1)))
+        return n
 
     def _fresh(self, since: float) -> bool:
         hello = self.client.hello
@@ -183,6 +198,18 @@ class DaemonTier(Tier):
                 except DaemonUnavailable:
                     pass  # the daemon ends the leases at their deadline
             return [s is not None and fresh for s in found]
+
+    def _put_retrying(self, keys: list[bytes], srcs: list[Buffer]) -> list[bool]:
+        """:meth:`_put_batch`, retrying keys refused for lack of room while the daemon's writer frees slots."""
+        ok = self._put_batch(keys, srcs)
+        for attempt in range(PUT_RETRIES):
+            todo = [i for i, f in enumerate(ok) if not f]
+            if not todo:
+                break
+            time.sleep(PUT_RETRY_S * 2**attempt)
+            for i, f in zip(todo, self._put_batch([keys[i] for i in todo], [srcs[i] for i in todo])):
+                ok[i] = f
+        return ok
 
     def _put_batch(self, keys: list[bytes], srcs: list[Buffer]) -> list[bool]:
         c = self.client

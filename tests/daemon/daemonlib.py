@@ -1,0 +1,134 @@
+"""Helpers for daemon tests: a tmp config, the daemon as a subprocess, block data derived from keys."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from kvstore.config import load_config
+from kvstore.daemon.client import DaemonClient
+from kvstore.layout import KVLayout
+from kvstore.tiers.remote import DaemonTier
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = {"model_id": "daemon-test", "num_layers": 2, "num_kv_heads": 2, "head_dim": 8, "block_size": 4, "dtype": "float16"}
+LAYOUT = KVLayout(**MODEL)  # 512 bytes per block
+READY = re.compile(r"listening on unix:(\S+) .*?tcp: (\S+?);.*?metrics: (\S+?);")
+
+
+def short_tmpdir() -> Path:
+    """A directory under /tmp with a short path (AF_UNIX paths are limited to ~107 bytes)."""
+    return Path(tempfile.mkdtemp(prefix="kvd", dir="/tmp"))
+
+
+def write_config(root: Path, **over: Any) -> Path:
+    """A daemon config under ``root``: tiny layout, 64 host slots, LMDB in ``root/lmdb``; ``over`` merges sections."""
+    data: dict[str, Any] = {
+        "model": dict(MODEL),
+        "host": {"capacity": 64 * LAYOUT.bytes_per_block},
+        "disk": {"path": str(root / "lmdb"), "max_size": "16MiB", "sync": "interval"},
+        "daemon": {"socket_path": str(root / "d.sock"), "lease_timeout_s": 2.0},
+        "metrics": {"port": 0},
+        "logging": {"level": "INFO"},
+    }
+    for section, values in over.items():
+        data.setdefault(section, {}).update(values) if isinstance(values, dict) else data.__setitem__(section, values)
+    path = root / "daemon.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@dataclass
+class Daemon:
+    """A running ``kvstore serve`` subprocess."""
+
+    proc: subprocess.Popen[str]
+    config: Path
+    socket_path: str
+    tcp: str | None
+    metrics_url: str | None
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        """Send ``sig`` and wait for the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def tier(self, **client: Any) -> DaemonTier:
+        """A connected :class:`DaemonTier` (``client`` goes to :class:`DaemonClient`)."""
+        cfg = load_config(self.config)
+        client.setdefault("token", cfg.daemon.token)
+        c = DaemonClient(LAYOUT, socket_path=self.socket_path, **client)
+        c.connect(10)
+        return DaemonTier(LAYOUT, c)
+
+
+def start_daemon(config: Path, timeout: float = 30.0) -> Daemon:
+    """Start ``kvstore serve --config`` and wait for its "listening" line; raises with the log if it fails."""
+    log = config.parent / f"daemon-{len(list(config.parent.glob('daemon-*.log')))}.log"
+    err = open(log, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvstore", "serve", "--config", str(config)],
+        stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO,
+    )
+    err.close()
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline() if proc.stdout else ""), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    match = READY.search(line[0]) if line else None
+    if match is None:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"daemon did not start: stdout {line!r}, log:\n{log.read_text()}")
+    tcp = None if match.group(2) == "off" else match.group(2)
+    metrics = None if match.group(3) == "off" else match.group(3).removesuffix("/metrics")
+    return Daemon(proc, config, match.group(1), tcp, metrics, log)
+
+
+def cleanup(daemon: Daemon | None, root: Path) -> None:
+    """Kill the daemon if it still runs and remove ``root``."""
+    if daemon is not None and daemon.proc.poll() is None:
+        daemon.proc.kill()
+        daemon.proc.wait()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def block_for(key: bytes) -> torch.Tensor:
+    """Deterministic block content derived from its key (so any reader can check it bit for bit)."""
+    seed = hashlib.blake2b(key, digest_size=8).digest()
+    return torch.frombuffer(bytearray(seed * (LAYOUT.bytes_per_block // 8)), dtype=torch.uint8).clone()
+
+
+def keys_for(n: int, seed: int = 0) -> list[bytes]:
+    """``n`` distinct 32-byte keys."""
+    return [hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=32).digest() for i in range(n)]
+
+
+def empty_blocks(n: int) -> list[torch.Tensor]:
+    """``n`` destination buffers."""
+    return [torch.zeros(LAYOUT.bytes_per_block, dtype=torch.uint8) for _ in range(n)]
+
+
+def shm_exists(name: str) -> bool:
+    """Whether the POSIX shared-memory segment ``name`` exists."""
+    return os.path.exists(f"/dev/shm/{name}")
+
+
+def signal_name(rc: int) -> str:
+    """Readable exit status."""
+    return signal.Signals(-rc).name if rc < 0 else str(rc)

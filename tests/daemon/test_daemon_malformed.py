@@ -1,0 +1,190 @@
+"""Hostile and broken clients against a live daemon: each gets an error or a closed connection, others go on."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Iterator
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from daemonlib import LAYOUT, Daemon, block_for, cleanup, empty_blocks, keys_for, short_tmpdir, start_daemon, write_config
+from kvstore.daemon import messages as m
+from kvstore.daemon.client import DaemonClient
+from kvstore.daemon.frames import HEADER, HEADER_SIZE, MAGIC, PROTOCOL_VERSION, ErrorCode, Op, encode_frame
+from kvstore.tiers.remote import DaemonTier
+
+TOKEN = "s3cret-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    root = short_tmpdir()
+    d = None
+    try:
+        cfg = write_config(root, daemon={"tcp_host": "127.0.0.1", "tcp_port": free_port(), "token": TOKEN,
+                                         "max_frame_bytes": 65536})
+        d = start_daemon(cfg)
+        yield d
+    finally:
+        cleanup(d, root)
+
+
+def raw_unix(d: Daemon) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(d.socket_path)
+    return s
+
+
+def raw_tcp(d: Daemon) -> socket.socket:
+    assert d.tcp is not None
+    host, port = d.tcp.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def read_reply(s: socket.socket) -> tuple[int, bytes] | None:
+    """``(op, payload)`` of the next frame, or ``None`` if the daemon closed the connection."""
+    buf = b""
+    while len(buf) < HEADER_SIZE:
+        chunk = s.recv(HEADER_SIZE - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    _, _, op, _, length = HEADER.unpack(buf)
+    body = b""
+    while len(body) < length:
+        chunk = s.recv(length - len(body))
+        if not chunk:
+            return None
+        body += chunk
+    return op, body
+
+
+def expect_error(s: socket.socket, code: ErrorCode, closed: bool) -> None:
+    reply = read_reply(s)
+    assert reply is not None and reply[0] == Op.ERROR, reply
+    assert m.decode_error(reply[1])[0] == code
+    assert (read_reply(s) is None) == closed
+
+
+def handshake(s: socket.socket, token: str | None = None) -> None:
+    s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, token, "raw", False))))
+    reply = read_reply(s)
+    assert reply is not None and reply[0] == Op.HELLO | 0x8000
+
+
+def still_serves(d: Daemon) -> None:
+    """A well-behaved client round-trips a block, and the daemon process is alive."""
+    assert d.proc.poll() is None
+    tier = d.tier(client_name="good")
+    key = keys_for(1, seed=99)
+    assert tier.put(key, [block_for(key[0])]) == [True]
+    dest = empty_blocks(1)
+    assert tier.get(key, dest) == [True] and torch.equal(dest[0], block_for(key[0]))
+    tier.close()
+
+
+def test_bad_magic_is_refused_and_closed(daemon: Daemon) -> None:
+    with raw_unix(daemon) as s:
+        s.sendall(b"HTTP" + encode_frame(Op.STATS, 1)[4:])
+        expect_error(s, ErrorCode.BAD_FRAME, closed=True)
+    still_serves(daemon)
+
+
+def test_wrong_protocol_version(daemon: Daemon) -> None:
+    with raw_unix(daemon) as s:
+        s.sendall(HEADER.pack(MAGIC, PROTOCOL_VERSION + 1, Op.HELLO, 1, 0))
+        expect_error(s, ErrorCode.BAD_VERSION, closed=True)
+    still_serves(daemon)
+
+
+def test_oversized_length_refused_before_payload(daemon: Daemon) -> None:
+    with raw_unix(daemon) as s:
+        s.sendall(HEADER.pack(MAGIC, PROTOCOL_VERSION, Op.PUT_INLINE, 1, 0xFFFFFFFF))  # no payload follows
+        expect_error(s, ErrorCode.TOO_LARGE, closed=True)
+    still_serves(daemon)
+
+
+def test_request_before_handshake(daemon: Daemon) -> None:
+    with raw_unix(daemon) as s:
+        s.sendall(encode_frame(Op.GET_INLINE, 1, m.encode_keys(keys_for(1, seed=99))))
+        expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
+
+
+def test_unknown_op_and_bad_payload_keep_the_connection(daemon: Daemon) -> None:
+    with raw_unix(daemon) as s:
+        handshake(s)
+        s.sendall(encode_frame(0x0123, 2, b"whatever"))
+        reply = read_reply(s)
+        assert reply is not None and reply[0] == Op.ERROR and m.decode_error(reply[1])[0] == ErrorCode.UNKNOWN_OP
+        s.sendall(encode_frame(Op.EXISTS_PREFIX, 3, struct.pack("<I", 3) + b"k" * 32))
+        reply = read_reply(s)
+        assert reply is not None and m.decode_error(reply[1])[0] == ErrorCode.BAD_FRAME
+        s.sendall(encode_frame(Op.GET_SHM, 4, m.encode_keys(keys_for(1))))  # shm not asked for at HELLO
+        reply = read_reply(s)
+        assert reply is not None and m.decode_error(reply[1])[0] == ErrorCode.NOT_ALLOWED
+        s.sendall(encode_frame(Op.STATS, 5))  # the same connection still works
+        reply = read_reply(s)
+        assert reply is not None and reply[0] == Op.STATS | 0x8000 and m.decode_json(reply[1])["daemon"]
+    still_serves(daemon)
+
+
+def test_client_vanishing_mid_request(daemon: Daemon) -> None:
+    for partial in (encode_frame(Op.STATS, 1)[:7], HEADER.pack(MAGIC, PROTOCOL_VERSION, Op.PUT_INLINE, 1, 1000) + b"x" * 10):
+        s = raw_unix(daemon)
+        handshake(s)
+        s.sendall(partial)
+        s.close()
+    still_serves(daemon)
+
+
+def test_tcp_without_token_gets_nothing(daemon: Daemon) -> None:
+    key = keys_for(1, seed=99)
+    still_serves(daemon)  # the block exists, so a leak would show
+    with raw_tcp(daemon) as s:
+        s.sendall(encode_frame(Op.GET_INLINE, 1, m.encode_keys(key)))
+        expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
+    for token in (None, "wrong"):
+        with raw_tcp(daemon) as s:
+            s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, token, "intruder", True))))
+            expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
+
+
+def test_tcp_with_token_moves_bytes_inline(daemon: Daemon) -> None:
+    assert daemon.tcp is not None
+    host, port = daemon.tcp.rsplit(":", 1)
+    client = DaemonClient(LAYOUT, tcp=(host, int(port)), token=TOKEN, client_name="remote")
+    hello = client.connect(10)
+    assert hello.shm_name is None  # remote clients never get shared memory
+    tier = DaemonTier(LAYOUT, client)
+    keys = keys_for(300, seed=7)  # more than one 64 KiB frame: the tier splits batches
+    assert all(tier.put(keys, [block_for(k) for k in keys]))
+    dests = empty_blocks(300)
+    assert all(tier.get(keys, dests))
+    assert all(torch.equal(d, block_for(k)) for k, d in zip(keys, dests))
+    tier.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(op=st.integers(0, 0x8100), payload=st.binary(max_size=300))
+def test_fuzz_live_frames(daemon: Daemon, op: int, payload: bytes) -> None:
+    with raw_unix(daemon) as s:
+        handshake(s)
+        s.sendall(encode_frame(op, 9, payload))
+        reply = read_reply(s)
+        assert reply is not None  # a well-framed request always gets an answer
+    assert daemon.proc.poll() is None
+
+
+def test_still_serving_after_fuzz(daemon: Daemon) -> None:
+    still_serves(daemon)

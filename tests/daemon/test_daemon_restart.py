@@ -1,0 +1,132 @@
+"""Durability and lifecycle: kill -9 while clients write, SIGTERM, restart, reconnection, a second daemon."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from daemonlib import (
+    REPO, block_for, cleanup, empty_blocks, keys_for, shm_exists, short_tmpdir, signal_name, start_daemon, write_config,
+)
+from kvstore.errors import TierError
+
+
+def test_kill9_loses_nothing_flushed_and_serves_nothing_corrupt() -> None:
+    root = short_tmpdir()
+    daemon = None
+    try:
+        config = write_config(root, disk={"sync": "interval", "sync_interval_ms": 10_000})  # only FLUSH syncs
+        daemon = start_daemon(config)
+        flushed: list[list[bytes]] = [[] for _ in range(3)]
+        attempted: list[list[bytes]] = [[] for _ in range(3)]
+        rounds = [0]
+
+        def writer(w: int) -> None:
+            tier = daemon.tier(client_name=f"writer {w}", backoff_initial_s=5.0)
+            for i in range(10_000):
+                keys = keys_for(6, seed=10_000 * (w + 1) + i)
+                attempted[w].extend(keys)
+                ok = tier.put(keys, [block_for(k) for k in keys])
+                try:
+                    tier.flush()
+                except TierError:
+                    return  # the daemon died: nothing after this is acknowledged
+                flushed[w].extend(k for k, o in zip(keys, ok) if o)
+                rounds[0] += 1
+
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(3)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while rounds[0] < 30 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
+        for t in threads:
+            t.join(30)
+        acked = [k for ks in flushed for k in ks]
+        assert len(acked) >= 30 * 6
+
+        daemon = start_daemon(config)  # same config: stale socket and segment are cleared
+        tier = daemon.tier(client_name="checker")
+        everything = [k for ks in attempted for k in ks]
+        dests = empty_blocks(len(everything))
+        found = tier.get(everything, dests)
+        for key, ok, dest in zip(everything, found, dests):
+            if ok:
+                assert torch.equal(dest, block_for(key)), f"block {key[:8].hex()} served with wrong bytes"
+        present = {k for k, ok in zip(everything, found) if ok}
+        missing = [k.hex()[:16] for k in acked if k not in present]
+        assert not missing, f"{len(missing)} flushed blocks lost, e.g. {missing[:3]}"
+        stats = tier.client.stats()
+        assert stats["disk"]["corrupt_dropped"] == 0
+        tier.close()
+        assert daemon.stop() == 0
+    finally:
+        cleanup(daemon, root)
+
+
+def test_sigterm_flushes_cleans_up_and_clients_reconnect() -> None:
+    root = short_tmpdir()
+    daemon = None
+    try:
+        config = write_config(root, disk={"sync": "interval", "sync_interval_ms": 10_000})
+        daemon = start_daemon(config)
+        tier = daemon.tier(client_name="survivor", backoff_initial_s=0.01)
+        shm = tier.client.hello.shm_name  # type: ignore[union-attr]
+        assert shm is not None and shm_exists(shm)
+        keys = keys_for(20, seed=42)
+        assert all(tier.put(keys, [block_for(k) for k in keys]))  # acknowledged, never explicitly flushed
+        rc = daemon.stop(signal.SIGTERM)
+        assert rc == 0, signal_name(rc)
+        log = daemon.log.read_text()
+        assert "flushed: every acknowledged block is on disk" in log and "stopped" in log
+        assert not os.path.exists(daemon.socket_path) and not shm_exists(shm)
+
+        assert tier.contains_prefix(keys) == 0  # daemon down: the tier degrades to misses, it does not raise
+        daemon = start_daemon(config)
+        deadline = time.monotonic() + 10
+        while tier.contains_prefix(keys) != 20 and time.monotonic() < deadline:  # reconnects with backoff
+            time.sleep(0.05)
+        dests = empty_blocks(20)
+        assert tier.get(keys, dests) == [True] * 20
+        assert all(torch.equal(d, block_for(k)) for k, d in zip(keys, dests))
+        assert tier.client.generation == 2
+        tier.close()
+    finally:
+        cleanup(daemon, root)
+
+
+def test_second_daemon_on_a_live_socket_refuses_to_start(tmp_path: Path) -> None:
+    root = short_tmpdir()
+    daemon = None
+    try:
+        config = write_config(root)
+        daemon = start_daemon(config)
+        out = subprocess.run([sys.executable, "-m", "kvstore", "serve", "--config", str(config)],
+                             capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert out.returncode == 1
+        assert "another daemon is serving on" in out.stderr
+        assert daemon.proc.poll() is None and os.path.exists(daemon.socket_path)
+    finally:
+        cleanup(daemon, root)
+
+
+@pytest.mark.parametrize("bad", ["not-a-socket"])
+def test_socket_path_that_is_a_file_is_not_replaced(bad: str) -> None:
+    root = short_tmpdir()
+    try:
+        (root / "d.sock").write_text(bad)
+        out = subprocess.run([sys.executable, "-m", "kvstore", "serve", "--config", str(write_config(root))],
+                             capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert out.returncode == 1 and "exists and is not a socket" in out.stderr
+        assert (root / "d.sock").read_text() == bad
+    finally:
+        cleanup(None, root)
