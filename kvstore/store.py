@@ -352,6 +352,7 @@ class TieredStore:
                     "cached_blocks": sum(1 for n in h.index.nodes() for e in n.entries if e.gpu_block is not None),
                     "evictions": c.gpu_evictions,
                 },
+                "miss_tokens": c.prompt_tokens - sum(c.hit_tokens.values()),
                 "index_blocks": len(h.index),
                 "dropped_blocks": c.dropped_blocks,
                 "load_failures": c.load_failures,
