@@ -1,4 +1,4 @@
-# Two commands: `make run` starts the service, `make test` runs the test suite.
+# Two commands: `make run` starts the daemon (it prints where it listens), `make test` runs the test suite.
 # Each creates .venv in the checkout and (re)installs the project when
 # pyproject.toml changed since the last install; otherwise setup is a no-op.
 PYTHON ?= python3
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/kvstore run --config $(CONFIG)
+	$(VENV)/bin/kvstore serve --config $(CONFIG)
 
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest

@@ -1,0 +1,67 @@
+"""Two engine processes share one daemon: the second finds the first's prompt prefix and decodes the same."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import yaml
+
+from daemonlib import REPO, cleanup, short_tmpdir, start_daemon, write_config
+
+CONNECTOR_TESTS = REPO / "tests" / "connector"
+# The built-in engine's tiny random model, as connlib.engine_config() builds it: the daemon must serve this layout.
+ENGINE_MODEL = {"model_id": "builtin-random-seed0", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
+                "block_size": 4, "dtype": "float32"}
+
+ENGINE = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    from connlib import GREEDY, engine_config, prompt
+    from connectors import build_connector
+    from engine import LLM
+    from kvstore.config import load_config
+
+    conn = build_connector(load_config({config!r}))
+    llm = LLM(config=engine_config(), connector=conn)
+    out = llm.generate([prompt(1, 45)], GREEDY)[0]
+    conn.close()  # flushes the daemon tier
+    print(json.dumps({{"connector": type(conn).__name__, "tokens": out.token_ids,
+                      "cached": out.metrics.cached_tokens_by_tier}}))
+""")
+
+
+def run_engine(config: Path) -> dict:
+    script = ENGINE.format(tests=str(CONNECTOR_TESTS), config=str(config))
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_second_engine_reuses_first_engines_prefix() -> None:
+    sys.path.insert(0, str(CONNECTOR_TESTS))
+    from connlib import GREEDY, engine_config, prompt
+
+    from engine import LLM
+
+    reference = LLM(config=engine_config()).generate([prompt(1, 45)], GREEDY)[0].token_ids
+    root = short_tmpdir()
+    daemon = None
+    try:
+        daemon_cfg = write_config(root, model=ENGINE_MODEL, host={"capacity": 64 * 2048})
+        daemon = start_daemon(daemon_cfg)
+        engine_cfg = root / "engine.yaml"
+        engine_cfg.write_text(yaml.safe_dump({"connector": "sidecar", "daemon": {"socket_path": daemon.socket_path}}))
+
+        first = run_engine(engine_cfg)
+        second = run_engine(engine_cfg)
+        assert first["connector"] == "SidecarConnector"
+        assert sum(first["cached"].values()) == 0
+        assert second["cached"] == {"gpu": 0, "host": 0, "disk": 44}  # 11 full blocks, from the daemon's tier
+        assert first["tokens"] == reference and second["tokens"] == reference
+        assert daemon.stop() == 0
+    finally:
+        cleanup(daemon, root)
