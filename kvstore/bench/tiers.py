@@ -1,0 +1,175 @@
+"""Suite ``tiers``: each tier's bandwidth beside the machine's limit for the same bytes, in one run.
+
+For every block size (64 KiB to 4 MiB, through KVLayouts of 4 layers x 8
+KV heads x head_dim 128 in fp16 with 4 to 256 tokens per block):
+
+- host tier put / get  vs  memcpy of the same total bytes (torch copy);
+- LMDB tier and file tier put (+ flush)  vs  raw sequential direct write
+  (+ fsync), and their *cold* gets  vs  raw sequential direct read, all in
+  the same directory; LMDB against the file tier directly;
+
+and at 1 MiB blocks the codecs ``none`` / ``zstd`` / ``shuffle_zstd``:
+encode and decode bandwidth, compression ratio on KV-like fp16 data
+(:mod:`kvstore.bench.kvdata`), and cold LMDB reads through each codec.
+Tiers that are not importable yet are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvstore.bench.harness import Progress, Results, SuiteOptions, scratch_dir
+from kvstore.bench.kvdata import kv_like_blocks
+from kvstore.bench.plots import grid, grouped_bars, save
+from kvstore.bench.rawio import direct_io_gbps, memcpy_gbps
+from kvstore.bench.tier_runs import run_tier
+from kvstore.codec import decode_into, encode
+from kvstore.layout import KVLayout
+
+TOKENS_PER_BLOCK = {64 << 10: 4, 256 << 10: 16, 1 << 20: 64, 4 << 20: 256}
+QUICK_SIZES = (64 << 10, 1 << 20)
+CODECS = ("none", "zstd", "shuffle_zstd")
+CODEC_BLOCK = 1 << 20
+POOL_BYTES = 64 << 20
+TARGET_OF_LIMIT = 0.7
+SMALL_BLOCK = 256 << 10
+
+
+def _layout(block_bytes: int) -> KVLayout:
+    return KVLayout(num_layers=4, num_kv_heads=8, head_dim=128, block_size=TOKENS_PER_BLOCK[block_bytes],
+                    dtype="float16", model_id="bench-tiers")
+
+
+def _openers(layout: KVLayout, root: Path, total: int, codec: str, results: Results) -> dict[str, Callable[[], Any]]:
+    """Factories of the tiers that exist in this checkout; the others are recorded as skipped."""
+    cap = 2 * total + (256 << 20)
+    out: dict[str, Callable[[], Any]] = {}
+    try:
+        from kvstore.tiers.host import HostTier
+
+        out["host"] = lambda: HostTier(layout, total + layout.bytes_per_block)
+    except ImportError as exc:  # the tier is still being written
+        results.skipped.setdefault("host", f"kvstore.tiers.host not importable: {exc}")
+    try:
+        from kvstore.config.schema import DiskConfig
+        from kvstore.tiers.disk import DiskTier
+
+        lmdb_cfg = DiskConfig(path=str(root / "lmdb"), max_size=cap, codec=codec)  # type: ignore[arg-type]
+        out["lmdb"] = lambda: DiskTier.from_config(lmdb_cfg, layout)
+    except (ImportError, ValueError) as exc:  # not written yet, or its config section changed
+        results.skipped.setdefault("lmdb", f"kvstore.tiers.disk not usable: {exc}")
+    try:
+        from kvstore.config.schema import FileConfig
+        from kvstore.tiers.file import FileTier
+
+        file_cfg = FileConfig(path=str(root / "files"), max_size=cap, codec=codec)  # type: ignore[arg-type]
+        out["file"] = lambda: FileTier.from_config(file_cfg, layout)
+    except (ImportError, ValueError) as exc:  # not written yet, or its config section changed
+        results.skipped.setdefault("file", f"kvstore.tiers.file not usable: {exc}")
+    return out
+
+
+def _block_size(options: SuiteOptions, results: Results, bpb: int, total: int) -> None:
+    layout = _layout(bpb)
+    n = total // bpb
+    pool = kv_like_blocks(layout, max(1, min(n, POOL_BYTES // bpb)), options.seed)
+    p = {"block_bytes": bpb, "total_bytes": n * bpb}
+    limit = memcpy_gbps(n * bpb)
+    results.add("memcpy", limit, "GB/s", **p)
+    with scratch_dir(options) as root:
+        raw = direct_io_gbps(root, n * bpb)
+        results.add("raw.write", raw.write_gbps, "GB/s", mode=raw.mode, **p)
+        results.add("raw.read", raw.read_gbps, "GB/s", mode=raw.mode, **p)
+        for name, open_tier in _openers(layout, root, n * bpb, "none", results).items():
+            cold = None if name == "host" else root / name
+            t = run_tier(open_tier, pool, n, f"{name}/{bpb}", cold, prefault=name == "host")
+            results.add(f"{name}.put", t.put_gbps, "GB/s", **p)
+            if name == "host":
+                results.add("host.get", t.get_gbps, "GB/s", **p)
+                results.ratio("host.put/memcpy", t.put_gbps, limit, TARGET_OF_LIMIT, **p)
+                results.ratio("host.get/memcpy", t.get_gbps, limit, TARGET_OF_LIMIT, **p)
+                continue
+            results.add(f"{name}.get_warm", t.warm_get_gbps, "GB/s", **p)
+            results.add(f"{name}.get_cold", t.get_gbps, "GB/s", cold=t.cold_method, hits=t.hit_fraction, **p)
+            results.ratio(f"{name}.put/raw.write", t.put_gbps, raw.write_gbps, **p)
+            results.ratio(f"{name}.get_cold/raw.read", t.get_gbps, raw.read_gbps,
+                          TARGET_OF_LIMIT if name == "lmdb" else None, **p)
+    if "lmdb.get_cold" in {f.name for f in results.figures} and "file.get_cold" in {f.name for f in results.figures}:
+        results.ratio("lmdb.get_cold/file.get_cold", results.value("lmdb.get_cold", **p),
+                      results.value("file.get_cold", **p), 1.0 if bpb <= SMALL_BLOCK else None, **p)
+
+
+def _codecs(options: SuiteOptions, results: Results, total: int) -> None:
+    layout = _layout(CODEC_BLOCK)
+    n = max(2, total // CODEC_BLOCK)
+    pool = kv_like_blocks(layout, min(n, POOL_BYTES // CODEC_BLOCK), options.seed + 1)
+    dest = pool[0].clone()
+    for codec in CODECS:
+        p = {"codec": codec, "block_bytes": CODEC_BLOCK, "data": "kv-like fp16 (synthetic)"}
+        encoded = [encode(b, codec, 1, layout.fingerprint, layout.itemsize) for b in pool]
+        t0 = time.perf_counter()
+        for b in pool:
+            encode(b, codec, 1, layout.fingerprint, layout.itemsize)
+        t_enc = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for v in encoded:
+            decode_into(v, dest, layout.fingerprint)
+        t_dec = time.perf_counter() - t0
+        raw = pool.numel()
+        results.add("codec.ratio", raw / sum(len(v) for v in encoded), "raw/stored", **p)
+        results.add("codec.encode", raw / t_enc / 1e9, "GB/s", **p)
+        results.add("codec.decode", raw / t_dec / 1e9, "GB/s", **p)
+        with scratch_dir(options) as root:
+            opener = _openers(layout, root, n * CODEC_BLOCK, codec, results).get("lmdb")
+            if opener is not None:
+                t = run_tier(opener, pool, n, f"codec/{codec}", root / "lmdb")
+                results.add("lmdb.put", t.put_gbps, "GB/s", total_bytes=n * CODEC_BLOCK, **p)
+                results.add("lmdb.get_cold", t.get_gbps, "GB/s", cold=t.cold_method, total_bytes=n * CODEC_BLOCK, **p)
+
+
+def run(options: SuiteOptions, progress: Progress) -> Results:
+    """Every block size, then the codecs."""
+    sizes = QUICK_SIZES if options.quick else tuple(TOKENS_PER_BLOCK)
+    total = (8 << 20) if options.quick else (512 << 20)
+    results = Results("tiers", options, {
+        "block_bytes": list(sizes), "total_bytes_per_run": total, "layout": "4 layers x 8 KV heads x 128, fp16",
+        "batch_bytes": 32 << 20, "codec_level": 1, "lmdb_sync": "interval + flush() before the put is timed as done",
+        "get": "synchronous Tier.get in batches, one thread", "host_prefault": "arena filled and emptied once, untimed", "data": "kv-like fp16 (synthetic AR(1) per channel)",
+    })
+    progress.grow(len(sizes) + 1)
+    for bpb in sizes:
+        _block_size(options, results, bpb, total)
+        progress.step(f"{bpb >> 10} KiB blocks")
+    _codecs(options, results, total)
+    progress.step("codecs")
+    return results
+
+
+def plot(results: Results, path: Path) -> None:
+    """Bandwidth per block size for tiers and limits; codec ratio and bandwidth."""
+    sizes = sorted({f.params["block_bytes"] for f in results.figures if f.name == "memcpy"})
+    labels = [f"{s >> 10} KiB" for s in sizes]
+    fig, axes = grid(3, "Tier bandwidth beside the machine's limit (same bytes, same run)")
+
+    def series(names: list[str]) -> dict[str, list[float]]:
+        out = {}
+        for name in names:
+            vals = [next((f.value for f in results.figures if f.name == name and f.params.get("block_bytes") == s
+                          and "codec" not in f.params), float("nan")) for s in sizes]
+            out[name] = vals
+        return out
+
+    grouped_bars(axes[0], labels, series(["memcpy", "host.put", "host.get"]), "GB/s", "host tier vs memcpy")
+    grouped_bars(axes[1], labels, series(["raw.read", "lmdb.get_cold", "file.get_cold", "raw.write", "lmdb.put",
+                                          "file.put"]), "GB/s", "disk tiers vs raw direct I/O (cold reads)")
+    codec_figs = {c: [results.value(n, codec=c) if any(f.name == n and f.params.get("codec") == c
+                                                         for f in results.figures) else float("nan")
+                      for n in ("codec.encode", "codec.decode", "lmdb.get_cold")] for c in CODECS}
+    grouped_bars(axes[2], ["encode", "decode", "LMDB cold get"], codec_figs, "GB/s",
+                 "codecs at 1 MiB blocks (ratio: " + ", ".join(
+                     f"{c} {results.value('codec.ratio', codec=c):.2f}x" for c in CODECS) + ")")
+    axes[2].title.set_fontsize(8)
+    save(fig, path)
