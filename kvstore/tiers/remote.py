@@ -26,6 +26,8 @@ import logging
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from kvstore.config.schema import KVStoreConfig
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient, DaemonUnavailable
@@ -189,7 +191,7 @@ class DaemonTier(Tier):
             found = [slot for _, slot in slots]
             for slot, dest in zip(found, dests):
                 if slot is not None:
-                    dest.copy_(arena.slot_view(slot))
+                    _copy(dest, arena.slot_view(slot))
             fresh = self._fresh(t0)
             leased = [k for k, s in zip(keys, found) if s is not None]
             if leased:
@@ -228,7 +230,13 @@ class DaemonTier(Tier):
                 return [st == m.PutState.PRESENT for st, _ in states]
             for _, src, slot in mine:
                 assert slot is not None
-                arena.slot_view(slot).copy_(src)
+                _copy(arena.slot_view(slot), src)
             committed = dict(zip([k for k, _, _ in mine], m.decode_flags(
                 c.keys_request(Op.PUT_SHM_COMMIT, [k for k, _, _ in mine]), Op.PUT_SHM_COMMIT) if mine else []))
             return [st == m.PutState.PRESENT or committed.get(k, False) for k, (st, _) in zip(keys, states)]
+
+
+def _copy(dest: Buffer, src: Buffer) -> None:
+    """One block, as a plain single-threaded memcpy: torch's ``copy_`` may fan a 64 KiB copy out to its
+    intra-op thread pool, which costs far more than it saves when several engine processes share the CPUs."""
+    np.copyto(dest.numpy(), src.numpy())
