@@ -46,6 +46,10 @@ class BackendCounters:
     disk_misses: int = 0
     no_room: int = 0
     """Keys a get or put could not serve because every host slot was locked or reserved."""
+    bytes_out: int = 0
+    """Block bytes handed to clients (leased slots and inline replies)."""
+    bytes_in: int = 0
+    """Block bytes clients stored (committed slots and inline puts)."""
 
 
 class DaemonBackend:
@@ -207,6 +211,7 @@ class DaemonBackend:
                     self.host.lock([key])
                     slots[i] = found[key]
             c = self.counters
+            c.bytes_out += sum(s is not None for s in slots) * self.layout.bytes_per_block
             c.host_hits += hits
             c.host_misses += len(keys) - hits
             if self.disk is not None:
@@ -249,6 +254,7 @@ class DaemonBackend:
             return
         with self._mu:
             self.host.publish(keys)
+            self.counters.bytes_in += len(keys) * self.layout.bytes_per_block
             if self.writer is None:
                 return
             slots = self.host.lock(keys)

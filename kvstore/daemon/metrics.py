@@ -81,6 +81,9 @@ def render_prometheus(m: DaemonMetrics, backend: dict[str, Any]) -> str:
            [('{tier="host"}', c["host_hits"])] + ([('{tier="disk"}', c["disk_hits"])] if backend.get("disk") else []))
     family("kvstore_misses_total", "counter", "Blocks asked for and not found in the tier.",
            [('{tier="host"}', c["host_misses"])] + ([('{tier="disk"}', c["disk_misses"])] if backend.get("disk") else []))
+    family("kvstore_block_bytes_out_total", "counter", "Block bytes served to clients (shared memory or inline).",
+           [("", c["bytes_out"])])
+    family("kvstore_block_bytes_in_total", "counter", "Block bytes stored by clients.", [("", c["bytes_in"])])
     family("kvstore_tier_bytes_read_total", "counter", "Raw block bytes read out of the tier.",
            [(f'{{tier="{t}"}}', s["bytes_read"]) for t, s in tiers])
     family("kvstore_tier_bytes_written_total", "counter", "Raw block bytes stored into the tier.",

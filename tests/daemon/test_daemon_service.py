@@ -148,7 +148,7 @@ def test_healthz_and_metrics(daemon: Daemon) -> None:
         text = r.read().decode()
     for name in ("kvstore_hits_total{tier=\"host\"}", "kvstore_misses_total{tier=\"disk\"}", "kvstore_evictions_total",
                  "kvstore_used_bytes{tier=\"host\"}", "kvstore_corrupt_dropped_total", "kvstore_connected_clients",
-                 "kvstore_protocol_bytes_in_total", 'kvstore_request_seconds_bucket{op="GET_SHM",le="+Inf"}'):
+                 "kvstore_protocol_bytes_in_total", "kvstore_block_bytes_out_total", 'kvstore_request_seconds_bucket{op="GET_SHM",le="+Inf"}'):
         assert name in text, name
     with pytest.raises(urllib.error.HTTPError) as nf:
         urllib.request.urlopen(f"{daemon.metrics_url}/nope", timeout=10)
