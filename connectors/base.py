@@ -82,8 +82,9 @@ class KVConnector(ABC):
         """Cache the full blocks of ``tokens`` held in ``block_ids`` (from the first block). Returns how many were new."""
 
     @abstractmethod
-    def commit_keys(self, keys: Sequence[bytes], block_ids: Sequence[int]) -> int:
-        """:meth:`commit` for precomputed keys."""
+    def commit_keys(self, keys: Sequence[bytes], block_ids: Sequence[int], tokens: Sequence[int] | None = None,
+                    salt: Salt = None) -> int:
+        """:meth:`commit` for precomputed keys (``tokens``, when given, make later lookups hash-free)."""
 
     @abstractmethod
     def save(self, keys: Sequence[bytes]) -> int:

@@ -48,11 +48,15 @@ class EmbeddedConnector(KVConnector):
         return self.store.layout
 
     # ---------------------------------------------------------------- lookup
+    def effective_salt(self, salt: Salt) -> Salt:
+        """The salt keys are made with: the caller's here (the sidecar lets the daemon decide)."""
+        return salt
+
     def keys(self, tokens: Sequence[int], salt: Salt = None, parent: bytes | None = None) -> list[bytes]:
-        return block_keys(tokens, self.layout, salt, parent=parent)
+        return block_keys(tokens, self.layout, self.effective_salt(salt), parent=parent)
 
     def lookup(self, tokens: Sequence[int], salt: Salt = None) -> PrefixMatch:
-        return self.store.lookup(tokens, salt)
+        return self.store.lookup(tokens, self.effective_salt(salt))
 
     def lookup_keys(self, keys: Sequence[bytes], prompt_tokens: int | None = None) -> PrefixMatch:
         return self.store.lookup_keys(keys, prompt_tokens)
@@ -72,10 +76,13 @@ class EmbeddedConnector(KVConnector):
 
     def commit(self, tokens: Sequence[int], block_ids: Sequence[int], salt: Salt = None) -> int:
         keys = self.keys(tokens, salt)
-        return self.store.commit(keys, list(block_ids)[: len(keys)])
+        n = len(keys)
+        return self.store.commit(keys, list(block_ids)[:n], list(tokens)[: n * self.layout.block_size],
+                                 self.effective_salt(salt))
 
-    def commit_keys(self, keys: Sequence[bytes], block_ids: Sequence[int]) -> int:
-        return self.store.commit(keys, block_ids)
+    def commit_keys(self, keys: Sequence[bytes], block_ids: Sequence[int], tokens: Sequence[int] | None = None,
+                    salt: Salt = None) -> int:
+        return self.store.commit(keys, block_ids, tokens, self.effective_salt(salt))
 
     def save(self, keys: Sequence[bytes]) -> int:
         return self.store.save(keys)

@@ -14,14 +14,13 @@ the caller is ignored: the trusted side decides the tenant.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 
 from connectors.embedded import EmbeddedConnector
 from kvstore.config.schema import KVStoreConfig
 from kvstore.daemon.client import DaemonClient
 from kvstore.gpu_pool import GPUBlockPool
-from kvstore.hashing import Salt, block_keys
-from kvstore.store import PrefixMatch, TieredStore
+from kvstore.hashing import Salt
+from kvstore.store import TieredStore
 from kvstore.tiers.remote import DaemonTier
 
 CONNECT_WAIT_S = 10.0
@@ -55,16 +54,7 @@ class SidecarConnector(EmbeddedConnector):
         """The salt the daemon assigned at handshake (``None``: callers' salts are used as given)."""
         return self._tier.salt if self._tier is not None else None
 
-    def keys(self, tokens: Sequence[int], salt: Salt = None, parent: bytes | None = None) -> list[bytes]:
-        """Block keys, rooted in the daemon-assigned salt when there is one (else ``salt``). Pure."""
+    def effective_salt(self, salt: Salt) -> Salt:
+        """The daemon-assigned salt when there is one (the trusted side decides the tenant), else ``salt``."""
         forced = self.tenant_salt
-        return block_keys(tokens, self.layout, forced if forced is not None else salt, parent=parent)
-
-    def lookup(self, tokens: Sequence[int], salt: Salt = None) -> PrefixMatch:
-        """Longest cached prefix in the engine's GPU or the daemon's tiers. Changes access order and counters."""
-        return self.store.lookup_keys(self.keys(tokens, salt), prompt_tokens=len(tokens))
-
-    def commit(self, tokens: Sequence[int], block_ids: Sequence[int], salt: Salt = None) -> int:
-        """Cache the full blocks of ``tokens``; the write policy copies them to the daemon."""
-        keys = self.keys(tokens, salt)
-        return self.store.commit(keys, list(block_ids)[: len(keys)])
+        return forced if forced is not None else salt

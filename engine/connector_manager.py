@@ -59,16 +59,16 @@ class ConnectorBlockManager(BlockManager):
             raise IntegrityError(f"sequence {seq.request_id!r} admitted while holding blocks")
         bs = self.block_size
         tokens = seq.all_token_ids
-        keys = self.connector.keys(tokens, seq.cache_salt)
         usable = (seq.num_tokens - 1) // bs  # one token must remain to produce logits
-        match = self.connector.lookup_keys(keys[:usable], prompt_tokens=seq.num_tokens)
+        match = self.connector.lookup(tokens[: usable * bs], seq.cache_salt)
         lease = self.connector.acquire(match)
         cached = lease.resolve()
         seq.block_table = list(lease.block_ids)
         seq.num_cached_tokens = cached
         seq.num_computed_tokens = cached
         seq.metrics.cached_tokens_by_tier = lease.tokens_by_tier()
-        self._seqs[seq.request_id] = _SeqCache(lease, keys, committed=len(lease.block_ids))
+        n = len(lease.block_ids)
+        self._seqs[seq.request_id] = _SeqCache(lease, list(match.keys[:n]), committed=n)
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         needed = seq.blocks_needed(seq.num_computed_tokens + num_new_tokens, self.block_size)
@@ -108,7 +108,8 @@ class ConnectorBlockManager(BlockManager):
                 cache.keys.extend(self.connector.keys(tokens, seq.cache_salt))
             else:
                 cache.keys.extend(self.connector.keys(tokens, parent=parent))
-        self.connector.commit_keys(cache.keys[:full], seq.block_table[:full])
+        self.connector.commit_keys(cache.keys[:full], seq.block_table[:full], seq.all_token_ids[: full * bs],
+                                   seq.cache_salt)
         cache.committed = full
 
     def preempt(self, seq: Sequence) -> None:

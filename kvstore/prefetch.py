@@ -73,6 +73,10 @@ class Lease:
     load_wait_s: float = 0.0
     """Seconds spent waiting for loads in :meth:`resolve` and :meth:`wait_layer`."""
     released: bool = False
+    tokens: list[int] | None = field(default=None, repr=False)
+    """Tokens of the planned blocks (so loaded blocks can be indexed for token lookups)."""
+    salt: object = field(default=None, repr=False)
+    """Tenant salt of the keys."""
     _resolver: object = field(default=None, repr=False)
     _sync: LayerSync | None = field(default=None, repr=False)
     _phase1: Future[None] | None = field(default=None, repr=False)
@@ -305,7 +309,9 @@ class Prefetcher:
             gpu = [pos[k].gpu_block if k in pos else None for k in keys]
             host = [pos[k].host_slot if k in pos else None for k in keys]
             disk = [k in pos and pos[k].source == "disk" for k in keys]
-            res = h.index.insert(keys, gpu_blocks=gpu, host_slots=host, on_disk=disk)
+            toks = lease.tokens[: len(keys) * lease.block_size] if lease.tokens is not None else None
+            res = h.index.insert(keys, gpu_blocks=gpu, host_slots=host, on_disk=disk, tokens=toks,
+                                 salt=lease.salt)  # type: ignore[arg-type]
             for i, entry in enumerate(res.entries):
                 p = pos.get(entry.key)
                 if p is None:

@@ -19,6 +19,13 @@ are locked at least as often as their locked children together. (A block of a
 copy while a request held the node; a match stops there, and the store removes
 it once the node is unlocked.)
 
+Nodes also keep their tokens when the caller gives them (the store always
+does), so :meth:`RadixIndex.match` can walk the tree by token comparison, as
+SGLang's radix cache does, and a prompt whose prefix is cached costs no
+hashing at all; keys are computed only for the part beyond the match. The
+top level is keyed by ``(root key, first block)``, so the token walk keeps
+tenants (salts) and models apart exactly as the keys do.
+
 LRU uses a logical clock (an int bumped on every touch), so eviction order is
 exact and deterministic.
 """
@@ -29,11 +36,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvstore.errors import BlockStateError, IntegrityError
-from kvstore.hashing import Salt, block_keys
+from kvstore.hashing import Salt, block_keys, root_key
 from kvstore.layout import KVLayout
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class BlockEntry:
     """One cached block and its residency. Mutate it only through :class:`RadixIndex` setters."""
 
@@ -66,6 +73,13 @@ class RadixNode:
     children: dict[bytes, RadixNode] = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    tokens: list[int] | None = None
+    """The node's tokens (``len(entries) * block_size``), or ``None`` when inserted by keys only."""
+    tok_children: dict[tuple, RadixNode] = field(default_factory=dict)
+    """Children with tokens, by :attr:`tok_key`."""
+    tok_key: tuple | None = None
+    """Key of this node in its parent's ``tok_children``: its first block's tokens
+    (prefixed by the tenant's root key at the top level); ``None`` without tokens."""
 
     @property
     def is_leaf(self) -> bool:
@@ -111,6 +125,7 @@ class RadixIndex:
         self.root = RadixNode(entries=[], parent=None)
         self._clock = 0
         self._by_key: dict[bytes, BlockEntry] = {}
+        self._roots: dict[bytes, bytes] = {}  # salt bytes -> root key (pure, cached)
 
     # ---------------------------------------------------------------- lookup
     def __len__(self) -> int:
@@ -124,45 +139,91 @@ class RadixIndex:
         """Block keys of ``tokens`` under this index's layout."""
         return block_keys(tokens, self.layout, salt)
 
-    def match(self, tokens: Sequence[int], salt: Salt = None) -> RadixMatch:
-        """Longest cached prefix of ``tokens`` (full blocks only); see :meth:`match_keys`."""
-        return self.match_keys(self.keys_for(tokens, salt))
+    def root_key(self, salt: Salt = None) -> bytes:
+        """The chain root of ``salt`` under this layout (cached)."""
+        sb = salt.encode() if isinstance(salt, str) else (b"" if salt is None else bytes(salt))
+        key = self._roots.get(sb)
+        if key is None:
+            key = self._roots[sb] = root_key(self.layout, salt)
+        return key
+
+    def match(self, tokens: Sequence[int], salt: Salt = None, count_hits: bool = True) -> RadixMatch:
+        """Longest cached prefix of ``tokens`` (full blocks only), found by comparing tokens.
+
+        No hashing. Follows only nodes inserted with tokens; :meth:`match_keys`
+        finds the same prefix from keys. Changes nothing but access times and
+        (when ``count_hits``) hit counts, like :meth:`match_keys`.
+        """
+        toks = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+        bs = self.layout.block_size
+        n_full = len(toks) // bs
+        node = self.root
+        matched: list[BlockEntry] = []
+        i = 0  # matched blocks
+        child = self.root.tok_children.get((self.root_key(salt), *toks[:bs])) if n_full else None
+        while child is not None:
+            nb = len(child.entries)
+            span = nb * bs
+            lo = i * bs
+            assert child.tokens is not None
+            if i + nb <= n_full and toks[lo : lo + span] == child.tokens and all(e.tier is not None for e in child.entries):
+                k = nb
+            else:
+                k = 0
+                ctoks = child.tokens
+                while (
+                    k < nb
+                    and i + k < n_full
+                    and toks[lo + k * bs : lo + (k + 1) * bs] == ctoks[k * bs : (k + 1) * bs]
+                    and child.entries[k].tier is not None  # a block pending removal ends the prefix
+                ):
+                    k += 1
+            if k == 0:
+                break
+            matched.extend(child.entries[:k])
+            node = child
+            i += k
+            if k < nb or i >= n_full:
+                break
+            child = node.tok_children.get(tuple(toks[i * bs : (i + 1) * bs]))
+        return self._finish_match(matched, node, count_hits)
 
     def match_keys(self, keys: Sequence[bytes], count_hits: bool = True) -> RadixMatch:
-        """Longest cached prefix of a key chain.
+        """Longest cached prefix of a key chain (dictionary lookups; a chained key implies its prefix).
 
         Changes nothing but access times: every node on the matched path
         becomes most recently used and (when ``count_hits``) each matched
         entry's ``hits`` grows by one. Nodes are never split by a match.
         """
-        self._clock += 1
-        node = self.root
-        node.last_access = self._clock
         matched: list[BlockEntry] = []
-        i = 0
-        while i < len(keys):
-            child = node.children.get(keys[i])
-            if child is None:
+        get = self._by_key.get
+        for key in keys:
+            e = get(key)
+            if e is None or e.tier is None:  # absent, or pending removal
                 break
-            child.last_access = self._clock
-            k = 0
-            while (
-                k < len(child.entries)
-                and i + k < len(keys)
-                and child.entries[k].key == keys[i + k]
-                and child.entries[k].tier is not None  # a block pending removal ends the prefix
-            ):
-                k += 1
-            matched.extend(child.entries[:k])
-            node = child
-            i += k
-            if k < len(child.entries):
-                break
+            matched.append(e)
+        node = matched[-1].node if matched else self.root
+        assert node is not None
+        return self._finish_match(matched, node, count_hits)
+
+    def _finish_match(self, matched: list[BlockEntry], node: RadixNode, count_hits: bool) -> RadixMatch:
+        self._clock += 1
+        n: RadixNode | None = node
+        while n is not None:  # the matched path becomes most recently used
+            n.last_access = self._clock
+            n = n.parent
         if count_hits:
             for e in matched:
                 e.hits += 1
-        tiers = [e.tier for e in matched]
-        return RadixMatch(tuple(matched), node, tiers.count("gpu"), tiers.count("host"), tiers.count("disk"))
+        gpu = host = disk = 0
+        for e in matched:
+            if e.gpu_block is not None:
+                gpu += 1
+            elif e.host_slot is not None:
+                host += 1
+            else:
+                disk += 1
+        return RadixMatch(tuple(matched), node, gpu, host, disk)
 
     # ---------------------------------------------------------------- insert
     def insert(
@@ -171,14 +232,28 @@ class RadixIndex:
         gpu_blocks: Sequence[int | None] | None = None,
         host_slots: Sequence[int | None] | None = None,
         on_disk: Sequence[bool] | None = None,
+        tokens: Sequence[int] | None = None,
+        salt: Salt = None,
     ) -> InsertResult:
         """Add a key chain (from the root) with the residency of each new block.
 
         Keys already present keep their entries unchanged (the caller frees any
         duplicate GPU block it holds). Splits a node where the chain diverges
         inside it. Every new entry must live in at least one tier.
+
+        ``tokens`` (at least ``len(keys) * block_size``; the keys must be their
+        chain under ``salt``) make the new blocks findable by :meth:`match`;
+        existing nodes without tokens that the call covers whole adopt them.
         """
         n = len(keys)
+        bs = self.layout.block_size
+        toks: list[int] | None = None
+        if tokens is not None:
+            toks = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)  # type: ignore[union-attr]
+            if len(toks) < n * bs:
+                raise ValueError(f"insert: {len(toks)} tokens cannot hold {n} blocks of {bs}")
+            toks = toks[: n * bs]
+        tenant = self.root_key(salt) if toks is not None else None
         gpu = list(gpu_blocks) if gpu_blocks is not None else [None] * n
         host = list(host_slots) if host_slots is not None else [None] * n
         disk = list(on_disk) if on_disk is not None else [False] * n
@@ -202,6 +277,8 @@ class RadixIndex:
                     break
                 child = self._split(child, k)
             child.last_access = self._clock
+            if toks is not None and child.tokens is None:
+                self._set_tokens(child, toks[i * bs : (i + k) * bs], tenant)
             out.extend(child.entries)
             node, i = child, i + k
         num_existing = i
@@ -219,6 +296,8 @@ class RadixIndex:
                 e.node = leaf
                 self._by_key[e.key] = e
             node.children[new_entries[0].key] = leaf
+            if toks is not None:
+                self._set_tokens(leaf, toks[i * bs :], tenant)
             out.extend(new_entries)
             node = leaf
         return InsertResult(tuple(out), num_existing, node)
@@ -235,7 +314,26 @@ class RadixIndex:
         node.parent = upper
         for e in upper.entries:
             e.node = upper
+        if node.tokens is not None:
+            bs = self.layout.block_size
+            upper.tokens, node.tokens = node.tokens[: k * bs], node.tokens[k * bs :]
+            upper.tok_key = node.tok_key
+            parent.tok_children[upper.tok_key] = upper  # type: ignore[index]
+            node.tok_key = tuple(node.tokens[:bs])
+            upper.tok_children[node.tok_key] = node
         return upper
+
+    def _set_tokens(self, node: RadixNode, tokens: list[int], tenant: bytes | None) -> None:
+        """Give a node its tokens and register it for token walks under its parent."""
+        parent = node.parent
+        assert parent is not None
+        if parent is not self.root and parent.tokens is None:
+            return  # unreachable by a token walk anyway: keep it key-only
+        bs = self.layout.block_size
+        node.tokens = list(tokens)
+        first = tuple(tokens[:bs])
+        node.tok_key = (tenant, *first) if parent is self.root else first
+        parent.tok_children[node.tok_key] = node
 
     # ----------------------------------------------------------------- locks
     def lock(self, node: RadixNode) -> None:
@@ -318,6 +416,8 @@ class RadixIndex:
             raise BlockStateError("only an unlocked leaf can be removed")
         assert node.parent is not None
         del node.parent.children[node.entries[0].key]
+        if node.tok_key is not None:
+            del node.parent.tok_children[node.tok_key]
         for e in node.entries:
             del self._by_key[e.key]
             e.node = None
@@ -333,6 +433,8 @@ class RadixIndex:
             return dropped
         dropped = node.entries[keep:]
         node.entries = node.entries[:keep]
+        if node.tokens is not None:
+            node.tokens = node.tokens[: keep * self.layout.block_size]
         for e in dropped:
             del self._by_key[e.key]
             e.node = None
@@ -355,6 +457,16 @@ class RadixIndex:
                 raise IntegrityError("a node is locked less than its locked children")
             if node.lock_ref < 0:
                 raise IntegrityError("negative lock count")
+            if node.tokens is not None:
+                if len(node.tokens) != len(node.entries) * self.layout.block_size:
+                    raise IntegrityError("a node's tokens do not cover its blocks")
+                if node.parent.tok_children.get(node.tok_key) is not node:  # type: ignore[arg-type]
+                    raise IntegrityError("node with tokens not registered for token walks")
+            elif node.tok_key is not None:
+                raise IntegrityError("token key without tokens")
+            for key, child in node.tok_children.items():
+                if child.parent is not node or child.tok_key != key:
+                    raise IntegrityError("stale token child")
             for e in node.entries:
                 count += 1
                 if e.node is not node or self._by_key.get(e.key) is not e:

@@ -41,6 +41,10 @@ class PrefixMatch:
     """``"gpu"``, ``"host"`` or ``"disk"`` per matched block."""
     block_size: int
     prompt_tokens: int
+    tokens: Sequence[int] | None = None
+    """The matched tokens (``num_blocks * block_size``), when the lookup had tokens."""
+    salt: Salt = None
+    """The tenant salt the keys were made with."""
 
     @property
     def num_blocks(self) -> int:
@@ -113,31 +117,66 @@ class TieredStore:
 
     # --------------------------------------------------------------- lookup
     def lookup(self, tokens: Sequence[int], salt: Salt = None) -> PrefixMatch:
-        """Longest prefix of ``tokens`` cached in any tier. Changes access order and hit counts only."""
-        return self.lookup_keys(self.keys(tokens, salt), prompt_tokens=len(tokens))
+        """Longest prefix of ``tokens`` cached in any tier. Changes access order and hit counts only.
 
-    def lookup_keys(self, keys: Sequence[bytes], prompt_tokens: int | None = None) -> PrefixMatch:
-        """:meth:`lookup` for a precomputed key chain."""
+        The index is walked by token comparison (no hashing); keys are computed
+        only for the blocks beyond the index match, to probe the lower tiers
+        (which may hold blocks another process or an earlier run wrote).
+        """
+        toks = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)  # type: ignore[union-attr]
+        bs = self.layout.block_size
+        n_full = len(toks) // bs
         h = self.h
         h.sync_tier_events()
+        selective = self.policy.write == "write_through_selective"
         with h.lock:
-            m = h.index.match_keys(keys)
+            m = h.index.match(toks, salt, count_hits=selective)
+            if m.num_blocks < n_full:
+                first = m.entries[-1].key if m.entries else h.index.root_key(salt)
+                rest = block_keys(toks[m.num_blocks * bs : n_full * bs], self.layout, parent=first)
+                if h.index.get(rest[0]) is not None:  # blocks indexed by key only continue the match
+                    m = h.index.match_keys([e.key for e in m.entries] + rest, count_hits=False)
+                    rest = rest[m.num_blocks - (n_full - len(rest)) :]
+            else:
+                rest = []
+            keys = [e.key for e in m.entries]
             tiers = [e.tier or "disk" for e in m.entries]
-            self.spiller.on_hit(m.entries)
-        rest = list(keys[m.num_blocks :])
+            if selective:
+                self.spiller.on_hit(m.entries)
+        return self._probe_and_count(keys, tiers, rest, len(toks), toks, salt)
+
+    def lookup_keys(self, keys: Sequence[bytes], prompt_tokens: int | None = None) -> PrefixMatch:
+        """:meth:`lookup` for a precomputed key chain (dictionary lookups in the index, then the probe)."""
+        h = self.h
+        h.sync_tier_events()
+        selective = self.policy.write == "write_through_selective"
+        with h.lock:
+            m = h.index.match_keys(keys, count_hits=selective)
+            tiers = [e.tier or "disk" for e in m.entries]
+            if selective:
+                self.spiller.on_hit(m.entries)
+        bs = self.layout.block_size
+        total = prompt_tokens if prompt_tokens is not None else len(keys) * bs
+        return self._probe_and_count([e.key for e in m.entries], tiers, list(keys[m.num_blocks :]), total, None, None)
+
+    def _probe_and_count(self, keys: list[bytes], tiers: list[str], rest: list[bytes], prompt_tokens: int,
+                         tokens: list[int] | None, salt: Salt) -> PrefixMatch:
+        """Continue a match into the lower tiers with the next keys of the chain, and count the lookup."""
+        h = self.h
         for name, tier in h.lower_tiers():
             if not rest:
                 break
             n = tier.contains_prefix(rest)
+            keys.extend(rest[:n])
             tiers.extend([name] * n)
             rest = rest[n:]
         bs = self.layout.block_size
-        total = prompt_tokens if prompt_tokens is not None else len(keys) * bs
-        match = PrefixMatch(tuple(keys[: len(tiers)]), tuple(tiers), bs, total)
+        matched_tokens = tokens[: len(keys) * bs] if tokens is not None else None
+        match = PrefixMatch(tuple(keys), tuple(tiers), bs, prompt_tokens, matched_tokens, salt)
         with h.lock:
             c = h.counters
             c.lookups += 1
-            c.prompt_tokens += total
+            c.prompt_tokens += prompt_tokens
             for t in ("gpu", "host", "disk"):
                 c.hit_tokens[t] += match.tokens_in(t)
         return match
@@ -186,7 +225,9 @@ class TieredStore:
                             h.host.unlock([k])  # type: ignore[union-attr]
                     break
                 plan.append(p)
-        lease = Lease(tuple(p.key for p in plan), plan, m.node, bs, self.layout.num_layers, shortfall=shortfall)
+        tokens = list(match.tokens[: len(plan) * bs]) if match.tokens is not None else None
+        lease = Lease(tuple(p.key for p in plan), plan, m.node, bs, self.layout.num_layers, shortfall=shortfall,
+                      tokens=tokens, salt=match.salt)
         if shortfall:
             log.info("acquire: %d of %d matched blocks planned: %s", len(plan), match.num_blocks, shortfall)
         self.prefetcher.start(lease)
@@ -279,19 +320,22 @@ class TieredStore:
         with self.h.lock:
             self.h.pool.free(block_ids)
 
-    def commit(self, keys: Sequence[bytes], block_ids: Sequence[int]) -> int:
+    def commit(self, keys: Sequence[bytes], block_ids: Sequence[int], tokens: Sequence[int] | None = None,
+               salt: Salt = None) -> int:
         """Record full blocks (``keys[i]`` is in GPU block ``block_ids[i]``) in the index.
 
-        The index takes its own reference on each block it records; the
-        caller keeps its own. Keys already cached keep their copy (the
-        caller's duplicate block is simply not recorded). Applies the write
-        policy. Returns how many blocks were new.
+        ``tokens`` (the blocks' tokens; ``keys`` must be their chain under
+        ``salt``) let later lookups find the blocks without hashing; without
+        them the blocks are found by key only. The index takes its own
+        reference on each block it records; the caller keeps its own. Keys
+        already cached keep their copy (the caller's duplicate block is simply
+        not recorded). Applies the write policy. Returns how many blocks were new.
         """
         if len(keys) != len(block_ids):
             raise ValueError(f"commit: {len(keys)} keys but {len(block_ids)} blocks")
         h = self.h
         with h.lock:
-            res = h.index.insert(keys, gpu_blocks=block_ids)
+            res = h.index.insert(keys, gpu_blocks=block_ids, tokens=tokens, salt=salt)
             for i, entry in enumerate(res.entries):
                 b = block_ids[i]
                 if i >= res.num_existing:

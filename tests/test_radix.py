@@ -33,7 +33,8 @@ def test_match_and_per_tier_split() -> None:
     idx = RadixIndex(LAYOUT)
     toks = list(range(10))  # 5 blocks
     keys = _keys(toks)
-    idx.insert(keys, gpu_blocks=[0, 1, None, None, None], host_slots=[None, 7, 3, None, None], on_disk=[True] * 5)
+    idx.insert(keys, gpu_blocks=[0, 1, None, None, None], host_slots=[None, 7, 3, None, None], on_disk=[True] * 5,
+               tokens=toks)
     m = idx.match(toks + [99, 98])
     assert m.num_blocks == 5
     assert (m.gpu_blocks, m.host_blocks, m.disk_blocks) == (2, 1, 2)
@@ -47,10 +48,12 @@ def test_match_and_per_tier_split() -> None:
 def test_salt_isolates_tenants() -> None:
     idx = RadixIndex(LAYOUT)
     toks = list(range(8))
-    idx.insert(_keys(toks, "a"), gpu_blocks=[0, 1, 2, 3])
+    idx.insert(_keys(toks, "a"), gpu_blocks=[0, 1, 2, 3], tokens=toks, salt="a")
     assert idx.match(toks, salt="a").num_blocks == 4
+    assert idx.match_keys(_keys(toks, "a")).num_blocks == 4
     assert idx.match(toks, salt="b").num_blocks == 0
     assert idx.match(toks).num_blocks == 0
+    assert idx.match_keys(_keys(toks, "b")).num_blocks == 0
 
 
 def test_insert_splits_on_divergence_and_reuses_existing() -> None:
@@ -152,16 +155,24 @@ class RadixMachine(RuleBasedStateMachine):
         self.ids = _Ids()
         self.locks: list[tuple[object, set[bytes]]] = []
 
-    chains = st.lists(st.integers(0, 2), min_size=2, max_size=12).map(lambda t: _keys(t))
+    token_lists = st.lists(st.integers(0, 2), min_size=2, max_size=12)
+    chains = token_lists.map(lambda t: _keys(t))
 
-    @rule(keys=chains)
-    def insert(self, keys: list[bytes]) -> None:
-        res = self.idx.insert(keys, gpu_blocks=self.ids.take(len(keys)))
+    @rule(tokens=token_lists)
+    def insert(self, tokens: list[int]) -> None:
+        keys = _keys(tokens)
+        res = self.idx.insert(keys, gpu_blocks=self.ids.take(len(keys)), tokens=tokens)
         expected_existing = 0
         while expected_existing < len(keys) and keys[expected_existing] in self.present:
             expected_existing += 1
         assert res.num_existing == expected_existing
         self.present.update(keys)
+
+    @rule(tokens=token_lists)
+    def match_tokens(self, tokens: list[int]) -> None:
+        keys = _keys(tokens)
+        m = self.idx.match(tokens)
+        assert [e.key for e in m.entries] == [e.key for e in self.idx.match_keys(keys).entries]
 
     @rule(keys=chains)
     def match(self, keys: list[bytes]) -> None:

@@ -4,13 +4,17 @@ For prompts of 1k to 128k tokens, with the prompt already cached (the
 longest walk), each side is timed from token ids to "how many leading
 blocks are cached":
 
-- kvstore: :func:`~kvstore.hashing.block_keys` (BLAKE2b chain over the
-  tokens' uint32 bytes) + :meth:`RadixIndex.match_keys`;
+- kvstore (what a lookup does): :meth:`RadixIndex.match`, a walk of the
+  radix tree by token comparison, no hashing (keys are computed only for
+  the part of a prompt beyond the in-memory match, to probe lower tiers);
+- kvstore, key path: :func:`~kvstore.hashing.block_keys` (BLAKE2b chain over
+  the tokens' uint32 bytes) + :meth:`RadixIndex.match_keys`: what it costs
+  when the whole prompt must be hashed (nothing in memory, lower tiers probed);
 - baseline: :mod:`kvstore.bench.vllm_hash_baseline` (SHA-256 over a pickled
-  tuple per block) + one dict probe per block.
+  tuple per block) + one dict probe per block, as vLLM does for every request.
 
-Both receive the prompt as a Python ``list[int]`` (what an engine holds);
-kvstore is also timed on a numpy array (its zero-conversion input).
+All receive the prompt as a Python ``list[int]`` (what an engine holds);
+kvstore is also timed on a numpy array.
 """
 
 from __future__ import annotations
@@ -48,19 +52,22 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
         index = RadixIndex(layout)
         for t in (sibling, tokens):
             keys = index.keys_for(t)
-            index.insert(keys, gpu_blocks=list(range(len(index), len(index) + len(keys))))
+            index.insert(keys, gpu_blocks=list(range(len(index), len(index) + len(keys))), tokens=t)
         base = VLLMPrefixCache(BLOCK_SIZE)
         base.insert(sibling)
         base.insert(tokens)
         blocks = n // BLOCK_SIZE
         assert index.match(tokens).num_blocks == blocks and base.match(tokens) == blocks
+        assert index.match_keys(index.keys_for(tokens)).num_blocks == blocks
         t_list = timeit(lambda: index.match(tokens), repeat)
         t_arr = timeit(lambda: index.match(arr), repeat)
+        t_keys = timeit(lambda: index.match_keys(index.keys_for(tokens)), repeat)
         t_hash = timeit(lambda: index.keys_for(tokens), repeat)
         t_base = timeit(lambda: base.match(tokens), repeat)
         p = {"prompt_tokens": n, "blocks": blocks}
         results.add("kvstore.lookup", t_list * 1e3, "ms", input="list", **p)
         results.add("kvstore.lookup", t_arr * 1e3, "ms", input="numpy", **p)
+        results.add("kvstore.key_path", t_keys * 1e3, "ms", input="list", **p)
         results.add("kvstore.hash_only", t_hash * 1e3, "ms", input="list", **p)
         results.add("baseline.lookup", t_base * 1e3, "ms", input="list", **p)
         results.add("kvstore.lookup_rate", n / t_list / 1e6, "Mtokens/s", input="list", **p)
@@ -68,6 +75,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
         results.ratio("speedup.kvstore/baseline", t_base, t_list,
                       TARGET_SPEEDUP if n == max(FULL_TOKENS) else None, input="list", **p)
         results.ratio("speedup.kvstore/baseline", t_base, t_arr, None, input="numpy", **p)
+        results.ratio("speedup.kvstore_key_path/baseline", t_base, t_keys, None, input="list", **p)
         progress.step(f"{n} tokens")
     return results
 
@@ -75,7 +83,8 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
 def plot(results: Results, path: Path) -> None:
     """Lookup time against prompt length (log-log), and the speedup."""
     fig, (ax_t, ax_s) = grid(2, f"Prefix lookup (hash chain + match), {BLOCK_SIZE}-token blocks, prompt cached")
-    for name, label, style in (("kvstore.lookup", "kvstore BLAKE2b + radix", "o-"),
+    for name, label, style in (("kvstore.lookup", "kvstore radix walk by tokens", "o-"),
+                               ("kvstore.key_path", "kvstore BLAKE2b chain + key match", "d-."),
                                ("baseline.lookup", "vLLM-style SHA-256(pickle) + dict", "s--")):
         pts = [(f.params["prompt_tokens"], f.value) for f in results.figures
                if f.name == name and f.params.get("input") == "list"]
@@ -83,9 +92,12 @@ def plot(results: Results, path: Path) -> None:
     ax_t.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="ms per lookup")
     ax_t.legend(fontsize=7)
     ax_t.grid(alpha=0.3)
-    for inp, style in (("list", "o-"), ("numpy", "^:")):
-        pts = [(r.params["prompt_tokens"], r.value) for r in results.ratios if r.params.get("input") == inp]
-        ax_s.plot([x for x, _ in pts], [y for _, y in pts], style, label=f"kvstore input: {inp}")
+    for rname, inp, style, label in (("speedup.kvstore/baseline", "list", "o-", "token walk, list input"),
+                                     ("speedup.kvstore/baseline", "numpy", "^:", "token walk, numpy input"),
+                                     ("speedup.kvstore_key_path/baseline", "list", "d-.", "key path (hash all)")):
+        pts = [(r.params["prompt_tokens"], r.value) for r in results.ratios
+               if r.name == rname and r.params.get("input") == inp]
+        ax_s.plot([x for x, _ in pts], [y for _, y in pts], style, label=label)
     ax_s.axhline(TARGET_SPEEDUP, color="red", lw=0.8, ls="--", label=f"target {TARGET_SPEEDUP:g}x")
     ax_s.set(xscale="log", xlabel="prompt tokens", ylabel="speedup over baseline (x)")
     ax_s.legend(fontsize=7)

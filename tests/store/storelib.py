@@ -108,7 +108,7 @@ def prefill(store: TieredStore, tokens: list[int], seed: int = 0, salt: str | No
     keys = store.keys(tokens, salt)
     blocks = store.allocate(len(keys))
     data = fill(store, blocks, seed)
-    store.commit(keys, blocks)
+    store.commit(keys, blocks, tokens, salt)
     store.free(blocks)
     return data
 

@@ -45,7 +45,7 @@ def test_cascade_keeps_every_block_reachable_until_disk_cap(tmp_path_factory, op
                 have = lease.resolve() // BS
                 new = s.allocate(len(keys) - have)
                 data = fill(s, new, seed=doc * 7 + nblocks)
-                s.commit(keys, lease.block_ids + new)
+                s.commit(keys, lease.block_ids + new, tokens)
                 for k, d in zip(keys[have:], data):
                     truth.setdefault(k, d)
                 s.free(new)

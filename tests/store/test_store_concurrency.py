@@ -45,7 +45,7 @@ def test_concurrent_requests_never_see_wrong_kv() -> None:
                 continue
             for k, b in zip(keys[n:], new):
                 s.pool.block(b).copy_(_content(k))
-            s.commit(keys, lease.block_ids + new)
+            s.commit(keys, lease.block_ids + new, tokens)
             s.free(new)
             s.release(lease)
 
