@@ -16,7 +16,7 @@ def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
 def test_every_command_and_flag_has_help() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    assert {"config", "run", "generate", "demo", "serve", "stats", "bench", "plan"} <= set(sub.choices)
+    assert {"config", "generate", "demo", "serve", "stats", "bench", "plan"} <= set(sub.choices)
     for name, cmd in sub.choices.items():
         text = cmd.format_help()
         assert text.startswith(f"usage: kvstore {name}") and cmd.description, name
@@ -28,16 +28,3 @@ def test_every_command_and_flag_has_help() -> None:
 def test_help_from_the_console() -> None:
     res = _run("--help")
     assert res.returncode == 0 and "usage: kvstore" in res.stdout
-
-
-def test_run_smoke_on_test_config(repo: Path, tmp_path: Path) -> None:
-    res = _run("run", "--config", str(repo / "configs/test.yaml"), cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    assert "OK" in res.stdout
-
-
-def test_run_bad_config_exits_two(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("gpu:\n  num_blocks: -3\n")
-    res = _run("run", "--config", str(bad))
-    assert res.returncode == 2 and "gpu.num_blocks" in res.stderr

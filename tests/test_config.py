@@ -32,6 +32,13 @@ def test_default_yaml_documents_every_field(repo: Path) -> None:
             assert lines[i - 1].strip().startswith("#"), f"field without a comment: {line!r}"
 
 
+def test_every_shipped_config_is_valid(repo: Path) -> None:
+    paths = sorted((repo / "configs").rglob("*.yaml"))
+    assert len(paths) >= 5
+    for path in paths:
+        load_config(path, environ={})
+
+
 def test_test_yaml_is_valid(repo: Path) -> None:
     cfg = load_config(repo / "configs/test.yaml", environ={})
     assert cfg.model.block_size == 4 and cfg.host.capacity == 64 * 1024

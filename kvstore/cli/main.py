@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 COMMAND_MODULES: tuple[str, ...] = (
     "kvstore.cli.config_cmd",
-    "kvstore.cli.run_cmd",
     "kvstore.cli.generate_cmd",
     "kvstore.cli.demo_cmd",
     "kvstore.cli.bench_cmd",
