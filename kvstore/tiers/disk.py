@@ -32,9 +32,20 @@ Durability (``sync``):
   power loss loses at most the last window (LMDB stays consistent, never
   torn). ``flush()`` forces a sync.
 
-Threads: reads run concurrently in their own read transactions; writes are
-serialised by a lock (LMDB allows one writer). ``get_async``/``put_async`` run
-on a pool of ``io_threads``.
+Cold reads need kernel readahead (``readahead=True``): py-lmdb touches every
+page of a value inside ``Transaction.get`` ("preload", GIL released) before
+the caller sees its address, so no ``madvise(MADV_WILLNEED)`` or ``pread`` of
+ours can come first; under LMDB's ``MADV_RANDOM`` map (``readahead=False``)
+each touch is a synchronous 4 KiB read (50-70 MB/s on the dev VM), with
+readahead a batch (mostly in put order in ``data.mdb``) streams at disk rate.
+The price is read-around on cold leaf pages. ``contains_prefix`` uses
+``Cursor.set_key``, which never touches a value.
+
+Threads: reads run in their own read transactions and never wait for a
+writer: hits are queued (a ``deque``, atomic appends) and moved up in the LRU
+order by the next holder of the write lock (put, flush, background thread),
+always before eviction picks victims. Writes are serialised by that lock
+(LMDB allows one writer). ``get_async``/``put_async`` run on ``io_threads``.
 """
 
 from __future__ import annotations
@@ -42,7 +53,8 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Literal
 
@@ -79,8 +91,12 @@ class DiskTier(Tier):
         sync_bytes: int = 64 << 20,
         io_threads: int = 2,
         map_step: int = 64 << 20,
+        readahead: bool = True,
     ) -> None:
-        """Open (creating if needed) the environment and load the LRU order; starts the I/O and sync threads."""
+        """Open (creating if needed) the environment and load the LRU order; starts the I/O and sync threads.
+
+        ``readahead=False``: LMDB's ``MADV_RANDOM`` map, every cold page a separate read (module docstring).
+        """
         super().__init__(layout)
         CODECS.get(codec)  # unknown names fail here, not on the first put
         self.path = os.fspath(path)
@@ -98,11 +114,13 @@ class DiskTier(Tier):
         map_size = min(self.max_size, max(self._step, -(-existing // self._step) * self._step))
         self.env = lmdb.open(
             self.path, map_size=map_size, max_dbs=2, sync=(sync == "always"), metasync=(sync == "always"),
-            readahead=False, meminit=False, max_readers=256,
+            readahead=readahead, meminit=False, max_readers=256,
         )
         self._blocks = self.env.open_db(b"blocks")
         self._lru_db = self.env.open_db(b"lru")
         self._write_lock = threading.RLock()  # one writer; also guards the in-memory LRU
+        self._hits: deque[bytes] = deque()  # keys found by `get`, not yet moved up in `_lru` (see _apply_hits)
+        self._read_stats_lock = threading.Lock()  # get's counters, so a read never waits for a commit
         self._gate = ResizeGate()
         self._lru = LRUIndex()
         self._touched: dict[bytes, int] = {}  # key -> access counter not yet written to `lru`
@@ -127,10 +145,14 @@ class DiskTier(Tier):
 
     # ------------------------------------------------------------- queries
     def contains_prefix(self, keys: Sequence[bytes]) -> int:
-        """How many of ``keys``, from the first, are stored (one read transaction). Changes nothing."""
+        """How many of ``keys``, from the first, are stored (one read transaction). Changes nothing.
+
+        Uses ``Cursor.set_key``: ``Transaction.get`` would fault in every page of each value (py-lmdb's preload).
+        """
         with self._gate.reading(), self.env.begin(db=self._blocks, buffers=True) as txn:
+            cursor = txn.cursor()
             for n, key in enumerate(keys):
-                if txn.get(key) is None:
+                if not cursor.set_key(key):
                     return n
         return len(keys)
 
@@ -142,8 +164,9 @@ class DiskTier(Tier):
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
         """Decode found blocks straight from the map into ``dests`` (one read transaction, no intermediate bytes).
 
-        Marks hits recently used. Corrupt values are deleted, counted and
-        announced (see :meth:`Tier.get`).
+        Every returned block passed :func:`decode_into`'s checks (header and CRC-32 of the decoded bytes).
+        Marks hits recently used (queued, applied before the next eviction). Corrupt values are deleted,
+        counted and announced (see :meth:`Tier.get`). Takes the write lock only when a value is corrupt.
         """
         check_buffers(keys, dests, self.layout.bytes_per_block, "disk")
         self._check_open()
@@ -162,11 +185,8 @@ class DiskTier(Tier):
         if corrupt:
             self._drop_corrupt(corrupt)
         hits = sum(found)
-        with self._write_lock:
-            for key, ok in zip(keys, found):
-                if ok and self._lru.touch(key):
-                    self._clock += 1
-                    self._touched[key] = self._clock
+        self._hits.extend(key for key, ok in zip(keys, found) if ok)
+        with self._read_stats_lock:
             self._stats.hits += hits
             self._stats.misses += len(keys) - hits
             self._stats.bytes_read += hits * self.layout.bytes_per_block
@@ -180,10 +200,8 @@ class DiskTier(Tier):
         check_buffers(keys, srcs, self.layout.bytes_per_block, "disk")
         with self._write_lock:
             self._check_open()
-            for key in keys:  # a put is a use: present keys must not be this batch's victims
-                if self._lru.touch(key):
-                    self._clock += 1
-                    self._touched[key] = self._clock
+            self._apply_hits()
+            self._touch(keys)  # a put is a use: present keys must not be this batch's victims
         todo: dict[bytes, bytes] = {}
         for key, src in zip(keys, srcs):
             if key not in self._lru and key not in todo:  # encoding outside the lock lets batches overlap
@@ -211,6 +229,7 @@ class DiskTier(Tier):
         """Write pending access times and fsync the environment: every acknowledged put is durable after this."""
         with self._write_lock:
             self._check_open()
+            self._apply_hits()
             if self._touched:
                 self._txn_or_fail(self._write_touches)
         self.env.sync(True)
@@ -240,7 +259,7 @@ class DiskTier(Tier):
 
     def stats(self) -> TierStats:
         """Counters, with ``used_bytes`` (accounted, pages included), capacity and block count."""
-        with self._write_lock:
+        with self._write_lock, self._read_stats_lock:
             self._stats.used_bytes = self._lru.used + self._reserve
             self._stats.capacity_bytes = self.max_size
             self._stats.num_blocks = len(self._lru)
@@ -340,6 +359,18 @@ class DiskTier(Tier):
             return False
         return True
 
+    def _apply_hits(self) -> None:
+        """Move the keys queued by ``get`` up in the LRU order, in hit order (write lock held). Pops only
+        what was queued on entry, so concurrent gets cannot keep the caller here."""
+        self._touch(self._hits.popleft() for _ in range(len(self._hits)))
+
+    def _touch(self, keys: Iterable[bytes]) -> None:
+        """Mark stored ``keys`` most recently used (write lock held); absent ones (evicted, deleted) are skipped."""
+        for key in keys:
+            if self._lru.touch(key):
+                self._clock += 1
+                self._touched[key] = self._clock
+
     def _forget(self, keys: Sequence[bytes], kind: str) -> None:
         for key in keys:
             self._lru.remove(key)
@@ -405,10 +436,11 @@ class DiskTier(Tier):
                 if self._closing:
                     return
                 pending = self._unsynced
-            if self._touched:
+            if self._touched or self._hits:
                 with self._write_lock:
                     if self._closing:
                         return
+                    self._apply_hits()
                     try:
                         self._txn(self._write_touches)
                     except lmdb.MapFullError:
