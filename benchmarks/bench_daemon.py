@@ -187,13 +187,28 @@ def run_daemon(clients: int, n: int, batch: int, layout: KVLayout, root: Path, r
     return _best(times, clients * n * layout.bytes_per_block)
 
 
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Embedded vs daemon GB/s per client count, one panel per operation, ratios in the labels."""
+    from kvstore.bench.plots import grid, grouped_bars, save
+
+    fig, axes = grid(2, "Daemon (shared memory) vs embedded tiers, 64 KiB blocks", ncols=2)
+    for ax, op in zip(axes, ("put", "get")):
+        mine = [r for r in rows if r["op"] == op]
+        groups = [f"{r['clients']} client(s)\nratio {r['ratio']:.2f}" for r in mine]
+        grouped_bars(ax, groups, {"embedded": [r["embedded_gbps"] for r in mine],
+                                  "daemon": [r["daemon_gbps"] for r in mine]}, "GB/s",
+                     title=f"{op} ({'host RAM + durable on disk' if op == 'put' else 'from host RAM'})")
+    save(fig, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", default="1,2,8", help="comma-separated client counts (default 1,2,8)")
     parser.add_argument("--blocks", type=int, default=512, help="blocks each client puts and gets (64 KiB each)")
     parser.add_argument("--batch", type=int, default=16, help="blocks per put/get call")
     parser.add_argument("--rounds", type=int, default=3, help="rounds on fresh keys per setting; the best is reported")
-    parser.add_argument("--out", default=None, metavar="PATH", help="write the results as JSON here")
+    parser.add_argument("--out", default=None, metavar="PATH",
+                        help="write the results as JSON here, and the plot next to it (same name, .png)")
     args = parser.parse_args(argv)
     layout = KVLayout(**MODEL)
     root = Path(tempfile.mkdtemp(prefix="kvbench", dir="/tmp"))
@@ -211,7 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {"schema": "kvstore-bench-daemon/1", "bytes_per_block": layout.bytes_per_block, "blocks_per_client":
               args.blocks, "batch": args.batch, "rounds": args.rounds, "cpus": os.cpu_count(), "results": rows}
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        plot(rows, out.with_suffix(".png"))
     print("| clients | op | embedded GB/s | daemon GB/s | daemon / embedded |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['clients']} | {r['op']} | {r['embedded_gbps']} | {r['daemon_gbps']} | {r['ratio']} |")

@@ -4,8 +4,11 @@ Prefill: a batch of prompts, each generating one token, timed from submission
 to the last first-token; tokens/s counts prompt tokens. Decode: a batch of
 short prompts; once every sequence has its first token, the remaining steps
 are timed and tokens/s counts the generated tokens. A warm-up pass runs first
-(Triton compiles its kernels then). Results go to stdout and, with ``--out``,
-to a JSON file.
+(Triton compiles its kernels then). Each phase is also put beside the
+machine's limit measured in the same run: prefill FLOP/s against a dense
+matmul of the same width, decode bytes/s (weights + KV read per step)
+against a memcpy. Results go to stdout and, with ``--out``, to a JSON file
+and a PNG plot next to it.
 
     python benchmarks/engine_bench.py --out bench-out/engine_cpu.json
     python benchmarks/engine_bench.py --preset gpu --device cuda --out bench-out/engine_gpu.json
@@ -75,6 +78,74 @@ def measure_decode(llm: LLM, batch: int, prompt_len: int, decode_tokens: int) ->
             "ms_per_step": 1000 * elapsed / max(steps, 1)}
 
 
+def matmul_gflops(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int) -> float:
+    """The machine's dense matmul rate for this shape and dtype (best of 5): the prefill limit."""
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(k, n, device=device).to(dtype)
+    best = float("inf")
+    for _ in range(6):
+        _sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * m * k * n / best / 1e9
+
+
+def memcpy_gbps(device: torch.device, nbytes: int) -> float:
+    """The machine's copy rate for ``nbytes`` on ``device`` (best of 5): the decode limit (bytes read)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(6):
+        _sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+def limits(llm: LLM, sizes: dict[str, int], prefill: dict[str, float], decode: dict[str, float]) -> dict[str, float]:
+    """Achieved FLOP/s and bytes/s of the two phases next to the machine's matmul and copy rates."""
+    cfg = llm.model_config
+    params = sum(p.numel() for p in llm.model.parameters())
+    embed = cfg.vocab_size * cfg.hidden_size
+    itemsize = llm.pool.layout.itemsize
+    batch, t = sizes["batch"], sizes["prompt_len"]
+    # Prefill: every non-embedding weight is a multiply-add per token; causal attention adds
+    # 2 * layers * heads * head_dim * T^2 per sequence (QK^T and PV over half the square).
+    flops = 2 * (params - embed) * batch * t + 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * t * t * batch
+    achieved_gflops = flops / prefill["seconds"] / 1e9
+    peak_gflops = matmul_gflops(llm.pool.device, llm.pool.layout.torch_dtype, min(batch * t, sizes["budget"]),
+                                cfg.hidden_size, cfg.intermediate_size)
+    # Decode: each step reads every weight once and the KV of every sequence so far.
+    ctx = t + sizes["decode_tokens"] // 2
+    step_bytes = params * itemsize + batch * ctx * llm.pool.layout.bytes_per_token
+    achieved_gbps = step_bytes / (decode["ms_per_step"] / 1000) / 1e9
+    copy_gbps = memcpy_gbps(llm.pool.device, max(step_bytes, 1 << 20))
+    return {"prefill_gflops": achieved_gflops, "matmul_gflops": peak_gflops,
+            "prefill_vs_matmul": achieved_gflops / peak_gflops,
+            "decode_gbps": achieved_gbps, "memcpy_gbps": copy_gbps, "decode_vs_memcpy": achieved_gbps / copy_gbps}
+
+
+def plot(result: dict, path: Path) -> None:
+    """Tokens/s of both phases, and each phase's rate next to the machine's limit."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from kvstore.bench.plots import grid, grouped_bars, save
+
+    lim = result["limits"]
+    fig, (ax_t, ax_l) = grid(2, f"Engine throughput ({result['device']}, {result['backend']}, {result['dtype']})",
+                             ncols=2)
+    grouped_bars(ax_t, ["prefill", "decode"], {"tokens/s": [result["prefill"]["tokens_per_s"],
+                                                            result["decode"]["tokens_per_s"]]}, "tokens/s")
+    grouped_bars(ax_l, [f"prefill GFLOP/s\n{lim['prefill_vs_matmul']:.0%} of matmul",
+                        f"decode GB/s\n{lim['decode_vs_memcpy']:.0%} of memcpy"],
+                 {"engine": [lim["prefill_gflops"], lim["decode_gbps"]],
+                  "machine limit": [lim["matmul_gflops"], lim["memcpy_gbps"]]}, "rate")
+    save(fig, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="weights and KV dtype (default: auto = bfloat16 on CUDA, float32 on the CPU)")
     parser.add_argument("--device", default=None, help="torch device (default: CUDA if available, else CPU)")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
-    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON to this file")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the results as JSON to this file, and the plot next to it (.png)")
     args = parser.parse_args(argv)
 
     sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in PRESETS[args.preset].items()}
@@ -127,11 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         "block_size": args.block_size,
         "prefill": prefill,
         "decode": decode,
+        "limits": limits(llm, sizes, prefill, decode),
     }
     print(json.dumps(result, indent=2))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
+        plot(result, args.out.with_suffix(".png"))
     return 0
 
 

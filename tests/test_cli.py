@@ -28,3 +28,13 @@ def test_every_command_and_flag_has_help() -> None:
 def test_help_from_the_console() -> None:
     res = _run("--help")
     assert res.returncode == 0 and "usage: kvstore" in res.stdout
+
+
+def test_serve_refuses_a_config_without_host_tier(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from kvstore.cli.main import main
+
+    cfg = tmp_path / "nohost.yaml"
+    cfg.write_text("tiers: [lmdb]\n")
+    assert main(["serve", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "lacks 'host'" in err and str(cfg) in err

@@ -63,6 +63,10 @@ def _run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if "host" not in cfg.tiers:
+        print(f"error: invalid config {args.config or '<built-in defaults>'}: tiers {cfg.tiers} lacks 'host'; "
+              "kvstore serve needs it (its shared-memory arena is how engines exchange blocks)", file=sys.stderr)
+        return 2
     _setup_logging(args.log_level or cfg.logging.level, cfg.logging.format)
     try:
         return asyncio.run(_serve(cfg, args.config or "<built-in defaults>"))

@@ -68,7 +68,7 @@ class HostConfig(Section):
     pin_memory: Literal["auto", "always", "never"] = "auto"
     """Pin the arena for fast DMA: ``auto`` pins only when CUDA is available."""
     shared_memory: bool = False
-    """Back the arena with POSIX shared memory (the daemon sets this)."""
+    """Back the arena with POSIX shared memory so other processes can attach (``kvstore serve`` always does)."""
     shm_name: str | None = None
     """Name of the shared-memory segment; default derived from the daemon's socket path."""
 
@@ -93,6 +93,10 @@ class DiskConfig(Section):
     """Most unsynced bytes under ``sync: interval``."""
     io_threads: int = Field(2, ge=1, le=64)
     """Threads doing disk I/O so callers never block on the disk."""
+    eviction: Literal["lru", "s3fifo"] = "lru"
+    """Which blocks go when the cap is reached: ``lru`` (least recently used) or ``s3fifo`` (small, main
+    and ghost FIFO queues; keeps blocks that are reused over distances longer than the tier, which LRU
+    loses). On reopen the order is rebuilt from recorded access times (under ``s3fifo``: all in main)."""
 
 
 class FileConfig(Section):
@@ -106,10 +110,12 @@ class FileConfig(Section):
     """Payload encoding, as for the disk tier."""
     codec_level: int = Field(1, ge=1, le=22)
     """zstd compression level."""
+    eviction: Literal["lru", "s3fifo"] = "lru"
+    """Which files go when the cap is reached, as for the disk tier (the order is rebuilt from file times)."""
 
 
 class PolicyConfig(Section):
-    """Write, prefetch and eviction policies."""
+    """Write and prefetch policies (eviction is chosen per tier: ``disk.eviction``, ``file.eviction``)."""
 
     write: Literal["write_through", "write_through_selective", "write_back"] = "write_through"
     """When committed blocks are copied down: at once, after ``selective_hits`` hits, or only on eviction."""
@@ -123,8 +129,6 @@ class PolicyConfig(Section):
     """Budget added per 1000 prefix tokens under ``timeout``."""
     max_inflight_bytes: PositiveSize = "256MiB"  # type: ignore[assignment]
     """Bound on bytes being loaded at once; further loads wait (backpressure)."""
-    eviction: Literal["lru"] = "lru"
-    """Eviction policy of every tier."""
 
 
 class DaemonConfig(Section):
@@ -191,7 +195,7 @@ class KVStoreConfig(Section):
     file: FileConfig = Field(default_factory=FileConfig)
     """File-per-block tier."""
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
-    """Write, prefetch and eviction policies."""
+    """Write and prefetch policies."""
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     """Sidecar daemon."""
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
