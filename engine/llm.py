@@ -13,6 +13,7 @@ from engine.config import ModelConfig
 from engine.connector_manager import ConnectorBlockManager, PreemptionMode
 from engine.engine_config import EngineConfig
 from engine.kernels import select_backend
+from engine.model_id import checkpoint_identity
 from engine.outputs import RequestOutput
 from engine.runner import ModelRunner
 from engine.sampler import Sampler, check_stop
@@ -43,13 +44,16 @@ class LLM:
     ``connector`` is the usual way to get prefix caching across GPU, host and
     disk: the engine registers its pool with it and serves cached prefixes
     from any tier; ``preemption`` then chooses ``recompute`` or ``swap``
-    (save full blocks to the host tier first).
+    (save full blocks to the host tier first). ``model_id`` names the weights
+    in every block key; by default a checkpoint's is derived from its files
+    (:func:`engine.model_id.checkpoint_identity`), never from its path.
     """
 
     def __init__(self, model: str | Path | None = None, *, config: EngineConfig | None = None,
                  model_config: ModelConfig | None = None, pool: GPUBlockPool | None = None,
                  block_manager_factory: Callable[[GPUBlockPool], BlockManager] | None = None,
-                 connector: KVConnector | None = None, preemption: PreemptionMode = "recompute") -> None:
+                 connector: KVConnector | None = None, preemption: PreemptionMode = "recompute",
+                 model_id: str | None = None) -> None:
         self.config = config or EngineConfig()
         device = self.config.torch_device()
         dtype_name = self.config.kv_dtype_name()
@@ -59,7 +63,8 @@ class LLM:
             model_config = ModelConfig.from_pretrained(model)
         cfg = model_config or ModelConfig.tiny()
         layout = KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.config.block_size, dtype_name,
-                          model_id=str(model) if model is not None else f"builtin-random-seed{self.config.seed}")
+                          model_id=model_id or (checkpoint_identity(model) if model is not None
+                                                else f"builtin-random-seed{self.config.seed}"))
         self.model = build_model(cfg, layout.torch_dtype, device)
         if model is not None:
             load_safetensors(self.model, model)
