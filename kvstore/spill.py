@@ -27,7 +27,7 @@ from kvstore.config.schema import PolicyConfig
 from kvstore.errors import BlockStateError
 from kvstore.hierarchy import Hierarchy
 from kvstore.radix import BlockEntry
-from kvstore.transfer import staging_buffer
+from kvstore.transfer import copy_bytes, staging_buffer
 
 log = logging.getLogger("kvstore.spill")
 
@@ -83,14 +83,14 @@ class Spiller:
         if h.host is not None:
             slot = self.host_slot_for(entry.key)
             if slot is not None:
-                h.host.slot_view(slot).copy_(src)
+                copy_bytes(h.host.slot_view(slot), src)
                 h.host.publish([entry.key])
                 h.index.set_host(entry, slot)
                 h.counters.spilled_blocks["host"] += 1
                 h.events.put("spilled", entry.key, "host")
                 return True
         if h.disk is not None:
-            data = src if src.device.type == "cpu" else staging_buffer(h.layout, pin=False).copy_(src)
+            data = src if src.device.type == "cpu" else copy_bytes(staging_buffer(h.layout, pin=False), src)
             if h.disk.put([entry.key], [data])[0]:
                 h.index.set_disk(entry, True)
                 h.counters.spilled_blocks["disk"] += 1
@@ -187,7 +187,7 @@ class Spiller:
                         slot = self._try_host_slot(entry.key)
                         if slot is not None:
                             view = h.host.slot_view(slot)
-                            view.copy_(src)
+                            copy_bytes(view, src)
                             h.host.lock([entry.key])  # held until the disk copy below is done
                             h.host.publish([entry.key])
                             h.index.set_host(entry, slot)
@@ -196,12 +196,12 @@ class Spiller:
                             disk_src = view
                         else:
                             log.debug("write-down of %s: no host slot free", entry.key.hex()[:16])
-                            disk_src = src if src.device.type == "cpu" else staging_buffer(h.layout, pin=True).copy_(src)
+                            disk_src = src if src.device.type == "cpu" else copy_bytes(staging_buffer(h.layout, pin=True), src)
                     elif alive and h.host is not None and entry.host_slot is not None:
                         h.host.lock([entry.key])
                         disk_src = h.host.slot_view(entry.host_slot)
                     elif disk_src is None:
-                        disk_src = staging_buffer(h.layout, pin=True).copy_(src)
+                        disk_src = copy_bytes(staging_buffer(h.layout, pin=True), src)
                     need_disk = alive and h.disk is not None and not entry.on_disk
                 locked_host = h.host is not None and entry.host_slot is not None and alive
                 if need_disk and disk_src is not None:

@@ -30,6 +30,7 @@ from kvstore.errors import BlockStateError, IntegrityError, TierError, short_key
 from kvstore.layout import KVLayout
 from kvstore.tiers.arena import HostArena, PinMode, resolve_pin
 from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
+from kvstore.transfer import copy_bytes
 
 
 class HostTier(Tier):
@@ -214,7 +215,7 @@ class HostTier(Tier):
         try:
             for slot, dest in zip(slots, dests):
                 if slot is not None:
-                    dest.copy_(self.arena.slot_view(slot))
+                    copy_bytes(dest, self.arena.slot_view(slot))
         finally:
             with self._lock:
                 for slot in slots:
@@ -252,7 +253,7 @@ class HostTier(Tier):
                         todo.append((i, key, slot))
         try:
             for i, _key, slot in todo:
-                self.arena.slot_view(slot).copy_(srcs[i])
+                copy_bytes(self.arena.slot_view(slot), srcs[i])
         except BaseException:
             self.abort([key for _, key, _ in todo])
             raise
