@@ -23,6 +23,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from kvstore.config.schema import HostConfig
@@ -30,7 +31,6 @@ from kvstore.errors import BlockStateError, IntegrityError, TierError, short_key
 from kvstore.layout import KVLayout
 from kvstore.tiers.arena import HostArena, PinMode, resolve_pin
 from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
-from kvstore.transfer import copy_bytes
 
 
 class HostTier(Tier):
@@ -213,9 +213,10 @@ class HostTier(Tier):
                     self._lru.move_to_end(key)
                     self._refs[slot] = self._refs.get(slot, 0) + 1
         try:
+            arena, bpb = self._arena_np(), self.bpb
             for slot, dest in zip(slots, dests):
-                if slot is not None:
-                    copy_bytes(dest, self.arena.slot_view(slot))
+                if slot is not None:  # numpy slicing: the per-block overhead matters at 64 KiB
+                    np.copyto(dest.numpy(), arena[slot * bpb : (slot + 1) * bpb])
         finally:
             with self._lock:
                 for slot in slots:
@@ -252,8 +253,9 @@ class HostTier(Tier):
                     if slot is not None:
                         todo.append((i, key, slot))
         try:
+            arena, bpb = self._arena_np(), self.bpb
             for i, _key, slot in todo:
-                copy_bytes(self.arena.slot_view(slot), srcs[i])
+                np.copyto(arena[slot * bpb : (slot + 1) * bpb], srcs[i].numpy())
         except BaseException:
             self.abort([key for _, key, _ in todo])
             raise
@@ -335,6 +337,12 @@ class HostTier(Tier):
                 self._emit("evicted", key)
                 return slot
         return None
+
+    def _arena_np(self) -> np.ndarray:
+        """The arena as one numpy array (a view, no copy)."""
+        if self.arena.tensor is None:
+            raise TierError("host arena is closed")
+        return self.arena.tensor.numpy()
 
     def _check_open(self) -> None:
         if self.arena.tensor is None:
