@@ -12,11 +12,13 @@ The workload: ``sessions`` chats share a system prompt; every round sends
 each session's whole history plus a new user turn (all sessions of a round
 are submitted together, so batching is realistic), generating a few tokens
 per turn. TTFT = first token time - arrival time of each request. A
-separate probe measures the TTFT of one 4k-token prompt the first time
-(``cached_in=none``: computed, the recompute reference for the probe's
-ratios, in the same engine), then again with the prefix on the GPU, and
-in ``tiered`` mode after ``TieredStore.offload`` moved it to host RAM only,
-then to disk only (the issue's target case is host vs recompute).
+separate probe measures the TTFT of a 4k-token prefix plus 64 new tokens:
+the first time (``cached_in=none``: all computed, the recompute reference
+for the probe's ratios, in the same engine), then with new 64-token
+suffixes while the prefix is on the GPU, and in ``tiered`` mode after
+``TieredStore.offload`` moved it to host RAM only, then to disk only (page
+cache dropped when running as root). The issue's target case is host vs
+recompute.
 
 The model is the built-in Llama-style model with random weights (what runs
 on any machine); the numbers measure the engine and the cache, not a
@@ -36,8 +38,10 @@ import numpy as np
 
 from kvstore.bench.harness import Progress, Results, SuiteOptions, scratch_dir
 from kvstore.bench.plots import grid, grouped_bars, save
+from kvstore.bench.rawio import drop_page_cache
 
 PROBE_PREFIX = 4096
+PROBE_NEW = 64
 TARGET_TTFT_SPEEDUP = 5.0
 
 
@@ -82,7 +86,7 @@ def _chat_rounds(rng: np.random.Generator, sessions: int, rounds: int, system: i
 
 
 def _run_mode(factory: Callable[..., Any] | None, quick: bool, rounds: list[list[list[int]]],
-              probe: list[int], max_tokens: int, seed: int) -> dict[str, Any]:
+              probe: tuple[list[int], list[list[int]]], max_tokens: int, seed: int) -> dict[str, Any]:
     from engine.engine_config import EngineConfig
     from engine.llm import LLM
     from engine.sampling_params import SamplingParams
@@ -103,16 +107,19 @@ def _run_mode(factory: Callable[..., Any] | None, quick: bool, rounds: list[list
         ttfts += [s.metrics.first_token_time - s.metrics.arrival_time for s in seqs]
         generated += sum(len(s.output_token_ids) for s in seqs)
     wall = time.perf_counter() - t0
-    probe_ttft = {"none": _probe(llm, probe)}  # first sight of the prefix: computed in every mode
+    prefix, suffixes = probe
+    # Each probe is the 4k prefix plus PROBE_NEW new tokens never seen before, so the new part is computed.
+    probe_ttft = {"none": _probe(llm, prefix + suffixes[0])}  # first sight of the prefix: computed in every mode
     store = getattr(getattr(llm.block_manager, "connector", None), "store", None)
     if store is not None:
-        probe_ttft["gpu"] = _probe(llm, probe)
+        probe_ttft["gpu"] = _probe(llm, prefix + suffixes[1])
         if store.h.host is not None:
             store.offload("gpu")  # the prefix now lives in host RAM only
-            probe_ttft["host"] = _probe(llm, probe)
+            probe_ttft["host"] = _probe(llm, prefix + suffixes[2])
             store.offload("gpu")
             store.offload("host")  # ... and now on disk only
-            probe_ttft["disk"] = _probe(llm, probe)
+            drop_page_cache()  # cold disk when allowed (root); otherwise the page cache may still hold it
+            probe_ttft["disk"] = _probe(llm, prefix + suffixes[3])
     prompt_tokens = sum(len(p) for b in rounds for p in b)
     return {"ttft": np.array(ttfts), "wall": wall, "generated": generated, "prompt_tokens": prompt_tokens,
             "probe_ttft": probe_ttft}
@@ -133,12 +140,13 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
     sessions, nrounds, system, max_tokens = (2, 2, 256, 2) if options.quick else (6, 4, 1024, 8)
     probe_len = 512 if options.quick else PROBE_PREFIX
     results = Results("e2e", options, {"sessions": sessions, "rounds": nrounds, "system_prompt_tokens": system,
-                                       "max_tokens": max_tokens, "probe_prefix_tokens": probe_len,
+                                       "max_tokens": max_tokens, "probe_prefix_tokens": probe_len, "probe_new_tokens": PROBE_NEW,
                                        "model": "built-in Llama-style, random weights", "dtype": "float32"})
     rng = np.random.default_rng(options.seed)
     vocab = _model_config(options.quick).vocab_size
     rounds = _chat_rounds(rng, sessions, nrounds, system, vocab)
-    probe = rng.integers(0, vocab, size=probe_len + 16).tolist()
+    probe = (rng.integers(0, vocab, size=probe_len).tolist(),
+             [rng.integers(0, vocab, size=PROBE_NEW).tolist() for _ in range(4)])
     measured: dict[str, dict[str, Any]] = {}
     with scratch_dir(options) as scratch:
         factories = _factories(scratch)
