@@ -1,4 +1,4 @@
-"""Replay a trace through kvstore's cache policy: radix-tree LRU on the GPU, LRU host and disk below.
+"""Replay a trace through kvstore's cache policy: radix-tree LRU on the GPU, host and disk tiers below.
 
 The model follows the store's request flow (``write_back``):
 
@@ -16,6 +16,10 @@ The model follows the store's request flow (``write_back``):
    deletes the block.
 
 With no host and no disk this is "GPU-only LRU" (SGLang's radix cache).
+The host and disk tiers evict through the real tiers' order classes
+(:mod:`kvstore.tiers.eviction`), so a policy is simulated by the code that
+runs it: the host tier is LRU (``HostTier`` has no other policy), the disk
+tier whatever ``disk_policy`` names (``disk.eviction`` in the config).
 
 ``RadixIndex.evict_lru_leaf`` rescans every node per eviction; replaying
 12k requests needs millions of evictions, so :class:`_LeafHeap` keeps the
@@ -27,12 +31,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from kvstore.bench.workloads import Request
 from kvstore.layout import KVLayout
 from kvstore.radix import RadixIndex, RadixNode
+from kvstore.tiers.eviction import EvictionOrder, make_order
 
 _LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, block_size=1, model_id="bench-sim")
 
@@ -82,39 +86,49 @@ class _LeafHeap:
         return found
 
 
-class _LRUTier:
-    """A block-count LRU (an ``OrderedDict``: move-to-end on touch, pop-first on evict)."""
+class SimTier:
+    """A lower tier counted in blocks, evicting through the same order class as the real tier.
 
-    def __init__(self, capacity: int) -> None:
+    The order is :func:`~kvstore.tiers.eviction.make_order`'s (``LRUIndex`` or ``S3FIFOIndex``), each
+    block accounted as 1 unit against a budget of ``capacity`` units, with the call sequence of
+    ``DiskTier.put``: ``victims`` for the incoming block, ``remove`` each, then ``add``.
+    """
+
+    def __init__(self, capacity: int, order: str | EvictionOrder = "lru") -> None:
+        """``order``: a policy name for :func:`make_order`, or an order object (for variants YAML cannot name)."""
         self.capacity = capacity
-        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.order: EvictionOrder = make_order(order) if isinstance(order, str) else order
 
-    def __contains__(self, block: int) -> bool:
-        return block in self.blocks
+    def __contains__(self, block: bytes) -> bool:
+        return block in self.order
 
-    def touch(self, block: int) -> None:
-        self.blocks.move_to_end(block)
+    def touch(self, block: bytes) -> None:
+        """A hit (LRU: most recent; S3-FIFO: frequency + 1)."""
+        self.order.touch(block)
 
-    def add(self, block: int) -> int | None:
-        """Insert ``block`` as most recent; returns the evicted block, if one had to go."""
+    def add(self, block: bytes) -> list[bytes]:
+        """Store ``block``; returns the blocks evicted for it (``[block]`` itself when the tier has no room)."""
         if self.capacity <= 0:
-            return block
-        self.blocks[block] = None
-        if len(self.blocks) > self.capacity:
-            return self.blocks.popitem(last=False)[0]
-        return None
+            return [block]
+        evicted = self.order.victims(1, self.capacity)
+        for victim in evicted:
+            self.order.remove(victim)
+        self.order.add(block, 1)
+        return evicted
 
 
 class TieredCacheSim:
     """kvstore's GPU + host + disk caching of a trace, counted in blocks."""
 
-    def __init__(self, gpu_blocks: int, host_blocks: int = 0, disk_blocks: int = 0) -> None:
+    def __init__(self, gpu_blocks: int, host_blocks: int = 0, disk_blocks: int = 0, *,
+                 disk_policy: str | EvictionOrder = "lru") -> None:
+        """``disk_policy``: the disk tier's order (``lru``, ``s3fifo`` or an order object); host is always LRU."""
         if gpu_blocks <= 0:
             raise ValueError("the GPU tier needs at least one block")
         self.index = RadixIndex(_LAYOUT)
         self.free_gpu = list(range(gpu_blocks))
-        self.host = _LRUTier(host_blocks)
-        self.disk = _LRUTier(disk_blocks)
+        self.host = SimTier(host_blocks, "lru")
+        self.disk = SimTier(disk_blocks, disk_policy)
         self._leaves = _LeafHeap()
 
     def request(self, req: Request) -> HitCounts:
@@ -125,7 +139,7 @@ class TieredCacheSim:
         g = match.num_blocks
         self._leaves.push(match.node)
         h = d = 0
-        for block in ids[g:]:
+        for block in keys[g:]:
             if block in self.host:
                 self.host.touch(block)
                 h += 1
@@ -155,14 +169,14 @@ class TieredCacheSim:
             for e in victim.entries:
                 assert e.gpu_block is not None
                 self.free_gpu.append(e.gpu_block)
-                block = int.from_bytes(e.key, "little")
-                if block not in self.host:
-                    self._to_host(block)
+                if e.key not in self.host:
+                    self._to_host(e.key)
             if parent is not None and parent is not self.index.root:
                 self._leaves.push(parent)
         return min(need, len(self.free_gpu))
 
-    def _to_host(self, block: int) -> None:
-        spilled = self.host.add(block)
-        if spilled is not None and spilled not in self.disk:
-            self.disk.add(spilled)
+    def _to_host(self, block: bytes) -> None:
+        """Copy ``block`` into host; a host victim is written to disk unless disk has it (then just dropped)."""
+        for spilled in self.host.add(block):
+            if spilled not in self.disk:
+                self.disk.add(spilled)

@@ -1,11 +1,15 @@
-"""Suite ``hitrate``: replayed workloads, kvstore's tiered hit rate beside GPU-only LRU and Belady.
+"""Suite ``hitrate``: replayed workloads, kvstore's tiered hit rate (disk LRU, S3-FIFO) vs GPU-only LRU and Belady.
 
 For each workload and each GPU capacity ``G`` (a fraction of the
-workload's distinct blocks, never below its largest request), three caches
+workload's distinct blocks, never below its largest request), these caches
 replay the same requests:
 
-- ``tiered``: kvstore's policy with ``G`` GPU, ``2G`` host and ``4G`` disk
-  blocks (:class:`~kvstore.bench.cache_sim.TieredCacheSim`, write_back);
+- ``tiered_lru`` / ``tiered_s3fifo``: kvstore's policy with ``G`` GPU, ``2G``
+  host (LRU) and ``4G`` disk blocks, the disk tier under ``disk.eviction:
+  lru`` / ``s3fifo`` (:class:`~kvstore.bench.cache_sim.TieredCacheSim`,
+  write_back, the tiers' own order classes);
+- ``tiered_s3fifo_paper_ghost``: S3-FIFO with the paper's ghost size (as many
+  keys as the main queue) instead of kvstore's 4 budgets, to show why;
 - ``gpu_lru``: the same ``G`` GPU blocks and no lower tiers;
 - ``belady``: the offline optimum for the total ``7G`` blocks
   (:mod:`kvstore.bench.belady`).
@@ -17,6 +21,7 @@ tokens. ``infinite`` is the ceiling (a cache that never evicts).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kvstore.bench.belady import belady_hits
@@ -25,6 +30,8 @@ from kvstore.bench.harness import Progress, Results, SuiteOptions
 from kvstore.bench.mooncake import load_mooncake
 from kvstore.bench.plots import grid, save
 from kvstore.bench.workloads import GENERATORS, Trace, synthetic
+from kvstore.tiers.eviction import EvictionOrder, make_order
+from kvstore.tiers.s3fifo import S3FIFOIndex
 
 HOST_PER_GPU = 2
 DISK_PER_GPU = 4
@@ -32,6 +39,15 @@ FULL_FRACTIONS = (0.01, 0.02, 0.05, 0.1)
 QUICK_FRACTIONS = (0.05, 0.2)
 QUICK_TRACE_REQUESTS = 300
 TARGET_OF_BELADY = 0.9
+PAPER_GHOST = 0.9
+"""The paper's ghost: as many keys as the main queue (1 - small fraction of the budget)."""
+
+DISK_ORDERS: dict[str, Callable[[], EvictionOrder]] = {
+    "tiered_lru": lambda: make_order("lru"),
+    "tiered_s3fifo": lambda: make_order("s3fifo"),
+    "tiered_s3fifo_paper_ghost": lambda: S3FIFOIndex(ghost_budgets=PAPER_GHOST),
+}
+"""Tiered variants by result name -> a new disk-tier order for one replay."""
 
 
 def _rate(trace: Trace, hit_blocks: list[int]) -> float:
@@ -52,12 +68,14 @@ def _workloads(options: SuiteOptions, results: Results) -> list[Trace]:
 
 
 def run(options: SuiteOptions, progress: Progress) -> Results:
-    """Replay every workload at every capacity through the three caches."""
+    """Replay every workload at every capacity through every cache."""
     fractions = QUICK_FRACTIONS if options.quick else FULL_FRACTIONS
     results = Results("hitrate", options, {
         "fractions_of_footprint": list(fractions), "host_blocks_per_gpu_block": HOST_PER_GPU,
         "disk_blocks_per_gpu_block": DISK_PER_GPU, "write_policy": "write_back",
-        "gpu_eviction": "radix LRU leaf (whole node)", "lower_tier_eviction": "block LRU",
+        "gpu_eviction": "radix LRU leaf (whole node)", "host_eviction": "block LRU (LRUIndex)",
+        "disk_eviction": {"tiered_lru": "LRUIndex", "tiered_s3fifo": "S3FIFOIndex (ghost 4 budgets)",
+                          "tiered_s3fifo_paper_ghost": f"S3FIFOIndex(ghost_budgets={PAPER_GHOST})"},
         "belady": "block-level MIN with bypass over GPU+host+disk blocks, prefix-closed by (next use, depth) order",
         "trace": str(options.trace) if options.trace else None,
     })
@@ -76,37 +94,43 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
             gpu = max(int(frac * footprint), biggest)
             host, disk = HOST_PER_GPU * gpu, DISK_PER_GPU * gpu
             p = {"workload": w, "gpu_fraction": frac, "gpu_blocks": gpu}
-            t0 = time.perf_counter()
-            sim = TieredCacheSim(gpu, host, disk)
-            counts = [sim.request(r) for r in trace.requests]
-            elapsed = time.perf_counter() - t0
-            tiered = _rate(trace, [c.total for c in counts])
             lru_sim = TieredCacheSim(gpu)
             lru = _rate(trace, [c.total for c in (lru_sim.request(r) for r in trace.requests)])
             opt = _rate(trace, belady_hits(trace.requests, gpu + host + disk))
-            results.add("hit_rate.tiered", tiered, "fraction of prompt tokens", **p)
-            for tier in ("gpu", "host", "disk"):
-                share = _rate(trace, [getattr(c, tier) for c in counts])
-                results.add(f"hit_rate.tiered.{tier}", share, "fraction of prompt tokens", **p)
             results.add("hit_rate.gpu_lru", lru, "fraction of prompt tokens", **p)
             results.add("hit_rate.belady", opt, "fraction of prompt tokens", total_blocks=gpu + host + disk, **p)
-            results.add("replay_time.tiered", elapsed / len(trace.requests) * 1e6, "us/request", **p)
-            results.ratio("tiered/belady", tiered, opt, TARGET_OF_BELADY, **p)
-            results.ratio("tiered/gpu_lru", tiered, lru, **p)
+            rates: dict[str, float] = {}
+            for name, new_order in DISK_ORDERS.items():
+                t0 = time.perf_counter()
+                sim = TieredCacheSim(gpu, host, disk, disk_policy=new_order())
+                counts = [sim.request(r) for r in trace.requests]
+                elapsed = time.perf_counter() - t0
+                rates[name] = _rate(trace, [c.total for c in counts])
+                results.add(f"hit_rate.{name}", rates[name], "fraction of prompt tokens", **p)
+                for tier in ("gpu", "host", "disk"):
+                    share = _rate(trace, [getattr(c, tier) for c in counts])
+                    results.add(f"hit_rate.{name}.{tier}", share, "fraction of prompt tokens", **p)
+                results.add(f"replay_time.{name}", elapsed / len(trace.requests) * 1e6, "us/request", **p)
+                if name != "tiered_s3fifo_paper_ghost":
+                    results.ratio(f"{name}/belady", rates[name], opt, TARGET_OF_BELADY, **p)
+                    results.ratio(f"{name}/gpu_lru", rates[name], lru, **p)
+            results.ratio("tiered_s3fifo/tiered_lru", rates["tiered_s3fifo"], rates["tiered_lru"], **p)
             progress.step(f"{w} gpu={frac:g}")
     return results
 
 
 def plot(results: Results, path: Path) -> None:
-    """One panel per workload: hit rate against GPU capacity for the three caches and the ceiling."""
-    workloads = list(dict.fromkeys(f.params["workload"] for f in results.figures if f.name == "hit_rate.tiered"))
-    fig, axes = grid(max(1, len(workloads)), "Prefix hit rate: kvstore tiered (G+2G host+4G disk) vs GPU-only LRU (G) "
-                     "vs Belady (7G)")
+    """One panel per workload: hit rate against GPU capacity for every cache and the ceiling."""
+    workloads = list(dict.fromkeys(f.params["workload"] for f in results.figures if f.name == "hit_rate.tiered_lru"))
+    fig, axes = grid(max(1, len(workloads)), "Prefix hit rate: kvstore tiered (G + 2G host LRU + 4G disk, disk LRU or "
+                     "S3-FIFO) vs GPU-only LRU (G) vs Belady (7G)")
+    series = (("tiered_lru", "o-"), ("tiered_s3fifo", "D-"), ("tiered_s3fifo_paper_ghost", "x:"),
+              ("gpu_lru", "s--"), ("belady", "^:"))
     for ax, w in zip(axes, workloads):
-        for name, style in (("tiered", "o-"), ("gpu_lru", "s--"), ("belady", "^:")):
+        for name, style in series:
             pts = [(f.params["gpu_fraction"], f.value) for f in results.figures
                    if f.name == f"hit_rate.{name}" and f.params["workload"] == w]
-            ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=name)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=name.replace("_paper_ghost", " (paper ghost)"))
         ax.axhline(results.value("hit_rate.infinite", workload=w), color="grey", lw=0.8, label="infinite")
         ax.set_xscale("log")
         ax.set_xlabel("GPU capacity (fraction of distinct blocks)")

@@ -66,7 +66,7 @@ from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
 from kvstore.tiers.gate import ResizeGate
-from kvstore.tiers.lru import LRUIndex
+from kvstore.tiers.eviction import make_order
 
 _LRU_RECORD = struct.Struct("<QQ")
 _NODE = 8 + 32  # LMDB node header + key bytes
@@ -92,10 +92,12 @@ class DiskTier(Tier):
         io_threads: int = 2,
         map_step: int = 64 << 20,
         readahead: bool = True,
+        eviction: str = "lru",
     ) -> None:
         """Open (creating if needed) the environment and load the LRU order; starts the I/O and sync threads.
 
         ``readahead=False``: LMDB's ``MADV_RANDOM`` map, every cold page a separate read (module docstring).
+        ``eviction``: ``lru`` or ``s3fifo`` (:mod:`kvstore.tiers.eviction`); see :meth:`_load_lru` for reopen.
         """
         super().__init__(layout)
         CODECS.get(codec)  # unknown names fail here, not on the first put
@@ -122,7 +124,7 @@ class DiskTier(Tier):
         self._hits: deque[bytes] = deque()  # keys found by `get`, not yet moved up in `_lru` (see _apply_hits)
         self._read_stats_lock = threading.Lock()  # get's counters, so a read never waits for a commit
         self._gate = ResizeGate()
-        self._lru = LRUIndex()
+        self._lru = make_order(eviction)  # the eviction order; named `_lru` for the database it mirrors
         self._touched: dict[bytes, int] = {}  # key -> access counter not yet written to `lru`
         self._clock = 0
         self._load_lru()
@@ -140,7 +142,7 @@ class DiskTier(Tier):
         return cls(
             layout, section.path, int(section.max_size), codec=section.codec, codec_level=section.codec_level,
             sync=section.sync, sync_interval_ms=section.sync_interval_ms, sync_bytes=int(section.sync_bytes),
-            io_threads=section.io_threads,
+            io_threads=section.io_threads, eviction=section.eviction,
         )
 
     # ------------------------------------------------------------- queries
@@ -209,7 +211,7 @@ class DiskTier(Tier):
         with self._write_lock:
             self._check_open()
             todo = {k: v for k, v in todo.items() if k not in self._lru}
-            stored = self._write(todo)
+            stored = self._write(todo, keep=keys)
             present = {k for k in keys if k in self._lru}
         if stored:
             self._note_unsynced(stored)
@@ -278,13 +280,16 @@ class DiskTier(Tier):
             data = 3 * (_NODE + vlen + 2)
         return data + 3 * (_NODE + _LRU_RECORD.size + 2)
 
-    def _write(self, todo: dict[bytes, bytes]) -> int:
-        """Store ``todo`` (write lock held), evicting and growing the map as needed; returns bytes stored."""
+    def _write(self, todo: dict[bytes, bytes], keep: Sequence[bytes] = ()) -> int:
+        """Store ``todo`` (write lock held), evicting and growing the map as needed; returns bytes stored.
+
+        ``keep``: the batch's keys already stored, never its victims (under S3-FIFO a touch does not
+        move a key away from the eviction end, so only this protects them)."""
         budget = self.max_size - self._reserve
         todo = {k: v for k, v in todo.items() if self._cost(len(v)) <= budget}
         while todo:
             need = sum(self._cost(len(v)) for v in todo.values())
-            victims = self._lru.victims(need, budget)
+            victims = self._lru.victims(need, budget, exclude=keep)
 
             def body(txn: lmdb.Transaction) -> None:
                 self._delete_in(txn, victims)
@@ -298,7 +303,7 @@ class DiskTier(Tier):
             try:
                 self._txn(body)
             except lmdb.MapFullError:
-                if not self._make_room():
+                if not self._make_room(keep):
                     todo.pop(next(reversed(todo)))  # the batch alone does not fit: give up its last block
                 continue
             self._forget(victims, "evicted")
@@ -333,15 +338,15 @@ class DiskTier(Tier):
         except lmdb.MapFullError:
             raise TierError(f"LMDB map at {self.path} is full at disk.max_size={self.max_size}; raise it") from None
 
-    def _make_room(self) -> bool:
+    def _make_room(self, keep: Sequence[bytes] = ()) -> bool:
         """The map is full although the estimate fits (fragmented free space, or pages still held for
         readers of the previous snapshot). Evict a quarter of the blocks in small transactions, then
         commit twice more: LMDB reuses pages freed by transaction N only from N+2 on. ``False`` if
-        nothing could be evicted.
+        nothing could be evicted. ``keep`` (the batch's stored keys) is spared, as in :meth:`_write`.
 
         Only tiny maps get here in practice: each commit copies the leaf pages it touches, so a map of
         a few dozen pages with sub-page values spends most of itself on pages awaiting reuse."""
-        doomed = self._lru.oldest(max(1, len(self._lru) // 4))
+        doomed = self._lru.oldest(max(1, len(self._lru) // 4), exclude=keep)
         if not doomed:
             return False
         for start in range(0, len(doomed), 16):  # small txns: a delete copies the leaf pages it touches
@@ -399,7 +404,10 @@ class DiskTier(Tier):
             self._forget(keys, "corrupt")
 
     def _load_lru(self) -> None:
-        """Order the stored blocks by their recorded access counters (the data itself needs no index)."""
+        """Order the stored blocks by their recorded access counters (the data itself needs no index).
+
+        Restored with ``add_oldest`` (blocks with a history): LRU order as recorded; under ``s3fifo`` every
+        block goes to the main queue in access order with frequency 0 (frequencies are not persisted)."""
         records: list[tuple[int, bytes, int]] = []
         orphans: list[tuple[bytes, int]] = []
         with self.env.begin(buffers=True) as txn:
@@ -415,8 +423,8 @@ class DiskTier(Tier):
                 records = [r for r in records if r[1] in present]
                 orphans = [(k, self._cost(n)) for k, n in present.items() if k not in known]
         records.sort()
-        for clock, key, cost in records:
-            self._lru.add(key, cost)
+        for clock, key, cost in reversed(records):  # newest first, each before the rest: oldest ends first
+            self._lru.add_oldest(key, cost)
             self._clock = max(self._clock, clock)
         for key, cost in orphans:
             self._lru.add_oldest(key, cost)

@@ -9,9 +9,10 @@ A block is written to a temporary file, fsynced, then renamed over its real
 name (``os.replace`` is atomic), so a crash leaves at most a ``.tmp`` file,
 never a partial block under a real name; ``.tmp`` files are removed on open.
 The file system is the source of truth (content-addressed, shared by every
-process using the directory); the LRU order is kept in memory, seeded from
-file modification times on open and refreshed with ``utime`` on every hit,
-so a restart evicts the coldest files first. The cap counts file sizes
+process using the directory); the eviction order (``lru`` or ``s3fifo``,
+:mod:`kvstore.tiers.eviction`) is kept in memory, seeded from file
+modification times on open and refreshed with ``utime`` on every hit, so a
+restart evicts the coldest files first. The cap counts file sizes
 rounded up to 4 KiB blocks.
 
 I/O runs with aiofiles on one event loop in a background thread (started
@@ -37,7 +38,7 @@ from kvstore.config.schema import FileConfig
 from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
-from kvstore.tiers.lru import LRUIndex
+from kvstore.tiers.eviction import make_order
 
 _FS_BLOCK = 4096
 T = TypeVar("T")
@@ -61,8 +62,12 @@ class FileTier(Tier):
         codec: str = "none",
         codec_level: int = 1,
         io_threads: int = 2,
+        eviction: str = "lru",
     ) -> None:
-        """Scan ``path`` (creating it), delete leftover ``.tmp`` files, and start the event-loop thread."""
+        """Scan ``path`` (creating it), delete leftover ``.tmp`` files, and start the event-loop thread.
+
+        ``eviction``: ``lru`` or ``s3fifo`` (:mod:`kvstore.tiers.eviction`); see :meth:`_scan` for reopen.
+        """
         super().__init__(layout)
         CODECS.get(codec)
         self.root = os.fspath(path)
@@ -70,7 +75,7 @@ class FileTier(Tier):
         self.codec, self.codec_level = codec, codec_level
         self._fp, self._itemsize = layout.fingerprint, layout.itemsize
         self._lock = threading.Lock()
-        self._lru = LRUIndex()
+        self._lru = make_order(eviction)
         self.tmp_removed = self._scan()
         """How many leftover ``.tmp`` files the open removed (crash debris)."""
         self._loop = asyncio.new_event_loop()
@@ -82,7 +87,10 @@ class FileTier(Tier):
     @classmethod
     def from_config(cls, section: FileConfig, layout: KVLayout) -> FileTier:
         """Build from the ``file`` section of the config."""
-        return cls(layout, section.path, int(section.max_size), codec=section.codec, codec_level=section.codec_level)
+        return cls(
+            layout, section.path, int(section.max_size), codec=section.codec, codec_level=section.codec_level,
+            eviction=section.eviction,
+        )
 
     def path_of(self, key: bytes) -> str:
         """The file that holds ``key``."""
@@ -246,7 +254,10 @@ class FileTier(Tier):
         return list(await asyncio.gather(*(one(k) for k in keys)))
 
     def _scan(self) -> int:
-        """Seed the LRU from existing files (oldest mtime first); remove ``.tmp`` debris. Returns the debris count."""
+        """Seed the eviction order from existing files by mtime; remove ``.tmp`` debris. Returns the debris count.
+
+        Restored with ``add_oldest``, newest first, so the oldest mtime is evicted first; under ``s3fifo``
+        every file goes to the main queue (it has a history), in mtime order."""
         os.makedirs(self.root, exist_ok=True)
         found: list[tuple[float, bytes, int]] = []
         removed = 0
@@ -260,6 +271,6 @@ class FileTier(Tier):
                 elif entry.name.endswith(".kvb") and len(entry.name) == 68:
                     st = entry.stat()
                     found.append((st.st_mtime, bytes.fromhex(entry.name[:64]), _footprint(st.st_size)))
-        for _, key, size in sorted(found):
-            self._lru.add(key, size)
+        for _, key, size in sorted(found, reverse=True):
+            self._lru.add_oldest(key, size)
         return removed

@@ -1,16 +1,24 @@
-"""Exact behaviour of the hit-rate models: kvstore's tiered LRU replay and Belady's optimum."""
+"""Exact behaviour of the hit-rate models: kvstore's tiered replay (disk LRU or S3-FIFO) and Belady's optimum."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kvstore.bench.belady import belady_hits
-from kvstore.bench.cache_sim import HitCounts, TieredCacheSim
+from kvstore.bench.cache_sim import HitCounts, SimTier, TieredCacheSim
 from kvstore.bench.workloads import Request, synthetic
+from kvstore.tiers.lru import LRUIndex
+from kvstore.tiers.s3fifo import S3FIFOIndex
 
 
 def _reqs(*chains: list[int]) -> list[Request]:
     return [Request(np.asarray(c, dtype=np.int64), 16 * len(c)) for c in chains]
+
+
+def _ids(tier: SimTier) -> list[int]:
+    """Block ids of a simulated tier in its order's iteration order (LRU: least recent first)."""
+    return [int.from_bytes(k, "little") for k in tier.order]
 
 
 def test_gpu_only_lru_evicts_least_recent_leaf() -> None:
@@ -28,12 +36,12 @@ def test_tiered_demotes_to_host_then_disk_and_promotes_on_hit() -> None:
     r12, r34, r56 = _reqs([1, 2], [3, 4], [5, 6])
     assert sim.request(r12) == HitCounts(0, 0, 0)
     assert sim.request(r34) == HitCounts(0, 0, 0)  # [1,2] spilled to host
-    assert list(sim.host.blocks) == [1, 2]
+    assert _ids(sim.host) == [1, 2]
     assert sim.request(r56) == HitCounts(0, 0, 0)  # [3,4] to host pushes 1, 2 to disk
-    assert list(sim.host.blocks) == [3, 4] and list(sim.disk.blocks) == [1, 2]
+    assert _ids(sim.host) == [3, 4] and _ids(sim.disk) == [1, 2]
     assert sim.request(r12) == HitCounts(0, 0, 2)  # found on disk, promoted through host
     # promoting 1, 2 pushed 3, 4 from host to disk; evicting [5,6] from the GPU filled host again
-    assert list(sim.host.blocks) == [5, 6] and sorted(sim.disk.blocks) == [1, 2, 3, 4]
+    assert _ids(sim.host) == [5, 6] and sorted(_ids(sim.disk)) == [1, 2, 3, 4]
     assert sim.request(r34) == HitCounts(0, 0, 2)
     sim.index.check_integrity()
 
@@ -56,10 +64,28 @@ def test_belady_keeps_prefixes_closed() -> None:
     assert belady_hits(_reqs([1, 2], [1, 2]), capacity_blocks=1) == [0, 1]  # the deeper block goes first
 
 
-def test_belady_bounds_both_policies_on_a_workload() -> None:
+def test_tiers_use_the_real_order_classes() -> None:
+    sim = TieredCacheSim(2, 2, 4, disk_policy="s3fifo")
+    assert isinstance(sim.host.order, LRUIndex) and isinstance(sim.disk.order, S3FIFOIndex)
+    assert isinstance(TieredCacheSim(2, 2, 4).disk.order, LRUIndex)
+
+
+@pytest.mark.parametrize(("policy", "kept"), [("lru", False), ("s3fifo", True)])
+def test_disk_block_hit_once_survives_a_scan_only_under_s3fifo(policy: str, kept: bool) -> None:
+    sim = TieredCacheSim(gpu_blocks=1, host_blocks=1, disk_blocks=10, disk_policy=policy)
+    for r in _reqs([1], [2], [3]):  # 1 reaches disk
+        sim.request(r)
+    assert sim.request(_reqs([1])[0]) == HitCounts(0, 0, 1)  # a disk hit: frequency 1 under S3-FIFO
+    for r in _reqs(*([b] for b in range(100, 112))):  # a scan of one-time blocks through the disk
+        sim.request(r)
+    assert (sim.request(_reqs([1])[0]).disk == 1) is kept
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
+def test_belady_bounds_both_policies_on_a_workload(policy: str) -> None:
     trace = synthetic("zipf", quick=True, seed=3)
     gpu = max(len(r.blocks) for r in trace.requests)
-    tiered = TieredCacheSim(gpu, 2 * gpu, 4 * gpu)
+    tiered = TieredCacheSim(gpu, 2 * gpu, 4 * gpu, disk_policy=policy)
     lru = TieredCacheSim(gpu)
     t = sum(tiered.request(r).total for r in trace.requests)
     g = sum(lru.request(r).total for r in trace.requests)

@@ -20,8 +20,10 @@ from kvstore.codec import encode
 from kvstore.config.schema import DiskConfig
 from kvstore.errors import TierError
 from kvstore.tiers import DiskTier, build_tier
+from kvstore.tiers.s3fifo import S3FIFOIndex
 
 L = LAYOUTS["float16"]
+EVICTIONS = ("lru", "s3fifo")
 
 
 def open_disk(path: Path, layout=L, max_size: int = 32 << 20, **kw: object) -> DiskTier:  # type: ignore[no-untyped-def]
@@ -127,9 +129,10 @@ def test_corrupt_value_is_a_counted_deleted_miss(tmp_path: Path, damage: str) ->
     tier.close()
 
 
-def test_lru_order_survives_reopen(tmp_path: Path) -> None:
+@pytest.mark.parametrize("eviction", EVICTIONS)
+def test_lru_order_survives_reopen(tmp_path: Path, eviction: str) -> None:
     keys, blocks = make_keys(BIG, 40), make_blocks(BIG, 4)
-    tier = open_disk(tmp_path, BIG, max_size=256 << 10)
+    tier = open_disk(tmp_path, BIG, max_size=256 << 10, eviction=eviction)
     n = 0
     while tier.stats().evictions == 0:
         tier.put([keys[n]], [blocks[n % 4]])
@@ -139,8 +142,9 @@ def test_lru_order_survives_reopen(tmp_path: Path) -> None:
     hot = held[:3]
     tier.get(hot, empty_blocks(BIG, 3))
     tier.close()
-    tier = open_disk(tmp_path, BIG, max_size=256 << 10)
+    tier = open_disk(tmp_path, BIG, max_size=256 << 10, eviction=eviction)
     assert tier.stats().num_blocks == len(held)
+    assert list(tier._lru) == held[3:] + hot  # access order (s3fifo: all in main, so no new block goes first)
     for i in range(3):
         tier.put([keys[n + i]], [blocks[0]])
     assert [e.key for e in tier.drain_events()] == held[3:6]
@@ -168,12 +172,14 @@ def test_map_grows_in_steps_up_to_the_cap(tmp_path: Path) -> None:
     codec=st.sampled_from(CODEC_NAMES),
 )
 @settings(max_examples=12, deadline=None)
-def test_cap_never_exceeded_under_random_workload(ops: list[tuple[str, list[int]]], codec: str) -> None:
+@pytest.mark.parametrize("eviction", EVICTIONS)
+def test_cap_never_exceeded_under_random_workload(ops: list[tuple[str, list[int]]], codec: str, eviction: str) -> None:
     cap = 384 << 10
     keys = make_keys(BIG, 120)
     blocks = make_blocks(BIG, 6)
     with tempfile.TemporaryDirectory() as tmp:
-        tier = open_disk(Path(tmp), BIG, max_size=cap, codec=codec, map_step=64 << 10, sync="interval")
+        tier = open_disk(Path(tmp), BIG, max_size=cap, codec=codec, map_step=64 << 10, sync="interval",
+                         eviction=eviction)
         for op, idx in ops:
             batch = [keys[i] for i in idx]
             if op == "p":
@@ -190,9 +196,11 @@ def test_cap_never_exceeded_under_random_workload(ops: list[tuple[str, list[int]
 
 
 def test_build_from_config_and_tiny_cap_rejected(tmp_path: Path) -> None:
-    section = DiskConfig(path=str(tmp_path / "db"), max_size="4MiB", codec="shuffle_zstd", sync="always")
+    section = DiskConfig(path=str(tmp_path / "db"), max_size="4MiB", codec="shuffle_zstd", sync="always",
+                         eviction="s3fifo")
     tier = build_tier("lmdb", section, L)
     assert isinstance(tier, DiskTier) and tier.codec == "shuffle_zstd" and tier.sync_mode == "always"
+    assert isinstance(tier._lru, S3FIFOIndex)
     tier.close()
     with pytest.raises(TierError, match="cannot hold one block"):
         DiskTier(BIG, tmp_path / "tiny", 8192)

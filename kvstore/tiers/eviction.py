@@ -1,0 +1,89 @@
+"""Eviction orders by name: the small interface the disk and file tiers evict through.
+
+An eviction order tracks which keys a tier holds, the bytes each is
+accounted for, and which keys to give up when a write needs room. The tier
+owns the data and the lock; the order only decides. Two exist:
+
+- ``lru`` (:class:`~kvstore.tiers.lru.LRUIndex`): least recently used first.
+- ``s3fifo`` (:class:`~kvstore.tiers.s3fifo.S3FIFOIndex`): small / main /
+  ghost FIFO queues; resists scans and reuse distances longer than the cache,
+  which defeat LRU.
+
+Chosen in YAML per tier (``disk.eviction``, ``file.eviction``)::
+
+    order = make_order(section.eviction)
+
+Protocol of every order. Who changes what:
+
+- ``add`` / ``add_oldest`` / ``remove`` change membership and ``used``;
+- ``touch`` records a use (LRU: moves the key; S3-FIFO: raises its frequency);
+- ``victims`` never changes membership, sizes or ``used``; the caller removes
+  the keys it returns once they are really gone. LRU's ``victims`` changes
+  nothing at all; S3-FIFO's reorders its queues and records ghosts (see
+  :meth:`S3FIFOIndex.victims`), so call it only when about to evict;
+- ``oldest``, ``size_of``, ``in``, ``len`` and iteration change nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
+
+from kvstore.tiers.lru import LRUIndex
+from kvstore.tiers.s3fifo import S3FIFOIndex
+
+
+class EvictionOrder(Protocol):
+    """What a tier needs from an eviction order (see the module docstring for what each call changes)."""
+
+    used: int
+    """Sum of the accounted sizes of the keys held."""
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Keys, those evicted first (ignoring frequencies) first."""
+        ...
+
+    def add(self, key: bytes, size: int) -> None:
+        """Insert a new ``key`` accounted at ``size`` bytes (replacing the size if present)."""
+        ...
+
+    def add_oldest(self, key: bytes, size: int) -> None:
+        """Insert ``key`` as the next to evict among blocks with a history (for restoring after a restart)."""
+        ...
+
+    def touch(self, key: bytes) -> bool:
+        """Record a use of ``key``; ``False`` if absent."""
+        ...
+
+    def remove(self, key: bytes) -> int | None:
+        """Forget ``key``; its size, or ``None`` if absent."""
+        ...
+
+    def size_of(self, key: bytes) -> int | None:
+        """Accounted size of ``key``, or ``None``."""
+        ...
+
+    def victims(self, need: int, budget: int, exclude: Iterable[bytes] = ()) -> list[bytes]:
+        """Keys whose removal makes ``used + need <= budget`` (fewer if impossible); membership unchanged."""
+        ...
+
+    def oldest(self, n: int, exclude: Iterable[bytes] = ()) -> list[bytes]:
+        """Up to ``n`` keys in iteration order, skipping ``exclude``. Changes nothing."""
+        ...
+
+
+ORDERS: dict[str, Callable[[], EvictionOrder]] = {"lru": LRUIndex, "s3fifo": S3FIFOIndex}
+"""Eviction orders by the name used in YAML."""
+
+
+def make_order(name: str) -> EvictionOrder:
+    """A new, empty eviction order ``name`` (``lru`` or ``s3fifo``); ``ValueError`` for another name."""
+    try:
+        factory = ORDERS[name]
+    except KeyError:
+        raise ValueError(f"unknown eviction policy {name!r}; known: {', '.join(sorted(ORDERS))}") from None
+    return factory()
