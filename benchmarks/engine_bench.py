@@ -110,12 +110,15 @@ def limits(llm: LLM, sizes: dict[str, int], prefill: dict[str, float], decode: d
     """Achieved FLOP/s and bytes/s of the two phases next to the machine's matmul and copy rates."""
     cfg = llm.model_config
     params = sum(p.numel() for p in llm.model.parameters())
-    embed = cfg.vocab_size * cfg.hidden_size
+    layer_params = sum(p.numel() for p in llm.model.model.layers.parameters())
+    head = cfg.vocab_size * cfg.hidden_size
     itemsize = llm.pool.layout.itemsize
     batch, t = sizes["batch"], sizes["prompt_len"]
-    # Prefill: every non-embedding weight is a multiply-add per token; causal attention adds
-    # 2 * layers * heads * head_dim * T^2 per sequence (QK^T and PV over half the square).
-    flops = 2 * (params - embed) * batch * t + 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * t * t * batch
+    # Prefill: every decoder-layer weight is a multiply-add per token, the LM head runs for the
+    # last token of each prompt only, and causal attention adds 2 * layers * heads * head_dim * T^2
+    # per sequence (QK^T and PV over half the square).
+    flops = (2 * layer_params * batch * t + 2 * head * batch
+             + 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * t * t * batch)
     achieved_gflops = flops / prefill["seconds"] / 1e9
     peak_gflops = matmul_gflops(llm.pool.device, llm.pool.layout.torch_dtype, min(batch * t, sizes["budget"]),
                                 cfg.hidden_size, cfg.intermediate_size)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -64,6 +65,8 @@ class HostTier(Tier):
         self._reserved: dict[bytes, int] = {}
         self._refs: dict[int, int] = {}  # slot -> reference count, only while > 0
         self._free: list[int] = list(range(self.arena.num_slots - 1, -1, -1))  # pop() gives slot 0 first
+        # Big batches are copied on two threads (numpy releases the GIL), as a machine's memcpy would.
+        self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-host-copy")
 
     @classmethod
     def from_config(cls, section: HostConfig, layout: KVLayout, *, auto_evict: bool = True) -> HostTier:
@@ -214,9 +217,8 @@ class HostTier(Tier):
                     self._refs[slot] = self._refs.get(slot, 0) + 1
         try:
             arena, bpb = self._arena_np(), self.bpb
-            for slot, dest in zip(slots, dests):
-                if slot is not None:  # numpy slicing: the per-block overhead matters at 64 KiB
-                    np.copyto(dest.numpy(), arena[slot * bpb : (slot + 1) * bpb])
+            self._copy([(dest.numpy(), arena[slot * bpb : (slot + 1) * bpb])
+                        for slot, dest in zip(slots, dests) if slot is not None])
         finally:
             with self._lock:
                 for slot in slots:
@@ -254,8 +256,7 @@ class HostTier(Tier):
                         todo.append((i, key, slot))
         try:
             arena, bpb = self._arena_np(), self.bpb
-            for i, _key, slot in todo:
-                np.copyto(arena[slot * bpb : (slot + 1) * bpb], srcs[i].numpy())
+            self._copy([(arena[slot * bpb : (slot + 1) * bpb], srcs[i].numpy()) for i, _key, slot in todo])
         except BaseException:
             self.abort([key for _, key, _ in todo])
             raise
@@ -293,6 +294,7 @@ class HostTier(Tier):
             self.arena.close()
             self._lru.clear()
             self._reserved.clear()
+        self._copier.shutdown(wait=True)
 
     def check_integrity(self) -> None:
         """Raise :class:`IntegrityError` unless free + published + reserved slots partition the arena."""
@@ -338,6 +340,16 @@ class HostTier(Tier):
                 return slot
         return None
 
+    def _copy(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Copy ``(dst, src)`` pairs; from 4 MiB on, half of them on the copier thread."""
+        if len(pairs) > 1 and len(pairs) * self.bpb >= PARALLEL_COPY_BYTES:
+            half = len(pairs) // 2
+            other = self._copier.submit(_copy_all, pairs[half:])
+            _copy_all(pairs[:half])
+            other.result()
+        else:
+            _copy_all(pairs)
+
     def _arena_np(self) -> np.ndarray:
         """The arena as one numpy array (a view, no copy)."""
         if self.arena.tensor is None:
@@ -347,3 +359,13 @@ class HostTier(Tier):
     def _check_open(self) -> None:
         if self.arena.tensor is None:
             raise TierError("host tier is closed")
+
+
+PARALLEL_COPY_BYTES = 4 << 20
+"""Batches of at least this many bytes are copied on two threads."""
+
+
+def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    # numpy slicing and copyto keep the per-block overhead low (it matters at 64 KiB blocks).
+    for dst, src in pairs:
+        np.copyto(dst, src)
