@@ -138,17 +138,24 @@ class TieredCacheSim:
         match = self.index.match_keys(keys)
         g = match.num_blocks
         self._leaves.push(match.node)
-        h = d = 0
+        hits: list[tuple[bytes, bool]] = []  # (block, found on host)
         for block in keys[g:]:
             if block in self.host:
-                self.host.touch(block)
-                h += 1
+                hits.append((block, True))
             elif block in self.disk:
-                self.disk.touch(block)
-                self._to_host(block)
-                d += 1
+                hits.append((block, False))
             else:
                 break
+        h = sum(1 for _, on_host in hits if on_host)
+        d = len(hits) - h
+        # Deepest block first, as the tiers update their order: a prompt's first blocks end up the most
+        # recently used, so a tier evicts the tail of a prefix before its head (which every suffix needs).
+        for block, on_host in reversed(hits):
+            if on_host:
+                self.host.touch(block)
+            else:
+                self.disk.touch(block)
+                self._to_host(block)
         self.index.lock(match.node)
         room = self._make_room(len(ids) - g)
         self.index.unlock(match.node)
@@ -166,7 +173,7 @@ class TieredCacheSim:
                 break
             parent = victim.parent
             self.index.remove_leaf(victim)
-            for e in victim.entries:
+            for e in reversed(victim.entries):  # the store spills a node's tail first, too
                 assert e.gpu_block is not None
                 self.free_gpu.append(e.gpu_block)
                 if e.key not in self.host:

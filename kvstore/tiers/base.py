@@ -95,7 +95,10 @@ class Tier(ABC):
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
         """Copy each found block into its destination; ``result[i]`` says whether ``dests[i]`` was filled.
 
-        Marks found keys as recently used. A stored value that fails
+        Marks found keys as recently used, the last key first: callers pass
+        a prefix chain in order, so its first blocks (which every extension
+        of the prompt needs) end up the most recent and a tier under
+        pressure drops the tail of a prefix before its head. A stored value that fails
         verification is deleted, counted in ``corrupt_dropped``, reported as
         ``False`` and announced as a ``"corrupt"`` event; its destination is
         left with unspecified bytes and must not be used.
@@ -105,10 +108,11 @@ class Tier(ABC):
     def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
         """Store blocks; ``result[i]`` is ``True`` if ``keys[i]`` is stored after the call.
 
-        Keys already present are left untouched (content addressing). May
-        evict least recently used blocks to stay under capacity (each announced
-        as an ``"evicted"`` event). ``False`` means the tier could not make
-        room (for example every slot is locked).
+        Keys already present are left untouched (content addressing) but
+        count as used. Like :meth:`get`, recency is updated last key first.
+        May evict least recently used blocks to stay under capacity (each
+        announced as an ``"evicted"`` event). ``False`` means the tier could
+        not make room (for example every slot is locked).
         """
 
     @abstractmethod

@@ -187,7 +187,8 @@ class DiskTier(Tier):
         if corrupt:
             self._drop_corrupt(corrupt)
         hits = sum(found)
-        self._hits.extend(key for key, ok in zip(keys, found) if ok)
+        # Deepest block first: a chain's first blocks become the most recently used (see Tier.get).
+        self._hits.extend(key for key, ok in zip(reversed(keys), reversed(found)) if ok)
         with self._read_stats_lock:
             self._stats.hits += hits
             self._stats.misses += len(keys) - hits
@@ -203,7 +204,7 @@ class DiskTier(Tier):
         with self._write_lock:
             self._check_open()
             self._apply_hits()
-            self._touch(keys)  # a put is a use: present keys must not be this batch's victims
+            self._touch(reversed(keys))  # a put is a use: present keys must not be this batch's victims
         todo: dict[bytes, bytes] = {}
         for key, src in zip(keys, srcs):
             if key not in self._lru and key not in todo:  # encoding outside the lock lets batches overlap
@@ -307,7 +308,7 @@ class DiskTier(Tier):
                     todo.pop(next(reversed(todo)))  # the batch alone does not fit: give up its last block
                 continue
             self._forget(victims, "evicted")
-            for key, value in todo.items():
+            for key, value in reversed(todo.items()):  # deepest first (see Tier.put)
                 self._lru.add(key, self._cost(len(value)))
                 self._stats.puts += 1
                 self._stats.bytes_written += self.layout.bytes_per_block

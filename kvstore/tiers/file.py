@@ -118,7 +118,7 @@ class FileTier(Tier):
         if corrupt:
             self.delete(corrupt)
         with self._lock:
-            for key, ok in zip(keys, found):
+            for key, ok in zip(reversed(keys), reversed(found)):  # deepest first (see Tier.get)
                 if ok is None:
                     self._stats.corrupt_dropped += 1
                     self._emit("corrupt", key)
@@ -139,8 +139,8 @@ class FileTier(Tier):
                 todo[key] = encode(src, self.codec, self.codec_level, self._fp, self._itemsize)
         with self._lock:
             self._check_open()
-            for key in keys:
-                self._lru.touch(key)  # a put is a use
+            for key in reversed(keys):
+                self._lru.touch(key)  # a put is a use; deepest first (see Tier.put)
             todo = {k: v for k, v in todo.items() if _footprint(len(v)) <= self.max_size}
             need = sum(_footprint(len(v)) for v in todo.values())
             victims = self._lru.victims(need, self.max_size, exclude=keys)
@@ -148,7 +148,7 @@ class FileTier(Tier):
                 self._lru.remove(key)
                 self._stats.evictions += 1
                 self._emit("evicted", key)
-            for key, value in todo.items():  # accounted before writing, so concurrent puts respect the cap
+            for key, value in reversed(todo.items()):  # accounted before writing (cap); deepest first
                 self._lru.add(key, _footprint(len(value)))
         self._run(self._unlink_all(victims))
         written = self._run(self._write_all(todo))

@@ -114,13 +114,12 @@ class HostTier(Tier):
             out: list[int | None] = []
             for key in keys:
                 slot = self._lru.get(key)
-                if slot is not None:
-                    self._lru.move_to_end(key)
-                else:
+                if slot is None:
                     slot = self._reserved.get(key)
                 if slot is not None:
                     self._refs[slot] = self._refs.get(slot, 0) + 1
                 out.append(slot)
+            self._touch(keys)
             return out
 
     def unlock(self, keys: Sequence[bytes]) -> None:
@@ -211,10 +210,10 @@ class HostTier(Tier):
         with self._lock:
             self._check_open()
             slots = [self._lru.get(key) for key in keys]
-            for key, slot in zip(keys, slots):
+            for slot in slots:
                 if slot is not None:
-                    self._lru.move_to_end(key)
                     self._refs[slot] = self._refs.get(slot, 0) + 1
+            self._touch(keys)
         try:
             arena, bpb = self._arena_np(), self.bpb
             self._copy([(dest.numpy(), arena[slot * bpb : (slot + 1) * bpb])
@@ -260,7 +259,7 @@ class HostTier(Tier):
         except BaseException:
             self.abort([key for _, key, _ in todo])
             raise
-        self.publish([key for _, key, _ in todo])
+        self.publish([key for _, key, _ in reversed(todo)])  # deepest first (see Tier.put)
         for i, _, _ in todo:
             result[i] = True
         return [result[first[key]] for key in keys]
@@ -349,6 +348,12 @@ class HostTier(Tier):
             other.result()
         else:
             _copy_all(pairs)
+
+    def _touch(self, keys: Sequence[bytes]) -> None:
+        """Mark published keys most recently used, deepest first (see :meth:`Tier.get`). Hold the lock."""
+        for key in reversed(keys):
+            if key in self._lru:
+                self._lru.move_to_end(key)
 
     def _arena_np(self) -> np.ndarray:
         """The arena as one numpy array (a view, no copy)."""

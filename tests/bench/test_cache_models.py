@@ -35,13 +35,13 @@ def test_tiered_demotes_to_host_then_disk_and_promotes_on_hit() -> None:
     sim = TieredCacheSim(gpu_blocks=2, host_blocks=2, disk_blocks=4)
     r12, r34, r56 = _reqs([1, 2], [3, 4], [5, 6])
     assert sim.request(r12) == HitCounts(0, 0, 0)
-    assert sim.request(r34) == HitCounts(0, 0, 0)  # [1,2] spilled to host
-    assert _ids(sim.host) == [1, 2]
-    assert sim.request(r56) == HitCounts(0, 0, 0)  # [3,4] to host pushes 1, 2 to disk
-    assert _ids(sim.host) == [3, 4] and _ids(sim.disk) == [1, 2]
+    assert sim.request(r34) == HitCounts(0, 0, 0)  # [1,2] spilled to host, tail first (2 is older)
+    assert _ids(sim.host) == [2, 1]
+    assert sim.request(r56) == HitCounts(0, 0, 0)  # [3,4] to host pushes 2, then 1, to disk
+    assert _ids(sim.host) == [4, 3] and _ids(sim.disk) == [2, 1]
     assert sim.request(r12) == HitCounts(0, 0, 2)  # found on disk, promoted through host
     # promoting 1, 2 pushed 3, 4 from host to disk; evicting [5,6] from the GPU filled host again
-    assert _ids(sim.host) == [5, 6] and sorted(_ids(sim.disk)) == [1, 2, 3, 4]
+    assert _ids(sim.host) == [6, 5] and sorted(_ids(sim.disk)) == [1, 2, 3, 4]
     assert sim.request(r34) == HitCounts(0, 0, 2)
     sim.index.check_integrity()
 

@@ -56,16 +56,17 @@ def test_lru_order_exact_and_eviction_events() -> None:
     tier = host(4)
     k = make_keys(L, 6)
     b = make_blocks(L, 6)
-    tier.put(k[:4], b[:4])
+    tier.put(k[:4], b[:4])  # a batch is a chain: its last key becomes the oldest, its first the newest
     assert tier.num_free_slots == 0
+    assert tier.lru_victims(10) == [k[3], k[2], k[1], k[0]]
     tier.get([k[1]], empty_blocks(L, 1))  # k1 becomes most recent
-    assert tier.lru_victims(10) == [k[0], k[2], k[3], k[1]]
+    assert tier.lru_victims(10) == [k[3], k[2], k[0], k[1]]
     tier.lock([k[0]])  # locked: skipped, and touched
-    assert tier.lru_victims(2) == [k[2], k[3]]
+    assert tier.lru_victims(2) == [k[3], k[2]]
     assert tier.put(k[4:6], b[4:6]) == [True, True]
-    assert [e.key for e in tier.drain_events()] == [k[2], k[3]]
+    assert [e.key for e in tier.drain_events()] == [k[3], k[2]]
     assert tier.drain_events() == []
-    assert tier.lru_victims(10) == [k[1], k[4], k[5]]
+    assert tier.lru_victims(10) == [k[1], k[5], k[4]]
     assert tier.stats().evictions == 2
     tier.check_integrity()
 
@@ -133,7 +134,7 @@ def test_no_auto_evict_fails_when_full() -> None:
     assert tier.reserve(k[2:]) == [None]
     assert tier.drain_events() == []
     victims = tier.lru_victims(1)
-    assert victims == [k[0]] and tier.delete(victims) == 1
+    assert victims == [k[1]] and tier.delete(victims) == 1  # the chain's tail goes first
     assert tier.put(k[2:], b[2:]) == [True]
 
 
