@@ -32,6 +32,8 @@ exact and deterministic.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -126,6 +128,8 @@ class RadixIndex:
         self._clock = 0
         self._by_key: dict[bytes, BlockEntry] = {}
         self._roots: dict[bytes, bytes] = {}  # salt bytes -> root key (pure, cached)
+        self._heap: list[tuple[int, int, int, RadixNode]] = []  # lazy LRU order, see iter_lru
+        self._seq = itertools.count()
 
     # ---------------------------------------------------------------- lookup
     def __len__(self) -> int:
@@ -208,10 +212,15 @@ class RadixIndex:
 
     def _finish_match(self, matched: list[BlockEntry], node: RadixNode, count_hits: bool) -> RadixMatch:
         self._clock += 1
+        path: list[RadixNode] = []
         n: RadixNode | None = node
         while n is not None:  # the matched path becomes most recently used
-            n.last_access = self._clock
+            path.append(n)
             n = n.parent
+        depth = len(path) - 1
+        for n in path:
+            self._touch(n, depth)
+            depth -= 1
         if count_hits:
             for e in matched:
                 e.hits += 1
@@ -271,12 +280,12 @@ class RadixIndex:
                 k += 1
             if k < len(child.entries):
                 if i + k == n:  # the chain ends inside this node: nothing to add, no split
-                    child.last_access = self._clock
+                    self._touch(child)
                     out.extend(child.entries[:k])
                     node, i = child, n
                     break
                 child = self._split(child, k)
-            child.last_access = self._clock
+            self._touch(child)
             if toks is not None and child.tokens is None:
                 self._set_tokens(child, toks[i * bs : (i + k) * bs], tenant)
             out.extend(child.entries)
@@ -296,6 +305,7 @@ class RadixIndex:
                 e.node = leaf
                 self._by_key[e.key] = e
             node.children[new_entries[0].key] = leaf
+            self._touch(leaf)
             if toks is not None:
                 self._set_tokens(leaf, toks[i * bs :], tenant)
             out.extend(new_entries)
@@ -314,6 +324,7 @@ class RadixIndex:
         node.parent = upper
         for e in upper.entries:
             e.node = upper
+        self._push(upper, self.depth(upper))  # the lower part's depth grew: its old entry is fixed when popped
         if node.tokens is not None:
             bs = self.layout.block_size
             upper.tokens, node.tokens = node.tokens[: k * bs], node.tokens[k * bs :]
@@ -387,26 +398,61 @@ class RadixIndex:
             yield n
             stack.extend(n.children.values())
 
-    def lru_nodes(self, eligible: Callable[[RadixNode], bool]) -> list[RadixNode]:
-        """Unlocked nodes satisfying ``eligible``, least recently used first. Changes nothing.
+    def _touch(self, node: RadixNode, depth: int | None = None) -> None:
+        """Make ``node`` most recently used (at the current clock) and queue it for LRU order."""
+        node.last_access = self._clock
+        self._push(node, self.depth(node) if depth is None else depth)
 
-        The store uses it for tier-aware eviction (for example "holds GPU
-        blocks and no descendant does").
+    def _push(self, node: RadixNode, depth: int) -> None:
+        heapq.heappush(self._heap, (node.last_access, -depth, next(self._seq), node))
+        if len(self._heap) > 4 * len(self._by_key) + 4096:
+            self._rebuild_heap()
+
+    def _rebuild_heap(self) -> None:
+        """Drop stale heap entries: one entry per live node."""
+        self._heap = [(n.last_access, -self.depth(n), next(self._seq), n) for n in self.nodes()]
+        heapq.heapify(self._heap)
+
+    def iter_lru(self, eligible: Callable[[RadixNode], bool]) -> Iterator[RadixNode]:
+        """Unlocked nodes satisfying ``eligible``, least recently used first; ties deepest first.
+
+        A lazy min-heap of (last access, -depth) entries, one pushed per touch:
+        an entry whose node was touched again, removed or moved deeper by a
+        split is stale and dropped (or re-queued) when it surfaces, so finding
+        the next victim costs O(log n) instead of a scan of every node. The
+        caller may change the tree between items (evict what it is given).
+        Changes nothing but the heap's own bookkeeping.
         """
-        found = [n for n in self.nodes() if n.lock_ref == 0 and eligible(n)]
-        # Ties (a path touched by one match) go deepest first, so a prefix outlives its extensions.
-        found.sort(key=lambda n: (n.last_access, -self.depth(n)))
-        return found
+        keep: list[tuple[int, int, int, RadixNode]] = []
+        try:
+            while self._heap:
+                entry = heapq.heappop(self._heap)
+                last, neg_depth, _, node = entry
+                if node.last_access != last or (node.parent is None and node is not self.root) or node is self.root:
+                    continue  # touched again (a newer entry exists), removed, or the root
+                depth = self.depth(node)
+                if -neg_depth != depth:
+                    self._push(node, depth)  # a split above moved it down: re-queue in its true place
+                    continue
+                keep.append(entry)
+                if node.lock_ref == 0 and eligible(node):
+                    yield node
+        finally:
+            for entry in keep:
+                heapq.heappush(self._heap, entry)
+
+    def lru_nodes(self, eligible: Callable[[RadixNode], bool]) -> list[RadixNode]:
+        """Every unlocked node satisfying ``eligible``, least recently used first (see :meth:`iter_lru`)."""
+        return list(self.iter_lru(eligible))
 
     def evict_lru_leaf(self) -> RadixNode | None:
         """Remove the least recently used unlocked leaf; returns it (its entries say what to free).
 
         Returns ``None`` when every leaf is locked or the index is empty.
         """
-        leaves = self.lru_nodes(lambda n: n.is_leaf)
-        if not leaves:
+        victim = next(self.iter_lru(lambda n: n.is_leaf), None)
+        if victim is None:
             return None
-        victim = leaves[0]
         self.remove_leaf(victim)
         return victim
 

@@ -18,6 +18,7 @@ while it is being read so that nobody reuses it mid-copy.
 from __future__ import annotations
 
 import logging
+from contextlib import closing
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -52,13 +53,16 @@ class Spiller:
             def evictable(node) -> bool:  # noqa: ANN001
                 return any(e.gpu_block is not None and h.pool.ref_count(e.gpu_block) == 1 for e in node.entries)
 
-            for node in h.index.lru_nodes(evictable):
-                for entry in reversed(list(node.entries)):
+            with closing(h.index.iter_lru(evictable)) as candidates:  # lazy: stops as soon as enough is free
+                for node in candidates:
+                    for entry in reversed(list(node.entries)):
+                        if h.pool.num_free >= n:
+                            return h.pool.num_free
+                        b = entry.gpu_block
+                        if b is not None and h.pool.ref_count(b) == 1 and entry.node is node:
+                            self._demote_gpu(entry)
                     if h.pool.num_free >= n:
-                        return h.pool.num_free
-                    b = entry.gpu_block
-                    if b is not None and h.pool.ref_count(b) == 1 and entry.node is node:
-                        self._demote_gpu(entry)
+                        break
             h.reap()
             return h.pool.num_free
 

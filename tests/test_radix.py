@@ -199,7 +199,10 @@ class RadixMachine(RuleBasedStateMachine):
 
     @rule()
     def evict(self) -> None:
+        leaves = [n for n in self.idx.nodes() if n.is_leaf and n.lock_ref == 0]
+        expected = min(leaves, key=lambda n: (n.last_access, -self.idx.depth(n)), default=None)
         victim = self.idx.evict_lru_leaf()
+        assert victim is expected  # the lazy heap gives exactly the brute-force LRU leaf
         protected = set().union(*(k for _, k in self.locks)) if self.locks else set()
         if victim is None:
             # Nothing evictable: every leaf must be locked.
