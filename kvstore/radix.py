@@ -35,88 +35,13 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 
 from kvstore.errors import BlockStateError, IntegrityError
 from kvstore.hashing import Salt, block_keys, root_key
 from kvstore.layout import KVLayout
+from kvstore.radix_node import BlockEntry, InsertResult, RadixMatch, RadixNode
 
-
-@dataclass(eq=False, slots=True)
-class BlockEntry:
-    """One cached block and its residency. Mutate it only through :class:`RadixIndex` setters."""
-
-    key: bytes
-    gpu_block: int | None = None
-    host_slot: int | None = None
-    on_disk: bool = False
-    hits: int = 0
-    """Times a lookup matched this block (drives ``write_through_selective``)."""
-    node: RadixNode | None = field(default=None, repr=False)
-
-    @property
-    def tier(self) -> str | None:
-        """The fastest tier holding the block: ``"gpu"``, ``"host"``, ``"disk"`` or ``None``."""
-        if self.gpu_block is not None:
-            return "gpu"
-        if self.host_slot is not None:
-            return "host"
-        if self.on_disk:
-            return "disk"
-        return None
-
-
-@dataclass(eq=False)
-class RadixNode:
-    """A run of blocks without branches. ``lock_ref`` > 0 protects it from eviction."""
-
-    entries: list[BlockEntry]
-    parent: RadixNode | None
-    children: dict[bytes, RadixNode] = field(default_factory=dict)
-    lock_ref: int = 0
-    last_access: int = 0
-    tokens: list[int] | None = None
-    """The node's tokens (``len(entries) * block_size``), or ``None`` when inserted by keys only."""
-    tok_children: dict[tuple, RadixNode] = field(default_factory=dict)
-    """Children with tokens, by :attr:`tok_key`."""
-    tok_key: tuple | None = None
-    """Key of this node in its parent's ``tok_children``: its first block's tokens
-    (prefixed by the tenant's root key at the top level); ``None`` without tokens."""
-
-    @property
-    def is_leaf(self) -> bool:
-        """No children."""
-        return not self.children
-
-
-@dataclass(frozen=True)
-class RadixMatch:
-    """Result of :meth:`RadixIndex.match`: the longest cached prefix and its split by tier."""
-
-    entries: tuple[BlockEntry, ...]
-    """Matched blocks in order (each names its residency)."""
-    node: RadixNode
-    """Deepest node touched by the match (the root when nothing matched); lock it to protect the prefix."""
-    gpu_blocks: int
-    host_blocks: int
-    disk_blocks: int
-
-    @property
-    def num_blocks(self) -> int:
-        """Matched full blocks."""
-        return len(self.entries)
-
-
-@dataclass(frozen=True)
-class InsertResult:
-    """Result of :meth:`RadixIndex.insert`."""
-
-    entries: tuple[BlockEntry, ...]
-    """One entry per inserted key, in order (existing entries for keys already present)."""
-    num_existing: int
-    """How many leading keys were already in the index (their residency was left unchanged)."""
-    node: RadixNode
-    """The node holding the last key."""
+__all__ = ["BlockEntry", "InsertResult", "RadixIndex", "RadixMatch", "RadixNode"]
 
 
 class RadixIndex:
