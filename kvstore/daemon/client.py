@@ -29,6 +29,9 @@ from kvstore.tiers.arena import HostArena
 
 log = logging.getLogger(__name__)
 
+MAX_UNREAD = 32
+"""Deferred replies read at the latest after this many (keeps the socket's receive buffer small)."""
+
 
 class DaemonUnavailable(KVStoreError):
     """No daemon answers at the configured address (now, or within the backoff window)."""
@@ -63,6 +66,7 @@ class DaemonClient:
         self.generation = 0
         self._sock: socket.socket | None = None
         self._next_id = 0
+        self._unread: list[tuple[int, Op]] = []  # requests sent with send_nowait, replies not read yet
         self._backoff = backoff_initial_s
         self._next_attempt = 0.0
 
@@ -160,6 +164,7 @@ class DaemonClient:
             self._sock.close()
         self._sock = None
         self.hello = None
+        self._unread.clear()
 
     # ----------------------------------------------------------- requests
     def request(self, op: Op, payload: bytes = b"") -> bytes:
@@ -178,11 +183,50 @@ class DaemonClient:
                 self._next_attempt = 0.0  # the first reconnect after a break is immediate
                 raise DaemonUnavailable(f"connection to the daemon at {self.address} broke during {op.name}: {exc}") from None
 
+    def send_nowait(self, op: Op, payload: bytes = b"") -> None:
+        """Send a request without waiting for its reply (used for RELEASE, which saves a round trip per get).
+
+        The daemon handles a connection's requests in order, so it executes
+        this one before anything sent later; its reply is read and checked
+        before the next request's (an error reply is logged, not raised).
+        Raises :class:`DaemonUnavailable` when the connection breaks.
+        """
+        with self.lock:
+            self._ensure()
+            try:
+                assert self._sock is not None
+                rid = self._new_id()
+                self._sock.sendall(encode_frame(op, rid, payload))
+                self._unread.append((rid, op))
+                if len(self._unread) >= MAX_UNREAD:
+                    self._read_unread()
+            except (OSError, ProtocolError) as exc:
+                self._drop()
+                self._next_attempt = 0.0
+                raise DaemonUnavailable(f"connection to the daemon at {self.address} broke during {op.name}: {exc}") from None
+
+    def _new_id(self) -> int:
+        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        return self._next_id
+
+    def _read_unread(self) -> None:
+        """Read the replies of earlier :meth:`send_nowait` requests, in order."""
+        pending, self._unread = self._unread, []
+        for rid, op in pending:
+            header = decode_header(self._recv(HEADER_SIZE), MAX_REPLY_BYTES)
+            body = self._recv(header.length)
+            if header.request_id != rid:
+                raise ProtocolError(ErrorCode.BAD_FRAME, f"{op.name}: reply to request {header.request_id}, expected {rid}")
+            if header.op == Op.ERROR:
+                code, message = m.decode_error(body)
+                log.debug("deferred %s refused by the daemon: %s %s", op.name, code.name, message)
+
     def _roundtrip(self, op: Op, payload: bytes) -> bytes:
         assert self._sock is not None
-        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-        rid = self._next_id
+        rid = self._new_id()
         self._sock.sendall(encode_frame(op, rid, payload))
+        if self._unread:
+            self._read_unread()  # the daemon answers in order: earlier deferred replies come first
         header = decode_header(self._recv(HEADER_SIZE), MAX_REPLY_BYTES)
         body = self._recv(header.length)
         if header.request_id != rid:

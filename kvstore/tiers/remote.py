@@ -6,7 +6,7 @@ radix index and GPU pool stay in the engine process.
 
 Data path for a local client (Unix socket, shared memory)::
 
-    get:  GET_SHM (daemon locks slots) ─► copy slot → dest ─► RELEASE
+    get:  GET_SHM (daemon locks slots) ─► copy slot → dest ─► RELEASE (reply read with the next request)
     put:  PUT_SHM_RESERVE (daemon reserves slots) ─► copy src → slot ─► PUT_SHM_COMMIT
 
 and for a remote one (TCP) the bytes travel inline (GET_INLINE, PUT_INLINE).
@@ -196,7 +196,7 @@ class DaemonTier(Tier):
             leased = [k for k, s in zip(keys, found) if s is not None]
             if leased:
                 try:
-                    c.keys_request(Op.RELEASE, leased)
+                    c.send_nowait(Op.RELEASE, m.encode_keys(leased))  # its reply is read with the next request's
                 except DaemonUnavailable:
                     pass  # the daemon ends the leases at their deadline
             return [s is not None and fresh for s in found]
