@@ -79,7 +79,8 @@ class DiskConfig(Section):
     path: str = ".kvstore-data/lmdb"
     """Directory of the LMDB environment (relative paths are relative to the working directory)."""
     max_size: PositiveSize = "8GiB"  # type: ignore[assignment]
-    """Hard cap on stored bytes; least recently used blocks are deleted to stay under it."""
+    """Hard cap on the LMDB file; blocks are evicted to stay under it. 1/16 of it is kept as headroom for
+    LMDB's own pages, so blocks use at most 15/16 (the capacity ``kvstore stats`` shows)."""
     codec: Literal["none", "zstd", "shuffle_zstd"] = "none"
     """Payload encoding: raw, zstd, or zstd after splitting high and low bytes of each element."""
     codec_level: int = Field(1, ge=1, le=22)

@@ -261,10 +261,11 @@ class DiskTier(Tier):
         return self._pool.submit(self.put, keys, srcs)
 
     def stats(self) -> TierStats:
-        """Counters, with ``used_bytes`` (accounted, pages included), capacity and block count."""
+        """Counters: ``used_bytes`` held by blocks (their pages included), ``capacity_bytes`` what blocks may
+        use (``max_size`` less the headroom kept for LMDB's own pages), block count."""
         with self._write_lock, self._read_stats_lock:
-            self._stats.used_bytes = self._lru.used + self._reserve
-            self._stats.capacity_bytes = self.max_size
+            self._stats.used_bytes = self._lru.used
+            self._stats.capacity_bytes = self.max_size - self._reserve
             self._stats.num_blocks = len(self._lru)
             return super().stats()
 
