@@ -213,10 +213,7 @@ class DaemonClient:
         """Read the replies of earlier :meth:`send_nowait` requests, in order."""
         pending, self._unread = self._unread, []
         for rid, op in pending:
-            header = decode_header(self._recv(HEADER_SIZE), MAX_REPLY_BYTES)
-            body = self._recv(header.length)
-            if header.request_id != rid:
-                raise ProtocolError(ErrorCode.BAD_FRAME, f"{op.name}: reply to request {header.request_id}, expected {rid}")
+            header, body = self._read_reply(rid, op)
             if header.op == Op.ERROR:
                 code, message = m.decode_error(body)
                 log.debug("deferred %s refused by the daemon: %s %s", op.name, code.name, message)
@@ -227,10 +224,7 @@ class DaemonClient:
         self._sock.sendall(encode_frame(op, rid, payload))
         if self._unread:
             self._read_unread()  # the daemon answers in order: earlier deferred replies come first
-        header = decode_header(self._recv(HEADER_SIZE), MAX_REPLY_BYTES)
-        body = self._recv(header.length)
-        if header.request_id != rid:
-            raise ProtocolError(ErrorCode.BAD_FRAME, f"{op.name}: reply to request {header.request_id}, expected {rid}")
+        header, body = self._read_reply(rid, op)
         if header.op == Op.ERROR:
             code, message = m.decode_error(body)
             if code in (ErrorCode.UNAUTHORIZED, ErrorCode.BAD_LAYOUT, ErrorCode.BAD_VERSION, ErrorCode.TOO_LARGE):
@@ -239,6 +233,14 @@ class DaemonClient:
         if header.op != op | REPLY_BIT:
             raise ProtocolError(ErrorCode.BAD_FRAME, f"{op.name}: got a reply to {header.op_name()}")
         return body
+
+    def _read_reply(self, rid: int, op: Op):  # noqa: ANN202 - (FrameHeader, bytes)
+        """Read one reply frame and check it answers request ``rid``."""
+        header = decode_header(self._recv(HEADER_SIZE), MAX_REPLY_BYTES)
+        body = self._recv(header.length)
+        if header.request_id != rid:
+            raise ProtocolError(ErrorCode.BAD_FRAME, f"{op.name}: reply to request {header.request_id}, expected {rid}")
+        return header, body
 
     def _recv(self, n: int) -> bytes:
         assert self._sock is not None
