@@ -37,6 +37,17 @@ def _block_bytes(block_size: int) -> int:
     return m.num_layers * 2 * block_size * m.num_kv_heads * m.head_dim * 4  # fp32 on the CPU
 
 
+def _positive(text: str) -> int:
+    """argparse type: an integer greater than zero."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``demo`` command."""
     p = subparsers.add_parser(
@@ -47,11 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the host tier and the disk tier, and tokens computed.",
     )
     p.add_argument("--config", default=None, metavar="PATH", help="YAML config for tiers and policies (default: built-in)")
-    p.add_argument("--users", type=int, default=4, help="concurrent conversations (default 4)")
-    p.add_argument("--turns", type=int, default=4, help="turns per conversation (default 4)")
-    p.add_argument("--gpu-blocks", type=int, default=96, help="GPU pool size in blocks (default 96: small on purpose)")
-    p.add_argument("--host-blocks", type=int, default=48, help="host tier size in blocks (default 48: small on purpose)")
-    p.add_argument("--max-tokens", type=int, default=16, help="tokens generated per turn (default 16)")
+    p.add_argument("--users", type=_positive, default=4, help="concurrent conversations (default 4)")
+    p.add_argument("--turns", type=_positive, default=4, help="turns per conversation (default 4)")
+    p.add_argument("--gpu-blocks", type=_positive, default=96, help="GPU pool size in blocks (default 96: small on purpose)")
+    p.add_argument("--host-blocks", type=_positive, default=48, help="host tier size in blocks (default 48: small on purpose)")
+    p.add_argument("--max-tokens", type=_positive, default=16, help="tokens generated per turn (default 16)")
     p.add_argument("--disk-path", default=None, help="LMDB directory (default: the config's disk.path)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=_run)

@@ -34,3 +34,14 @@ def test_demo_reports_every_tier_and_reuses_disk_after_restart(tmp_path: Path) -
     assert first[0][5] == 0  # nothing on disk on a fresh run
     second = _rows(_demo(tmp_path))
     assert second[0][5] > 0  # a new process finds turn 1's prefix on disk
+
+
+def test_demo_rejects_bad_arguments(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "kvstore", "demo", "--users", "0"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120)
+    assert res.returncode == 2 and "--users" in res.stderr and "positive integer" in res.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy:\n  write: sometimes\n")
+    res = subprocess.run([sys.executable, "-m", "kvstore", "demo", "--config", str(bad)], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=120)
+    assert res.returncode == 2 and "policy.write" in res.stderr and str(bad) in res.stderr
