@@ -50,3 +50,18 @@ class CorruptBlock(KVStoreError):
 
 class TierError(KVStoreError):
     """A tier cannot be opened or used as configured (pinning impossible, arena too small, closed tier)."""
+
+
+class NotDurable(KVStoreError):
+    """Blocks that were acknowledged as stored did not reach the disk tier (full disk, I/O error).
+
+    ``blocks`` is how many, since the point the caller asked about (its previous flush);
+    ``total`` counts them since the daemon started. They are still served from the host tier
+    until evicted, but a restart loses them.
+    """
+
+    def __init__(self, blocks: int, total: int, detail: str) -> None:
+        super().__init__(f"{blocks} acknowledged blocks are not durable: {detail}")
+        self.blocks = blocks
+        self.total = total
+        self.detail = detail

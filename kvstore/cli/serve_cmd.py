@@ -14,6 +14,8 @@ from kvstore.config.schema import KVStoreConfig
 from kvstore.errors import KVStoreError
 
 log = logging.getLogger("kvstore.serve")
+EXIT_NOT_DURABLE = 3
+"""Exit status when the daemon stopped but blocks it had acknowledged could not be written to disk."""
 
 
 class _JsonFormatter(logging.Formatter):
@@ -50,6 +52,10 @@ async def _serve(cfg: KVStoreConfig, config_name: str) -> int:
     )
     log.info("serving with config %s", config_name)
     await server.wait_stopped()
+    if server.durability_error is not None:
+        print(f"error: kvstore serve stopped, but acknowledged data is not durable: {server.durability_error}",
+              file=sys.stderr)
+        return EXIT_NOT_DURABLE
     return 0
 
 
@@ -84,7 +90,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and the disk tier (LMDB), serves engines on a Unix socket (mode 0600) and optionally TCP (token "
         "required), and exposes /healthz and Prometheus /metrics over HTTP. It prints one line saying where it "
         "listens, logs to stderr, and on SIGTERM stops accepting, flushes every acknowledged block to disk, "
-        "removes its socket and shared memory, and exits 0.",
+        "removes its socket and shared memory, and exits 0 (3 when acknowledged blocks could not be written to disk, "
+        "for example on a full filesystem; 1 when it cannot start, 2 for a bad config).",
     )
     parser.add_argument("--config", default=None, metavar="PATH",
                         help="YAML config; the model, host, disk, daemon, metrics and logging sections apply "

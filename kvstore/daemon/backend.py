@@ -5,7 +5,13 @@ Semantics of the one tier the daemon offers its clients:
 - ``get``: served from the host tier; a host miss is loaded from disk into a
   freshly reserved host slot (published, so the next client finds it there).
 - ``put``: lands in the host tier and is written through to disk by the
-  :class:`WriteBehind` thread; ``flush`` waits for that queue, then syncs disk.
+  :class:`WriteBehind` thread; ``flush`` waits for that queue, then syncs disk,
+  and raises :class:`NotDurable` when acknowledged blocks failed to reach it.
+  With ``durable_puts`` (``disk.sync: always``) a put returns only after its
+  blocks are written and synced, and says ``False`` for any that were not.
+- A connection that ends with leases still held keeps them until their
+  deadline, unless its process is known to be gone: then
+  :meth:`DaemonBackend.release_owner` ends them at once.
 
 Every host-tier state change (lock, reserve, publish, abort, evict inside
 reserve) happens under one mutex, so "is it published?" and "lock it" are
@@ -27,7 +33,7 @@ import numpy as np
 from kvstore.daemon.leases import LeaseTable
 from kvstore.daemon.messages import PutState
 from kvstore.daemon.writer import WriteBehind
-from kvstore.errors import BlockStateError
+from kvstore.errors import BlockStateError, NotDurable
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Tier
 from kvstore.tiers.host import HostTier
@@ -50,16 +56,27 @@ class BackendCounters:
     """Block bytes handed to clients (leased slots and inline replies)."""
     bytes_in: int = 0
     """Block bytes clients stored (committed slots and inline puts)."""
+    flush_failures: int = 0
+    """FLUSH requests (and the shutdown flush) that reported blocks not durable."""
+    owner_releases: int = 0
+    """Leases ended at once because the client process holding them was gone."""
 
 
 class DaemonBackend:
     """Host (shared memory) + disk tiers and the lease table, behind one mutex."""
 
-    def __init__(self, layout: KVLayout, host: HostTier, disk: Tier | None, leases: LeaseTable) -> None:
+    def __init__(self, layout: KVLayout, host: HostTier, disk: Tier | None, leases: LeaseTable,
+                 durable_puts: bool = False) -> None:
+        """``durable_puts``: acknowledge a put only once its blocks are on disk and synced (``disk.sync: always``)."""
         self.layout, self.host, self.disk, self.leases = layout, host, disk, leases
+        self.durable_puts = durable_puts and disk is not None
         self.counters = BackendCounters()
         self._mu = threading.Lock()
         self.writer = WriteBehind(host, disk, self._unlock) if disk is not None else None
+        self._written_at_sync = 0
+        for tier in (host, disk):
+            if tier is not None:
+                tier.record_events(False)  # clients keep their own index; nobody here drains tier events
 
     # ---------------------------------------------------------------- reads
     def exists_prefix(self, keys: Sequence[bytes]) -> int:
@@ -100,10 +117,11 @@ class DaemonBackend:
         return out
 
     def commit(self, owner: int, keys: Sequence[bytes]) -> list[bool]:
-        """Publish the keys ``owner`` reserved and queue them for disk; ``False`` for a key it did not hold."""
+        """Publish the keys ``owner`` reserved and queue them for disk; ``False`` for a key it did not hold
+        (or, with ``durable_puts``, whose disk write failed)."""
         held = self.leases.take(owner, "write", keys)
-        self._publish([k for k, h in zip(keys, held) if h])
-        return held
+        failed = self._publish([k for k, h in zip(keys, held) if h])
+        return [h and k not in failed for k, h in zip(keys, held)]
 
     def put_inline(self, keys: Sequence[bytes], blocks: Sequence[memoryview]) -> list[bool]:
         """Store blocks given as bytes; ``result[i]`` says whether ``keys[i]`` is stored after the call."""
@@ -117,8 +135,8 @@ class DaemonBackend:
             with self._mu:
                 self.host.abort([k for k, _, _ in mine])
             raise
-        self._publish([k for k, _, _ in mine])
-        return [st in (PutState.RESERVED, PutState.PRESENT) for st, _ in states]
+        failed = self._publish([k for k, _, _ in mine])
+        return [st == PutState.PRESENT or (st == PutState.RESERVED and k not in failed) for k, (st, _) in zip(keys, states)]
 
     def release(self, owner: int, keys: Sequence[bytes]) -> int:
         """End ``owner``'s leases on ``keys``: unlock read leases, abort write reservations. Returns how many ended."""
@@ -129,6 +147,18 @@ class DaemonBackend:
             self.host.unlock([k for k, r in zip(keys, reads) if r])
             self.host.abort([k for k, w in zip(rest, writes) if w])
         return sum(reads) + sum(writes)
+
+    def release_owner(self, owner: int) -> int:
+        """End every lease ``owner`` holds now (its process is gone): unlock reads, abort writes. Returns how many."""
+        ended = self.leases.take_all(owner)
+        with self._mu:
+            for lease in ended:
+                if lease.kind == "read":
+                    self.host.unlock([lease.key])
+                else:
+                    self.host.abort([lease.key])
+            self.counters.owner_releases += len(ended)
+        return len(ended)
 
     def expire(self) -> int:
         """End every lease past its deadline (unlock or abort); returns how many."""
@@ -157,20 +187,47 @@ class DaemonBackend:
             removed.update(on_disk)
         return len(removed)
 
-    def flush(self) -> None:
-        """Write every committed block to disk and sync it: all acknowledged puts are durable after this."""
-        if self.writer is not None:
-            self.writer.drain()
-        if self.disk is not None:
+    @property
+    def not_durable(self) -> int:
+        """Acknowledged blocks whose disk write failed, since start (a mark for :meth:`flush`). Changes nothing."""
+        return self.writer.not_durable if self.writer is not None else 0
+
+    def flush(self, since: int = 0) -> int:
+        """Write every committed block to disk and sync it; returns :attr:`not_durable` (the caller's next mark).
+
+        Raises :class:`NotDurable` when acknowledged blocks did not reach the disk: those whose write
+        failed after the mark ``since`` (a value an earlier call returned; 0 = since start), or, when
+        the sync itself fails, every block written since the last good sync.
+        """
+        if self.writer is None or self.disk is None:
+            return 0
+        self.writer.drain()
+        written, total = self.writer.written, self.writer.not_durable
+        try:
             self.disk.flush()
+        except Exception as exc:  # an fsync error: what was written since the last good sync may be gone
+            with self._mu:
+                self.counters.flush_failures += 1
+            raise NotDurable(written - self._written_at_sync + total - since, total,
+                             f"syncing the {self.disk.name} tier failed: {type(exc).__name__}: {exc}") from exc
+        self._written_at_sync = written
+        if total > since:
+            with self._mu:
+                self.counters.flush_failures += 1
+            raise NotDurable(total - since, total, f"their write to the {self.disk.name} tier failed "
+                             f"({self.writer.last_error}); they are served from the host tier until evicted")
+        return total
 
     def close(self) -> None:
-        """Flush, stop the writer and close both tiers (the shared-memory segment is unlinked)."""
-        if self.writer is not None:
-            self.writer.close()
-        if self.disk is not None:
-            self.disk.close()
-        self.host.close()
+        """Stop the writer (after it drained) and close both tiers; the shared-memory segment is unlinked
+        even when closing the disk tier fails (that error is raised afterwards)."""
+        try:
+            if self.writer is not None:
+                self.writer.close()
+            if self.disk is not None:
+                self.disk.close()
+        finally:
+            self.host.close()
 
     def stats(self) -> dict[str, Any]:
         """Snapshot: per-tier counters and occupancy, client-view hits and misses, leases, pending writes."""
@@ -180,6 +237,8 @@ class DaemonBackend:
         out["leases_expired"] = self.leases.expired_total
         out["pending_writes"] = self.writer.pending if self.writer is not None else 0
         out["write_failures"] = self.writer.failed if self.writer is not None else 0
+        out["not_durable"] = self.not_durable
+        out["durable_puts"] = self.durable_puts
         return out
 
     # -------------------------------------------------------------- private
@@ -229,6 +288,8 @@ class DaemonBackend:
                 if key in seen:  # a repeated key: its first occurrence does the work
                     first = seen[key]
                     out.append((PutState.PRESENT if first == PutState.RESERVED else first, None))
+                elif key not in on_disk and self.durable_puts and self.writer is not None and self.writer.is_pending(key):
+                    out.append((PutState.BUSY, None))  # stored by another client, not durable yet: not "present"
                 elif self.host.slot_of(key) is not None or key in on_disk:
                     out.append((PutState.PRESENT, None))
                 else:
@@ -248,17 +309,29 @@ class DaemonBackend:
             self.counters.no_room += 1
         return slot
 
-    def _publish(self, keys: list[bytes]) -> None:
-        """Make reserved keys visible and queue them (locked) for the disk writer."""
+    def _publish(self, keys: list[bytes]) -> set[bytes]:
+        """Make reserved keys visible and queue them (locked) for the disk writer.
+
+        With ``durable_puts``, wait for their write and return the keys that failed (their host copies are
+        dropped where no reader holds them, so a later put of the key stores it again); else return ``set()``.
+        """
         if not keys:
-            return
+            return set()
         with self._mu:
             self.host.publish(keys)
             self.counters.bytes_in += len(keys) * self.layout.bytes_per_block
             if self.writer is None:
-                return
+                return set()
             slots = self.host.lock(keys)
-        self.writer.submit([(k, s) for k, s in zip(keys, slots) if s is not None])
+        failed = set(self.writer.submit([(k, s) for k, s in zip(keys, slots) if s is not None], wait=self.durable_puts))
+        if failed:
+            with self._mu:
+                for key in failed:
+                    try:
+                        self.host.delete([key])
+                    except BlockStateError:
+                        pass  # a reader holds it; it goes when evicted
+        return failed
 
     def _unlock(self, keys: list[bytes]) -> None:
         with self._mu:

@@ -23,7 +23,7 @@ from kvstore.daemon.frames import (
     HEADER_SIZE, MAX_KEYS, MAX_REPLY_BYTES, OBSERVER_FINGERPRINT, REPLY_BIT, DaemonError, ErrorCode, Op, ProtocolError, decode_header,
     encode_frame,
 )
-from kvstore.errors import KVStoreError
+from kvstore.errors import KVStoreError, NotDurable
 from kvstore.layout import KVLayout
 from kvstore.tiers.arena import HostArena
 
@@ -273,8 +273,17 @@ class DaemonClient:
         return self.request(op, m.encode_keys(list(keys)))
 
     def flush(self) -> None:
-        """FLUSH: returns once every put the daemon acknowledged is durable on its disk tier."""
-        self.request(Op.FLUSH)
+        """FLUSH: returns once every put the daemon acknowledged is durable on its disk tier.
+
+        Raises :class:`~kvstore.errors.NotDurable` (``blocks``: how many) when blocks it acknowledged
+        since this connection's previous FLUSH did not reach the disk (a full or failing disk).
+        """
+        try:
+            self.request(Op.FLUSH)
+        except DaemonError as exc:
+            if exc.code == ErrorCode.NOT_DURABLE:
+                raise m.decode_not_durable(exc.message) from None
+            raise
 
     def stats(self) -> dict[str, object]:
         """STATS: the daemon's snapshot as a dict."""

@@ -69,6 +69,8 @@ class ErrorCode(IntEnum):
     NOT_ALLOWED = 7
     UNAVAILABLE = 8
     INTERNAL = 9
+    NOT_DURABLE = 10
+    """FLUSH: blocks acknowledged earlier did not reach the disk; the message says how many."""
 
 
 class ProtocolError(KVStoreError):

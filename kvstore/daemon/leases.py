@@ -9,7 +9,9 @@ A *lease* is one reference a connection holds on a host-tier key:
 
 Every lease expires ``timeout_s`` after it was granted, whether or not the
 client is still connected: a client that vanishes (crash, ``kill -9``, a
-broken socket) never pins host memory forever. A well-behaved client treats
+broken socket) never pins host memory forever. When the daemon knows the
+client's process is gone, it ends all of that owner's leases at once
+(:meth:`LeaseTable.take_all`): a dead process copies nothing. A well-behaved client treats
 a lease older than half the timeout as void (see ``DaemonClient``), so an
 expired slot is never read or written after the daemon reused it.
 
@@ -30,7 +32,8 @@ LeaseKind = Literal["read", "write"]
 
 @dataclass(frozen=True)
 class ExpiredLease:
-    """A lease whose deadline passed: the daemon must unlock (read) or abort (write) ``key``."""
+    """A lease that ended without RELEASE or COMMIT (deadline passed, or its holder died):
+    the daemon must unlock (read) or abort (write) ``key``."""
 
     owner: int
     kind: LeaseKind
@@ -77,6 +80,16 @@ class LeaseTable:
         """Whether ``owner`` holds at least one ``kind`` lease on ``key``. Changes nothing."""
         with self._lock:
             return bool(self._held.get((owner, kind), {}).get(key))
+
+    def take_all(self, owner: int) -> list[ExpiredLease]:
+        """Remove and return every lease ``owner`` holds (one entry per reference), whatever its deadline."""
+        out: list[ExpiredLease] = []
+        with self._lock:
+            for kind in ("read", "write"):
+                table = self._held.pop((owner, kind), {})
+                for key, refs in table.items():
+                    out.extend(ExpiredLease(owner, kind, key) for _ in refs)
+        return out
 
     def expire(self, now: float) -> list[ExpiredLease]:
         """Remove and return every lease whose deadline is ``<= now``."""

@@ -15,6 +15,9 @@ Payloads (little-endian; ``keys`` = ``u32 count`` then ``count`` 32-byte keys)::
     FLUSH, STATS     (empty)                    reply  (empty) / UTF-8 JSON
     ERROR            (reply only)               code:u16 message (UTF-8)
 
+A FLUSH that could not make every acknowledged block durable is answered with
+ERROR ``NOT_DURABLE`` and the message of :func:`encode_not_durable`.
+
 Every count is checked against :data:`MAX_KEYS` and against the payload
 length before anything is sliced, and every length must match exactly.
 """
@@ -22,12 +25,14 @@ length before anything is sliced, and every length must match exactly.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Union
 
 from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, MAX_NAME_BYTES, MAX_TOKEN_BYTES, ErrorCode, Op, ProtocolError
+from kvstore.errors import NotDurable
 
 _U32 = struct.Struct("<I")
 _SLOT = struct.Struct("<BI")
@@ -272,6 +277,22 @@ def decode_error(payload: bytes) -> tuple[int, str]:
     if len(payload) < 2:
         return int(ErrorCode.BAD_FRAME), "error reply without a code"
     return struct.unpack_from("<H", payload)[0], payload[2:].decode("utf-8", "replace")
+
+
+_NOT_DURABLE = re.compile(r"^FLUSH: (\d+) acknowledged blocks are not durable \((\d+) since the daemon started\): (.*)$", re.S)
+
+
+def encode_not_durable(exc: NotDurable) -> str:
+    """The ERROR message of a ``NOT_DURABLE`` FLUSH reply (counts first, so a client can read them back)."""
+    return f"FLUSH: {exc.blocks} acknowledged blocks are not durable ({exc.total} since the daemon started): {exc.detail}"
+
+
+def decode_not_durable(message: str) -> NotDurable:
+    """Inverse of :func:`encode_not_durable`; raises :class:`ProtocolError` for any other message."""
+    match = _NOT_DURABLE.match(message)
+    if match is None:
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"FLUSH: malformed NOT_DURABLE message {message[:80]!r}")
+    return NotDurable(int(match.group(1)), int(match.group(2)), match.group(3))
 
 
 def encode_json(data: dict[str, Any]) -> bytes:

@@ -6,6 +6,10 @@
           ─► Unix socket (0600) [+ TCP] [+ HTTP /healthz /metrics] ─► reaper task
     stop  ─► stop accepting ─► wait for requests in flight ─► close connections
           ─► flush (write-behind drained, disk synced) ─► unlink socket, unlink shm
+          (:attr:`DaemonServer.durability_error` says whether acknowledged blocks were lost)
+
+A Unix client's process is identified at accept (:class:`PeerProcess`); when
+its connection ends with leases held and the process is gone, they end at once.
 
 Blocking tier work runs on a thread pool; the event loop only parses frames,
 keeps the lease table and answers.
@@ -27,8 +31,10 @@ from kvstore.daemon.backend import DaemonBackend
 from kvstore.daemon.http import HttpEndpoints
 from kvstore.daemon.leases import LeaseTable
 from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
+from kvstore.daemon.peer import PeerProcess
 from kvstore.daemon.session import Session, SessionContext, Transport
 from kvstore.daemon.socketfile import bind_private, clear_stale, default_shm_name
+from kvstore.errors import NotDurable
 from kvstore.tiers.base import Tier
 from kvstore.tiers.host import HostTier
 
@@ -64,6 +70,8 @@ class DaemonServer:
         self._stopping = False
         self.backend: DaemonBackend | None = None
         self.info: ListenInfo | None = None
+        self.durability_error: str | None = None
+        """Set by :meth:`stop` when acknowledged blocks could not be made durable (the exit status says so)."""
 
     # ------------------------------------------------------------- start
     async def start(self) -> ListenInfo:
@@ -74,7 +82,9 @@ class DaemonServer:
             log.warning("removed a stale socket %s / segment %s left by a daemon that is gone", d.socket_path, shm_name)
         host = HostTier(self.layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory,
                         shared_memory=True, shm_name=shm_name, auto_evict=True)
-        self.backend = DaemonBackend(self.layout, host, self._lower_tier(), LeaseTable(d.lease_timeout_s))
+        lower = self._lower_tier()
+        durable = lower is not None and lower.name == "disk" and cfg.disk.sync == "always"
+        self.backend = DaemonBackend(self.layout, host, lower, LeaseTable(d.lease_timeout_s), durable_puts=durable)
         ctx = SessionContext(d, self.layout, self.backend, self.metrics, self._executor, shm_name, self.stats)
         self._servers.append(await bind_private(
             d.socket_path, lambda p: asyncio.start_unix_server(lambda r, w: self._accept(r, w, "unix", ctx), p)
@@ -117,11 +127,27 @@ class DaemonServer:
             writer.close()
             return
         session = Session(next(self._ids), transport, ctx)
+        peer = PeerProcess.of_socket(writer.get_extra_info("socket")) if transport == "unix" else None
         self._sessions.add(session)
         try:
             await session.serve(reader, writer)
         finally:
             self._sessions.discard(session)
+            if peer is not None:
+                self._spawn(self._release_when_gone(session.conn_id, peer))
+
+    async def _release_when_gone(self, owner: int, peer: PeerProcess) -> None:
+        """After ``owner``'s connection ended: if it still holds leases, end them as soon as its process exits
+        (a live but silent process keeps them until their deadline)."""
+        assert self.backend is not None
+        try:
+            if self.backend.leases.owned_by(owner) and await peer.wait_gone(self.cfg.daemon.lease_timeout_s):
+                loop = asyncio.get_running_loop()
+                n = await loop.run_in_executor(self._executor, self.backend.release_owner, owner)
+                if n:
+                    log.info("client %d (pid %d) exited: released its %d host slot leases", owner, peer.pid, n)
+        finally:
+            peer.close()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -197,8 +223,16 @@ class DaemonServer:
             pass
         if self.backend is not None:
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._executor, self.backend.flush)
-            log.info("flushed: every acknowledged block is on disk")
-            await loop.run_in_executor(self._executor, self.backend.close)
+            try:
+                await loop.run_in_executor(self._executor, self.backend.flush)
+                log.info("flushed: every acknowledged block is on disk")
+            except NotDurable as exc:
+                self.durability_error = f"{exc}; a restart will not have them"
+                log.error("shutdown flush: %s", self.durability_error)
+            try:
+                await loop.run_in_executor(self._executor, self.backend.close)
+            except Exception as exc:  # noqa: BLE001 - the exit status reports it; the socket and shm are gone
+                self.durability_error = self.durability_error or f"closing the disk tier failed: {type(exc).__name__}: {exc}"
+                log.error("closing the tiers failed: %s", exc)
         self._executor.shutdown(wait=True)
         log.info("stopped")

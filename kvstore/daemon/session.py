@@ -28,7 +28,7 @@ from kvstore.daemon import messages as m
 from kvstore.daemon.backend import DaemonBackend
 from kvstore.daemon.frames import HEADER_SIZE, OBSERVER_FINGERPRINT, REPLY_BIT, ErrorCode, Op, ProtocolError, decode_header, encode_frame
 from kvstore.daemon.metrics import DaemonMetrics
-from kvstore.errors import KVStoreError
+from kvstore.errors import KVStoreError, NotDurable
 from kvstore.layout import KVLayout
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class Session:
         self.observer = False
         self.busy = False
         self.writer: asyncio.StreamWriter | None = None
+        self.flush_mark = ctx.backend.not_durable  # FLUSH reports write failures after this mark
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Run the request loop until the peer closes, breaks the protocol fatally, or the daemon stops."""
@@ -161,7 +162,11 @@ class Session:
         if isinstance(msg, m.PutInline):
             return m.encode_flags(b.put_inline(msg.keys, msg.blocks))
         if isinstance(msg, m.EmptyRequest):
-            b.flush()
+            try:
+                self.flush_mark = b.flush(self.flush_mark)
+            except NotDurable as exc:
+                self.flush_mark = exc.total  # reported to this connection once
+                raise ProtocolError(ErrorCode.NOT_DURABLE, m.encode_not_durable(exc)) from None
             return b""
         assert isinstance(msg, m.KeysRequest)
         keys, op = msg.keys, msg.op

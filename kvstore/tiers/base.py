@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
@@ -24,6 +25,8 @@ from kvstore.layout import KVLayout
 
 Buffer = torch.Tensor
 """A destination or source of exactly ``bytes_per_block`` bytes: a contiguous ``uint8`` tensor."""
+MAX_QUEUED_EVENTS = 65_536
+"""Most undrained events a tier keeps; older ones are dropped (and counted) so an undrained queue never grows."""
 
 
 @dataclass
@@ -74,8 +77,11 @@ class Tier(ABC):
     def __init__(self, layout: KVLayout) -> None:
         self.layout = layout
         self._stats = TierStats()
-        self._events: list[TierEvent] = []
+        self._events: deque[TierEvent] = deque(maxlen=MAX_QUEUED_EVENTS)
         self._events_lock = threading.Lock()
+        self._record_events = True
+        self.events_dropped = 0
+        """Events discarded because the queue was full (nobody drained it in time)."""
 
     # -------------------------------------------------------------- queries
     @abstractmethod
@@ -140,13 +146,35 @@ class Tier(ABC):
         return TierStats(**self._stats.as_dict())
 
     def drain_events(self) -> list[TierEvent]:
-        """Return and clear the events queued since the last drain."""
+        """Return and clear the events queued since the last drain (at most :data:`MAX_QUEUED_EVENTS`)."""
         with self._events_lock:
-            events, self._events = self._events, []
+            events = list(self._events)
+            self._events.clear()
         return events
+
+    @property
+    def events_queued(self) -> int:
+        """Events waiting to be drained. Changes nothing."""
+        with self._events_lock:
+            return len(self._events)
+
+    def record_events(self, on: bool) -> None:
+        """Start or stop queueing events; turning it off also drops the queued ones.
+
+        An owner that never drains (the daemon, whose clients keep their own index) turns them
+        off, so eviction does not cost memory or time.
+        """
+        with self._events_lock:
+            self._record_events = on
+            if not on:
+                self._events.clear()
 
     def _emit(self, kind: str, key: bytes) -> None:
         with self._events_lock:
+            if not self._record_events:
+                return
+            if len(self._events) == self._events.maxlen:
+                self.events_dropped += 1
             self._events.append(TierEvent(kind, key))
 
 

@@ -123,19 +123,24 @@ class DaemonTier(Tier):
         return n
 
     def flush(self) -> None:
-        """Make every put the daemon acknowledged durable on its disk; raises :class:`TierError` if unreachable."""
+        """Make every put the daemon acknowledged durable on its disk; raises :class:`TierError` if unreachable
+        and :class:`~kvstore.errors.NotDurable` when acknowledged blocks did not reach its disk."""
         try:
             self.client.flush()
         except DaemonUnavailable as exc:
             raise TierError(f"flush of the daemon tier failed: {exc}") from None
 
     def close(self) -> None:
-        """Flush (when the daemon answers), then disconnect; the daemon's data stays (that is the point of it)."""
+        """Flush (when the daemon answers), then disconnect; the daemon's data stays (that is the point of it).
+
+        Raises :class:`~kvstore.errors.NotDurable` (after disconnecting) when the final flush reports lost blocks.
+        """
         try:
             self.client.flush()
         except DaemonUnavailable as exc:
             log.warning("daemon tier close: could not flush: %s", exc)
-        self.client.close()
+        finally:
+            self.client.close()
 
     def stats(self) -> TierStats:
         """This process's view (hits, misses, bytes) plus the daemon's occupancy when it answers."""
