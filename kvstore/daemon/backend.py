@@ -214,8 +214,8 @@ class DaemonBackend:
         if total > since:
             with self._mu:
                 self.counters.flush_failures += 1
-            raise NotDurable(total - since, total, f"their write to the {self.disk.name} tier failed "
-                             f"({self.writer.last_error}); they are served from the host tier until evicted")
+            raise NotDurable(total - since, total,
+                             f"their write to the {self.disk.name} tier failed ({self.writer.last_error})")
         return total
 
     def close(self) -> None:

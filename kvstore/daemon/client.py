@@ -276,7 +276,8 @@ class DaemonClient:
         """FLUSH: returns once every put the daemon acknowledged is durable on its disk tier.
 
         Raises :class:`~kvstore.errors.NotDurable` (``blocks``: how many) when blocks it acknowledged
-        since this connection's previous FLUSH did not reach the disk (a full or failing disk).
+        since this connection's previous FLUSH (its first: since the daemon started) did not reach the disk
+        (a full or failing disk).
         """
         try:
             self.request(Op.FLUSH)

@@ -83,7 +83,7 @@ class DaemonServer:
         host = HostTier(self.layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory,
                         shared_memory=True, shm_name=shm_name, auto_evict=True)
         lower = self._lower_tier()
-        durable = lower is not None and lower.name == "disk" and cfg.disk.sync == "always"
+        durable = lower is not None and lower.name == "lmdb" and cfg.disk.sync == "always"
         self.backend = DaemonBackend(self.layout, host, lower, LeaseTable(d.lease_timeout_s), durable_puts=durable)
         ctx = SessionContext(d, self.layout, self.backend, self.metrics, self._executor, shm_name, self.stats)
         self._servers.append(await bind_private(
@@ -227,7 +227,7 @@ class DaemonServer:
                 await loop.run_in_executor(self._executor, self.backend.flush)
                 log.info("flushed: every acknowledged block is on disk")
             except NotDurable as exc:
-                self.durability_error = f"{exc}; a restart will not have them"
+                self.durability_error = f"{exc}; they are lost with this process"
                 log.error("shutdown flush: %s", self.durability_error)
             try:
                 await loop.run_in_executor(self._executor, self.backend.close)

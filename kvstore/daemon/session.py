@@ -60,7 +60,7 @@ class Session:
         self.observer = False
         self.busy = False
         self.writer: asyncio.StreamWriter | None = None
-        self.flush_mark = ctx.backend.not_durable  # FLUSH reports write failures after this mark
+        self.flush_mark = 0  # FLUSH reports write failures after this mark: since start, then since the last FLUSH
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Run the request loop until the peer closes, breaks the protocol fatally, or the daemon stops."""

@@ -77,12 +77,17 @@ class Daemon:
         return DaemonTier(LAYOUT, c)
 
 
-def start_daemon(config: Path, timeout: float = 30.0) -> Daemon:
-    """Start ``kvstore serve --config`` and wait for its "listening" line; raises with the log if it fails."""
+def start_daemon(config: Path, timeout: float = 30.0, before: str | None = None) -> Daemon:
+    """Start ``kvstore serve --config`` and wait for its "listening" line; raises with the log if it fails.
+
+    ``before``: Python code the daemon process runs first (to inject a fault into a real daemon).
+    """
     log = config.parent / f"daemon-{len(list(config.parent.glob('daemon-*.log')))}.log"
     err = open(log, "w")
+    argv = ["-m", "kvstore", "serve", "--config", str(config)] if before is None else [
+        "-c", f"{before}\nimport sys\nfrom kvstore.cli.main import main\nsys.exit(main(['serve', '--config', {str(config)!r}]))"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvstore", "serve", "--config", str(config)],
+        [sys.executable, *argv],
         stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO,
     )
     err.close()
