@@ -86,8 +86,13 @@ class DiskConfig(Section):
     codec_level: int = Field(1, ge=1, le=22)
     """zstd compression level (1 is fastest)."""
     sync: Literal["always", "interval"] = "interval"
-    """``always``: fsync every commit (each put durable when acknowledged). ``interval``: fsync every
-    ``sync_interval_ms`` or ``sync_bytes``, whichever first (faster; a crash loses at most that window)."""
+    """``always``: every put is durable when acknowledged. The tier fsyncs each commit, and ``kvstore serve``
+    answers a put (PUT_INLINE, PUT_SHM_COMMIT) only after its blocks are written and synced (concurrent
+    puts share one commit); a block whose write failed is answered as not stored. Survives kill -9 of the
+    daemon and power loss. ``interval``: faster. The daemon acknowledges a put once its blocks are in the
+    host tier and writes them behind; the tier fsyncs every ``sync_interval_ms`` or ``sync_bytes``,
+    whichever comes first. Only what a FLUSH (or a clean SIGTERM) acknowledged is guaranteed: kill -9 of
+    the daemon loses puts not yet written, an OS crash or power loss at most the last sync window."""
     sync_interval_ms: int = Field(200, ge=1, le=3_600_000)
     """Longest time between syncs under ``sync: interval``."""
     sync_bytes: Size = "64MiB"  # type: ignore[assignment]
