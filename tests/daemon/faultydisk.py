@@ -57,6 +57,10 @@ class FaultyDisk(Tier):
     def close(self) -> None:
         self.inner.close()
 
+    def record_events(self, on: bool) -> None:
+        super().record_events(on)
+        self.inner.record_events(on)
+
     def stats(self):  # noqa: ANN201 - TierStats
         return self.inner.stats()
 
