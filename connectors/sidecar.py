@@ -9,6 +9,9 @@ engine (or its own previous run) left there.
 Tenant salt: when the daemon assigns one to this client's token
 (``daemon.tenant_salts``), every key is computed with it and a salt passed by
 the caller is ignored: the trusted side decides the tenant.
+
+Durability: ``close`` (and ``store.flush``) raise :class:`~kvstore.errors.NotDurable`
+when the daemon reports blocks it acknowledged that did not reach its disk.
 """
 
 from __future__ import annotations

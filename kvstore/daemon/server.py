@@ -141,7 +141,8 @@ class DaemonServer:
         (a live but silent process keeps them until their deadline)."""
         assert self.backend is not None
         try:
-            if self.backend.leases.owned_by(owner) and await peer.wait_gone(self.cfg.daemon.lease_timeout_s):
+            if self.backend.leases.owned_by(owner) and await peer.wait_gone(self.cfg.daemon.lease_timeout_s) \
+                    and not self._stopping:  # stopping: the tiers are being closed, leases die with them
                 loop = asyncio.get_running_loop()
                 n = await loop.run_in_executor(self._executor, self.backend.release_owner, owner)
                 if n:

@@ -70,6 +70,10 @@ def test_injected_enospc_flush_reports_the_lost_blocks_and_sigterm_exits_nonzero
         assert daemon.metrics_url is not None
         metrics = urllib.request.urlopen(f"{daemon.metrics_url}/metrics", timeout=5).read().decode().splitlines()
         assert "kvstore_not_durable_total 40" in metrics and 'kvstore_errors_total{code="NOT_DURABLE"} 1' in metrics
+        closer = daemon.tier(client_name="closer")  # an engine closing its store: the final flush reports the loss
+        with pytest.raises(NotDurable, match="^40 acknowledged blocks are not durable"):
+            closer.close()
+        assert closer.client.hello is None  # and it disconnected anyway
         tier.client.close()
         assert daemon.stop() == EXIT_NOT_DURABLE
         log = daemon.log.read_text()
