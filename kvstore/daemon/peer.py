@@ -84,8 +84,13 @@ class PeerProcess:
                 if self.gone():
                     return True
             return False
-        exited = loop.create_future()
-        loop.add_reader(self._pidfd, lambda: exited.done() or exited.set_result(True))
+        exited: asyncio.Future[bool] = loop.create_future()
+
+        def on_exit() -> None:
+            if not exited.done():
+                exited.set_result(True)
+
+        loop.add_reader(self._pidfd, on_exit)
         try:
             return await asyncio.wait_for(exited, timeout_s)
         except asyncio.TimeoutError:
