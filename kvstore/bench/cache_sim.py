@@ -76,7 +76,7 @@ class _LeafHeap:
             access, _, node = item
             if node.parent is None or not node.is_leaf or access != node.last_access:
                 continue
-            if node.lock_ref:
+            if node.pin_count:
                 locked.append(item)
                 continue
             found = node
@@ -156,9 +156,9 @@ class TieredCacheSim:
             else:
                 self.disk.touch(block)
                 self._to_host(block)
-        self.index.lock(match.node)
+        self.index.pin(match.node)
         room = self._make_room(len(ids) - g)
-        self.index.unlock(match.node)
+        self.index.unpin(match.node)
         if room:
             res = self.index.insert(keys[: g + room], gpu_blocks=[None] * g + [self.free_gpu.pop() for _ in range(room)])
             self._leaves.push(res.node)

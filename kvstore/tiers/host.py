@@ -101,13 +101,13 @@ class HostTier(Tier):
         return self._lru.get(key)
 
     def slot_view(self, slot: int) -> torch.Tensor:
-        """Zero-copy view of ``slot``. Hold a :meth:`lock` on its key while using it."""
+        """Zero-copy view of ``slot``. Hold a :meth:`pin` on its key while using it."""
         return self.arena.slot_view(slot)
 
-    def lock(self, keys: Sequence[bytes]) -> list[int | None]:
-        """Add a reference to each published or reserved key and return its slot (``None``: absent, not locked).
+    def pin(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Add a reference to each published or reserved key and return its slot (``None``: absent, not pinned).
 
-        A locked slot is never evicted, deleted or reused. Locking a published
+        A pinned slot is never evicted, deleted or reused. Pinning a published
         key marks it most recently used.
         """
         with self._lock:
@@ -122,8 +122,8 @@ class HostTier(Tier):
             self._touch(keys)
             return out
 
-    def unlock(self, keys: Sequence[bytes]) -> None:
-        """Drop one reference per key; raises :class:`BlockStateError` (changing nothing) if one is not locked."""
+    def unpin(self, keys: Sequence[bytes]) -> None:
+        """Drop one reference per key; raises :class:`BlockStateError` (changing nothing) if one is not pinned."""
         with self._lock:
             slots: list[int] = []
             need: dict[int, int] = {}
@@ -132,13 +132,23 @@ class HostTier(Tier):
                 if slot is not None:
                     need[slot] = need.get(slot, 0) + 1
                 if slot is None or self._refs.get(slot, 0) < need[slot]:
-                    raise BlockStateError(f"unlock of host block {short_key(key)} that is not locked")
+                    raise BlockStateError(f"unpin of host block {short_key(key)} that is not pinned")
                 slots.append(slot)
             for slot in slots:
                 self._deref(slot)
 
+    # The daemon backend still says lock/unlock; it moves to pin/unpin with the lead's daemon renames.
+    lock = pin
+    unlock = unpin
+
+    @property
+    def num_pinned(self) -> int:
+        """Slots holding at least one reference (pins and reservations). Changes nothing."""
+        with self._lock:
+            return len(self._refs)
+
     def lru_victims(self, n: int) -> list[bytes]:
-        """Up to ``n`` unlocked published keys, least recently used first. Changes nothing."""
+        """Up to ``n`` unpinned published keys, least recently used first. Changes nothing."""
         with self._lock:
             out = []
             for key, slot in self._lru.items():
