@@ -236,9 +236,10 @@ class TieredStore:
                 pl.pin(node)
             # Hold every source first (GPU references, host pins) so that making room on the GPU
             # below cannot evict a block this lease is about to read.
-            sources = [self._hold_source(e.key, e) for e in entries]
-            for key in match.keys[len(sources) :]:
-                src = self._hold_source(key, None)
+            sources: list[BlockPlan] = []
+            known: list[BlockEntry | None] = [*entries, *[None] * (len(match.keys) - len(entries))]
+            for key, entry in zip(match.keys, known):
+                src = self._hold_source(key, entry)
                 if src is None:
                     shortfall = "part of the matched prefix left the lower tiers before acquire"
                     break
