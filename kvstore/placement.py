@@ -195,6 +195,11 @@ class Placement:
             if e.gpu_block is not None:
                 self.gpu_lru.touch(e.gpu_block)
 
+    @property
+    def num_gpu_cached(self) -> int:
+        """GPU blocks the index records. Changes nothing."""
+        return len(self._by_block)
+
     def entry_of(self, block: int) -> BlockEntry | None:
         """The indexed entry GPU ``block`` holds, if any. Changes nothing."""
         return self._by_block.get(block)
@@ -341,8 +346,8 @@ class Placement:
             entry.host_slot = None
         elif tier == "disk":
             entry.on_disk = False
-        elif entry.gpu_block is not None:
-            self.unindex_gpu(entry)
+        else:
+            raise PlacementError(f"lost: {tier!r} is not a lower tier")
         if entry.tier is None:
             self.drop_from(entry)
 

@@ -13,6 +13,7 @@ pool; disk I/O and copies happen on worker threads outside it.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from kvstore.hashing import Salt, block_keys
 from kvstore.hierarchy import Hierarchy
 from kvstore.layout import KVLayout
 from kvstore.prefetch import BlockPlan, Lease, Prefetcher
-from kvstore.radix import BlockEntry
+from kvstore.radix import BlockEntry, RadixIndex
 from kvstore.spill import Spiller
 from kvstore.tiers.base import Tier
 from kvstore.tiers.host import HostTier
@@ -106,12 +107,12 @@ class TieredStore:
         return self.h.pool
 
     @property
-    def index(self):  # noqa: ANN201 - RadixIndex
+    def index(self) -> RadixIndex:
         """The radix index (read it under :attr:`lock`)."""
         return self.h.index
 
     @property
-    def lock(self):  # noqa: ANN201 - threading.Lock
+    def lock(self) -> threading.Lock:
         """The lock serialising index and pool changes (plain, not re-entrant)."""
         return self.h.lock
 
@@ -438,7 +439,7 @@ class TieredStore:
                     "hit_tokens": c.hit_tokens["gpu"],
                     "used_blocks": h.pool.num_used,
                     "capacity_blocks": h.pool.num_blocks,
-                    "cached_blocks": sum(1 for n in h.index.nodes() for e in n.entries if e.gpu_block is not None),
+                    "cached_blocks": h.placement.num_gpu_cached,
                     "evictions": c.gpu_evictions,
                 },
                 "miss_tokens": c.prompt_tokens - sum(c.hit_tokens.values()),
