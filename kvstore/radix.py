@@ -27,15 +27,15 @@ hashing at all; keys are computed only for the part beyond the match. The
 top level is keyed by ``(root key, first block)``, so the token walk keeps
 tenants (salts) and models apart exactly as the keys do.
 
-LRU uses a logical clock (an int bumped on every touch), so eviction order is
-exact and deterministic.
+Each node records its last access on a logical clock (an int bumped on every
+match or insert), exact and deterministic. The index chooses no victims:
+GPU eviction order is kept by :class:`kvstore.placement.GpuLru` in O(1), and
+the lower tiers keep their own.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from kvstore.errors import BlockStateError, IntegrityError
 from kvstore.hashing import Salt, block_keys, root_key
@@ -54,8 +54,6 @@ class RadixIndex:
         self._clock = 0
         self._by_key: dict[bytes, BlockEntry] = {}
         self._roots: dict[bytes, bytes] = {}  # salt bytes -> root key (pure, cached)
-        self._heap: list[tuple[int, int, int, RadixNode]] = []  # lazy LRU order, see iter_lru
-        self._seq = itertools.count()
 
     # ---------------------------------------------------------------- lookup
     def __len__(self) -> int:
@@ -138,15 +136,10 @@ class RadixIndex:
 
     def _finish_match(self, matched: list[BlockEntry], node: RadixNode, count_hits: bool) -> RadixMatch:
         self._clock += 1
-        path: list[RadixNode] = []
         n: RadixNode | None = node
         while n is not None:  # the matched path becomes most recently used
-            path.append(n)
+            self._touch(n)
             n = n.parent
-        depth = len(path) - 1
-        for n in path:
-            self._touch(n, depth)
-            depth -= 1
         if count_hits:
             for e in matched:
                 e.hits += 1
@@ -250,7 +243,6 @@ class RadixIndex:
         node.parent = upper
         for e in upper.entries:
             e.node = upper
-        self._push(upper, self.depth(upper))  # the lower part's depth grew: its old entry is fixed when popped
         if node.tokens is not None:
             bs = self.layout.block_size
             upper.tokens, node.tokens = node.tokens[: k * bs], node.tokens[k * bs :]
@@ -311,59 +303,9 @@ class RadixIndex:
             yield n
             stack.extend(n.children.values())
 
-    def _touch(self, node: RadixNode, depth: int | None = None) -> None:
-        """Make ``node`` most recently used (at the current clock) and queue it for LRU order."""
+    def _touch(self, node: RadixNode) -> None:
+        """Make ``node`` most recently used (at the current clock)."""
         node.last_access = self._clock
-        self._push(node, self.depth(node) if depth is None else depth)
-
-    def _push(self, node: RadixNode, depth: int) -> None:
-        heapq.heappush(self._heap, (node.last_access, -depth, next(self._seq), node))
-        if len(self._heap) > 4 * len(self._by_key) + 4096:
-            self._rebuild_heap()
-
-    def _rebuild_heap(self) -> None:
-        """Drop stale heap entries: one entry per live node."""
-        self._heap = [(n.last_access, -self.depth(n), next(self._seq), n) for n in self.nodes()]
-        heapq.heapify(self._heap)
-
-    def iter_lru(self, eligible: Callable[[RadixNode], bool]) -> Iterator[RadixNode]:
-        """Unpinned nodes satisfying ``eligible``, least recently used first; ties deepest first.
-
-        A lazy min-heap of (last access, -depth) entries, one pushed per touch:
-        an entry whose node was touched again, removed or moved deeper by a
-        split is stale and dropped (or re-queued) when it surfaces, so finding
-        the next victim costs O(log n) instead of a scan of every node. The
-        caller may change the tree between items (evict what it is given).
-        Changes nothing but the heap's own bookkeeping.
-        """
-        keep: list[tuple[int, int, int, RadixNode]] = []
-        try:
-            while self._heap:
-                entry = heapq.heappop(self._heap)
-                last, neg_depth, _, node = entry
-                if node.last_access != last or (node.parent is None and node is not self.root) or node is self.root:
-                    continue  # touched again (a newer entry exists), removed, or the root
-                depth = self.depth(node)
-                if -neg_depth != depth:
-                    self._push(node, depth)  # a split above moved it down: re-queue in its true place
-                    continue
-                keep.append(entry)
-                if node.pin_count == 0 and eligible(node):
-                    yield node
-        finally:
-            for entry in keep:
-                heapq.heappush(self._heap, entry)
-
-    def evict_lru_leaf(self) -> RadixNode | None:
-        """Remove the least recently used unpinned leaf; returns it (its entries say what to free).
-
-        Returns ``None`` when every leaf is pinned or the index is empty.
-        """
-        victim = next(self.iter_lru(lambda n: n.is_leaf), None)
-        if victim is None:
-            return None
-        self.remove_leaf(victim)
-        return victim
 
     def remove_leaf(self, node: RadixNode) -> None:
         """Delete an unpinned leaf and its entries from the index."""

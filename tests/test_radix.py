@@ -73,7 +73,7 @@ def test_insert_splits_on_divergence_and_reuses_existing() -> None:
     idx.check_integrity()
 
 
-def test_exact_lru_eviction_order_and_pins() -> None:
+def test_match_makes_path_most_recent_and_pins_block_removal() -> None:
     idx = RadixIndex(LAYOUT)
     ids = _Ids()
     seqs = {name: _keys([i, i, i + 50, i + 50]) for i, name in enumerate("abcde")}
@@ -81,18 +81,18 @@ def test_exact_lru_eviction_order_and_pins() -> None:
         idx.insert(seqs[name], gpu_blocks=ids.take(2))
     idx.match_keys(seqs["b"])  # b becomes most recent
     idx.match_keys(seqs["a"])  # then a
-    pinned = idx.match_keys(seqs["d"]).node
-    idx.pin(pinned)
-    order = []
-    while (victim := idx.evict_lru_leaf()) is not None:
-        order.append(victim.entries[0].key)
-        idx.check_integrity()
+    pinned = idx.match_keys(seqs["d"]).node  # then d
     names = {seqs[n][0]: n for n in seqs}
-    assert [names[k] for k in order] == ["c", "e", "b", "a"]
+    by_age = sorted(idx.nodes(), key=lambda n: n.last_access)
+    assert [names[n.entries[0].key] for n in by_age] == ["c", "e", "b", "a", "d"]
+    idx.pin(pinned)
+    with pytest.raises(BlockStateError, match="unpinned leaf"):
+        idx.remove_leaf(pinned)
     assert idx.match_keys(seqs["d"]).num_blocks == 2  # pinned survived
     idx.unpin(pinned)
-    assert idx.evict_lru_leaf() is not None
-    assert len(idx) == 0
+    idx.remove_leaf(pinned)
+    assert idx.match_keys(seqs["d"]).num_blocks == 0
+    idx.check_integrity()
 
 
 def test_pin_protects_ancestors_and_unpin_balance() -> None:
@@ -103,14 +103,17 @@ def test_pin_protects_ancestors_and_unpin_balance() -> None:
     idx.insert(child, gpu_blocks=[None, None, 2])
     leaf = idx.match_keys(child).node
     idx.pin(leaf)
-    assert idx.evict_lru_leaf() is None  # the only leaf is pinned; its parent is not a leaf
     assert leaf.parent is not None and leaf.parent.pin_count == 1
+    with pytest.raises(BlockStateError):
+        idx.remove_tail(leaf, 0)
     idx.unpin(leaf)
     with pytest.raises(BlockStateError):
         idx.unpin(leaf)
-    victim = idx.evict_lru_leaf()
-    assert victim is leaf
-    assert idx.evict_lru_leaf() is not None
+    parent = leaf.parent
+    idx.remove_leaf(leaf)
+    idx.remove_leaf(parent)
+    assert len(idx) == 0
+    idx.check_integrity()
 
 
 def test_integrity_detects_double_gpu_block_and_homeless_entry() -> None:
@@ -137,7 +140,6 @@ def test_remove_tail() -> None:
     dropped = idx.remove_tail(node, 1)
     assert [e.gpu_block for e in dropped] == [1, 2]
     assert idx.match_keys(keys).num_blocks == 1
-    assert list(idx.iter_lru(lambda n: any(e.gpu_block is not None for e in n.entries))) == [node]
     idx.check_integrity()
 
 
@@ -198,15 +200,15 @@ class RadixMachine(RuleBasedStateMachine):
 
     @rule()
     def evict(self) -> None:
+        """Remove the least recently used unpinned leaf (ties deepest first), as a cache would."""
         leaves = [n for n in self.idx.nodes() if n.is_leaf and n.pin_count == 0]
-        expected = min(leaves, key=lambda n: (n.last_access, -self.idx.depth(n)), default=None)
-        victim = self.idx.evict_lru_leaf()
-        assert victim is expected  # the lazy heap gives exactly the brute-force LRU leaf
+        victim = min(leaves, key=lambda n: (n.last_access, -self.idx.depth(n)), default=None)
         protected = set().union(*(k for _, k in self.pins)) if self.pins else set()
         if victim is None:
             # Nothing evictable: every leaf must be pinned.
             assert all(n.pin_count > 0 for n in self.idx.nodes() if n.is_leaf)
             return
+        self.idx.remove_leaf(victim)
         gone = {e.key for e in victim.entries}
         assert gone <= self.present and not gone & protected
         self.present -= gone

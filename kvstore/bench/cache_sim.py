@@ -21,9 +21,9 @@ The host and disk tiers evict through the real tiers' order classes
 runs it: the host tier is LRU (``HostTier`` has no other policy), the disk
 tier whatever ``disk_policy`` names (``disk.eviction`` in the config).
 
-``RadixIndex.evict_lru_leaf`` rescans every node per eviction; replaying
-12k requests needs millions of evictions, so :class:`_LeafHeap` keeps the
-same order (least recent ``last_access`` first) in a lazy heap: an entry
+The index chooses no victims itself; replaying 12k requests needs millions
+of whole-leaf evictions, so :class:`_LeafHeap` keeps SGLang's order (least
+recent ``last_access`` first) in a lazy heap: an entry
 is stale once its node was touched again, removed, or gained a child.
 """
 

@@ -105,7 +105,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
 
 def plot(results: Results, path: Path) -> None:
     """Time per evicted block against the number of host-only nodes (log x)."""
-    fig, (ax,) = grid(1, f"GPU victim selection, {GPU_BLOCKS}-block pool, host-only nodes in the index")
+    fig, (ax,) = grid(1, f"GPU eviction, {GPU_BLOCKS}-block pool")
     for clock, style in (("wall", "o-"), ("thread_cpu", "s--")):
         pts = sorted((f.params["host_only_nodes"], f.value) for f in results.figures
                      if f.name == "evict.per_block" and f.params.get("clock") == clock)
