@@ -28,8 +28,9 @@ from kvstore.store import TieredStore
 from kvstore.tiers.host import HostTier
 
 FULL_NODES = (1_000, 10_000, 100_000)
-QUICK_NODES = (1_000, 10_000)
+QUICK_NODES = (300, 1_000)
 GPU_BLOCKS = 256
+QUICK_GPU_BLOCKS = 32
 BLOCK_SIZE = 16
 FLAT_TARGET = 0.5
 """Lowest acceptable per-block time at 1k nodes over that at the largest count (flat within 2x)."""
@@ -49,29 +50,29 @@ def _serve(store: TieredStore, i: int) -> None:
     store.free(blocks)
 
 
-def measure(nodes: int, repeat: int) -> tuple[float, float]:
+def measure(nodes: int, repeat: int, gpu_blocks: int = GPU_BLOCKS) -> tuple[float, float]:
     """Best (wall, thread CPU) seconds per evicted GPU block with ``nodes`` host-only nodes in the index.
 
     Thread CPU time is reported beside wall time because a shared machine's
     scheduling noise swamps a microsecond-scale wall measurement.
     """
-    pool = GPUBlockPool(_LAYOUT, GPU_BLOCKS, device="cpu")
-    slots = nodes + GPU_BLOCKS * (repeat + 2)
+    pool = GPUBlockPool(_LAYOUT, gpu_blocks, device="cpu")
+    slots = nodes + gpu_blocks * (repeat + 2)
     host = HostTier(_LAYOUT, slots * _LAYOUT.bytes_per_block, auto_evict=False)
     store = TieredStore(_LAYOUT, pool, host, None, PolicyConfig(write="write_back"))
     try:
         n = 0
-        for _ in range(nodes + GPU_BLOCKS):
+        for _ in range(nodes + gpu_blocks):
             _serve(store, n)
             n += 1
         best = best_cpu = float("inf")
         for _ in range(repeat):
             t0, c0 = time.perf_counter(), time.thread_time()
-            own = store.allocate(GPU_BLOCKS)  # evicts every cached GPU block
-            best_cpu = min(best_cpu, (time.thread_time() - c0) / GPU_BLOCKS)
-            best = min(best, (time.perf_counter() - t0) / GPU_BLOCKS)
+            own = store.allocate(gpu_blocks)  # evicts every cached GPU block
+            best_cpu = min(best_cpu, (time.thread_time() - c0) / gpu_blocks)
+            best = min(best, (time.perf_counter() - t0) / gpu_blocks)
             store.free(own)
-            for _ in range(GPU_BLOCKS):  # refill the GPU with cached blocks (pushing these to host)
+            for _ in range(gpu_blocks):  # refill the GPU with cached blocks (pushing these to host)
                 _serve(store, n)
                 n += 1
         store.check_integrity()
@@ -83,15 +84,16 @@ def measure(nodes: int, repeat: int) -> tuple[float, float]:
 def run(options: SuiteOptions, progress: Progress) -> Results:
     """Time victim selection at every node count."""
     counts = QUICK_NODES if options.quick else FULL_NODES
-    repeat = 3 if options.quick else 5
-    results = Results("evict", options, {"host_only_nodes": list(counts), "gpu_blocks": GPU_BLOCKS,
+    repeat = 2 if options.quick else 5
+    gpu_blocks = QUICK_GPU_BLOCKS if options.quick else GPU_BLOCKS
+    results = Results("evict", options, {"host_only_nodes": list(counts), "gpu_blocks": gpu_blocks,
                                          "block_size": BLOCK_SIZE, "repeat": repeat,
                                          "timing": "best of repeat, allocate(whole pool) / blocks evicted; wall and thread CPU",
                                          "eviction": "copy to host tier (write_back), then free"})
     progress.grow(len(counts))
     per_block: dict[int, float] = {}
     for n in counts:
-        wall, cpu = measure(n, repeat)
+        wall, cpu = measure(n, repeat, gpu_blocks)
         per_block[n] = cpu
         results.add("evict.per_block", wall * 1e6, "us", host_only_nodes=n, clock="wall")
         results.add("evict.per_block", cpu * 1e6, "us", host_only_nodes=n, clock="thread_cpu")
@@ -105,7 +107,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
 
 def plot(results: Results, path: Path) -> None:
     """Time per evicted block against the number of host-only nodes (log x)."""
-    fig, (ax,) = grid(1, f"GPU eviction, {GPU_BLOCKS}-block pool")
+    fig, (ax,) = grid(1, f"GPU eviction, {results.config['gpu_blocks']}-block pool")
     for clock, style in (("wall", "o-"), ("thread_cpu", "s--")):
         pts = sorted((f.params["host_only_nodes"], f.value) for f in results.figures
                      if f.name == "evict.per_block" and f.params.get("clock") == clock)
