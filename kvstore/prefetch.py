@@ -26,6 +26,7 @@ import torch
 from kvstore.budget import ByteBudget
 from kvstore.config.schema import PolicyConfig
 from kvstore.hierarchy import Hierarchy
+from kvstore.placement import HostSlot
 from kvstore.radix import RadixNode
 from kvstore.transfer import LayerSync, copy_layer, staging_buffer
 
@@ -41,8 +42,8 @@ class BlockPlan:
     """``"gpu"`` (already there), ``"host"`` or ``"disk"``."""
     gpu_block: int
     """The GPU block the lease holds (a reference) for this position."""
-    host_slot: int | None = None
-    """Host slot read from (host) or loaded into (disk), locked while the lease uses it."""
+    host: HostSlot | None = None
+    """Host slot read from (a pin) or loaded into (a reservation, pinned once published), while the lease uses it."""
     staging: torch.Tensor | None = None
     """Host buffer used instead of a slot when there is no host tier."""
     ready: bool = False
@@ -173,21 +174,20 @@ class Prefetcher:
                     self.budget.release(nbytes)
                 n_ok = 0
                 with h.lock:
+                    pl = h.placement
                     prefix_ok = True
                     for p, ok in zip(batch, found):
                         p.in_flight = False
+                        if not ok:
+                            pl.lost(p.key, "disk")  # the same path as an eviction: never reported again
                         prefix_ok = prefix_ok and ok
                         if p.dropped:
                             self._settle_dropped(p, ok)
                         elif prefix_ok:
                             n_ok += 1
                             p.ready = True
-                            if p.host_slot is not None and h.host is not None:
-                                h.host.lock([p.key])  # the lease keeps it until phase 2 has copied it
-                                h.host.publish([p.key])
-                                entry = h.index.get(p.key)
-                                if entry is not None and entry.host_slot is None:
-                                    h.index.set_host(entry, p.host_slot)
+                            if p.host is not None:
+                                pl.publish(p.host)  # stays pinned by the lease until phase 2 has copied it
                 if n_ok < len(batch) and not lease._cancel.is_set():
                     lease.shortfall = f"disk tier returned {n_ok} of {len(batch)} blocks (missing or corrupt)"
                     break
@@ -196,9 +196,8 @@ class Prefetcher:
             lease._phase1_done.set()
 
     def _dest(self, p: BlockPlan) -> torch.Tensor:
-        if p.host_slot is not None:
-            assert self.h.host is not None
-            return self.h.host.slot_view(p.host_slot)
+        if p.host is not None:
+            return self.h.placement.view(p.host)
         if p.staging is None:
             gpu = self.h.pool.block_bytes(p.gpu_block)
             p.staging = gpu if gpu.device.type == "cpu" else staging_buffer(self.h.layout, pin=True)
@@ -252,26 +251,31 @@ class Prefetcher:
             if p.in_flight:
                 p.dropped = True
                 continue
-            h.pool.free([p.gpu_block])
-            if h.host is not None and p.host_slot is not None:
-                if p.source == "disk" and not p.ready:
-                    h.host.abort([p.key])
-                else:
-                    h.host.unlock([p.key])
+            self._give_back(p)
         del lease.plan[usable:]
 
     def _settle_dropped(self, p: BlockPlan, ok: bool) -> None:
         """Release a block trimmed while its read was in flight (called under the lock)."""
-        h = self.h
-        h.pool.free([p.gpu_block])
-        if h.host is not None and p.host_slot is not None:
-            if ok:
-                h.host.publish([p.key])  # intact data: keep it on host as a promotion
-                entry = h.index.get(p.key)
-                if entry is not None and entry.host_slot is None:
-                    h.index.set_host(entry, p.host_slot)
-            else:
-                h.host.abort([p.key])
+        if p.host is not None and ok:
+            self.h.placement.publish(p.host)  # intact data: keep it on host as a promotion
+        self._give_back(p)
+
+    def _give_back(self, p: BlockPlan) -> None:
+        """Drop what a planned block holds: its GPU reference and its host handle (called under the lock)."""
+        pl = self.h.placement
+        pl.unref([p.gpu_block])
+        self.release_host(p)
+
+    def release_host(self, p: BlockPlan) -> None:
+        """Give back a planned block's host handle, if any (called under the lock)."""
+        if p.host is None:
+            return
+        pl = self.h.placement
+        if p.host.state == "reserved":
+            pl.abort(p.host)
+        else:
+            pl.release(p.host)
+        p.host = None
 
     def _phase2(self, lease: Lease, to_copy: list[BlockPlan]) -> None:
         h = self.h
@@ -294,42 +298,26 @@ class Prefetcher:
             lease._sync.mark_all()
 
     def _src(self, p: BlockPlan) -> torch.Tensor:
-        if p.host_slot is not None:
-            assert self.h.host is not None
-            return self.h.host.slot_view(p.host_slot)
+        if p.host is not None:
+            return self.h.placement.view(p.host)
         assert p.staging is not None
         return p.staging
 
     def _register_loaded(self, lease: Lease, loaded: list[BlockPlan]) -> None:
-        """Record the new GPU copies in the index (the index takes its own reference)."""
+        """Record the new GPU copies in the index (the index takes its own reference) and unpin their host slots."""
         h = self.h
         with h.lock:
             keys = list(lease.keys[: lease.resolved_blocks])
             pos = {p.key: p for p in loaded}
             gpu = [pos[k].gpu_block if k in pos else None for k in keys]
-            host = [pos[k].host_slot if k in pos else None for k in keys]
+            host = [pos[k].host.slot if k in pos and pos[k].host is not None else None for k in keys]  # type: ignore[union-attr]
             disk = [k in pos and pos[k].source == "disk" for k in keys]
             toks = lease.tokens[: len(keys) * lease.block_size] if lease.tokens is not None else None
-            res = h.index.insert(keys, gpu_blocks=gpu, host_slots=host, on_disk=disk, tokens=toks,
-                                 salt=lease.salt)  # type: ignore[arg-type]
-            for i, entry in enumerate(res.entries):
-                p = pos.get(entry.key)
-                if p is None:
-                    continue
-                if i >= res.num_existing:
-                    h.pool.incref([p.gpu_block])
-                elif entry.gpu_block is None:
-                    h.index.set_gpu(entry, p.gpu_block)
-                    h.pool.incref([p.gpu_block])
-                if i < res.num_existing and p.host_slot is not None and entry.host_slot is None:
-                    h.index.set_host(entry, p.host_slot)
-                if i < res.num_existing and p.source == "disk" and not entry.on_disk:
-                    h.index.set_disk(entry, True)
+            h.placement.insert(keys, gpu, host, disk, toks, lease.salt)  # type: ignore[arg-type]
+            for p in loaded:
                 h.counters.loaded_blocks[p.source] += 1
-                h.events.put("loaded", entry.key, "gpu")
-                if h.host is not None and p.host_slot is not None:
-                    h.host.unlock([p.key])
-                    p.host_slot = None  # the lease no longer holds the slot
+                h.events.put("loaded", p.key, "gpu")
+                self.release_host(p)
 
     def close(self) -> None:
         """Stop the workers after the running loads finish."""

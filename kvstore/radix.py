@@ -13,11 +13,12 @@ comparing prefixes, and two tenants can never meet in the tree::
 Each block is a :class:`BlockEntry` recording where it lives now: a GPU
 block id, a host slot, on disk. Invariants (checked by
 :meth:`RadixIndex.check_integrity`): every entry lives in at least one tier,
-no GPU block or host slot is recorded twice, every locked node's ancestors
-are locked at least as often as their locked children together. (A block of a
-*locked* node may briefly live nowhere, when a lower tier dropped its last
+no GPU block or host slot is recorded twice, every pinned node's ancestors
+are pinned at least as often as their pinned children together. (A block of a
+*pinned* node may briefly live nowhere, when a lower tier dropped its last
 copy while a request held the node; a match stops there, and the store removes
-it once the node is unlocked.)
+it once the node is unpinned.) The tiered store changes residency only
+through :mod:`kvstore.placement`.
 
 Nodes also keep their tokens when the caller gives them (the store always
 does), so :meth:`RadixIndex.match` can walk the tree by token comparison, as
@@ -26,15 +27,15 @@ hashing at all; keys are computed only for the part beyond the match. The
 top level is keyed by ``(root key, first block)``, so the token walk keeps
 tenants (salts) and models apart exactly as the keys do.
 
-LRU uses a logical clock (an int bumped on every touch), so eviction order is
-exact and deterministic.
+Each node records its last access on a logical clock (an int bumped on every
+match or insert), exact and deterministic. The index chooses no victims:
+GPU eviction order is kept by :class:`kvstore.placement.GpuLru` in O(1), and
+the lower tiers keep their own.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from kvstore.errors import BlockStateError, IntegrityError
 from kvstore.hashing import Salt, block_keys, root_key
@@ -53,8 +54,6 @@ class RadixIndex:
         self._clock = 0
         self._by_key: dict[bytes, BlockEntry] = {}
         self._roots: dict[bytes, bytes] = {}  # salt bytes -> root key (pure, cached)
-        self._heap: list[tuple[int, int, int, RadixNode]] = []  # lazy LRU order, see iter_lru
-        self._seq = itertools.count()
 
     # ---------------------------------------------------------------- lookup
     def __len__(self) -> int:
@@ -137,15 +136,10 @@ class RadixIndex:
 
     def _finish_match(self, matched: list[BlockEntry], node: RadixNode, count_hits: bool) -> RadixMatch:
         self._clock += 1
-        path: list[RadixNode] = []
         n: RadixNode | None = node
         while n is not None:  # the matched path becomes most recently used
-            path.append(n)
+            self._touch(n)
             n = n.parent
-        depth = len(path) - 1
-        for n in path:
-            self._touch(n, depth)
-            depth -= 1
         if count_hits:
             for e in matched:
                 e.hits += 1
@@ -242,14 +236,13 @@ class RadixIndex:
         assert 0 < k < len(node.entries)
         parent = node.parent
         assert parent is not None
-        upper = RadixNode(entries=node.entries[:k], parent=parent, lock_ref=node.lock_ref, last_access=node.last_access)
+        upper = RadixNode(entries=node.entries[:k], parent=parent, pin_count=node.pin_count, last_access=node.last_access)
         node.entries = node.entries[k:]
         parent.children[upper.entries[0].key] = upper
         upper.children[node.entries[0].key] = node
         node.parent = upper
         for e in upper.entries:
             e.node = upper
-        self._push(upper, self.depth(upper))  # the lower part's depth grew: its old entry is fixed when popped
         if node.tokens is not None:
             bs = self.layout.block_size
             upper.tokens, node.tokens = node.tokens[: k * bs], node.tokens[k * bs :]
@@ -271,38 +264,25 @@ class RadixIndex:
         node.tok_key = (tenant, *first) if parent is self.root else first
         parent.tok_children[node.tok_key] = node
 
-    # ----------------------------------------------------------------- locks
-    def lock(self, node: RadixNode) -> None:
-        """Protect ``node`` and all its ancestors from eviction (counted)."""
+    # ------------------------------------------------------------------ pins
+    def pin(self, node: RadixNode) -> None:
+        """Protect ``node`` and all its ancestors from eviction (counted). The store pins through its placement."""
         n: RadixNode | None = node
         while n is not None:
-            n.lock_ref += 1
+            n.pin_count += 1
             n = n.parent
 
-    def unlock(self, node: RadixNode) -> None:
-        """Undo one :meth:`lock` of ``node``."""
+    def unpin(self, node: RadixNode) -> None:
+        """Undo one :meth:`pin` of ``node``."""
         n: RadixNode | None = node
         chain = []
         while n is not None:
-            if n.lock_ref <= 0:
-                raise BlockStateError("unlock of a node that is not locked")
+            if n.pin_count <= 0:
+                raise BlockStateError("unpin of a node that is not pinned")
             chain.append(n)
             n = n.parent
         for n in chain:
-            n.lock_ref -= 1
-
-    # ------------------------------------------------------------- residency
-    def set_gpu(self, entry: BlockEntry, block: int | None) -> None:
-        """Record (or clear, with ``None``) the GPU block holding ``entry``."""
-        entry.gpu_block = block
-
-    def set_host(self, entry: BlockEntry, slot: int | None) -> None:
-        """Record (or clear) the host slot holding ``entry``."""
-        entry.host_slot = slot
-
-    def set_disk(self, entry: BlockEntry, present: bool) -> None:
-        """Record whether ``entry`` is on disk."""
-        entry.on_disk = present
+            n.pin_count -= 1
 
     # -------------------------------------------------------------- eviction
     @staticmethod
@@ -323,68 +303,14 @@ class RadixIndex:
             yield n
             stack.extend(n.children.values())
 
-    def _touch(self, node: RadixNode, depth: int | None = None) -> None:
-        """Make ``node`` most recently used (at the current clock) and queue it for LRU order."""
+    def _touch(self, node: RadixNode) -> None:
+        """Make ``node`` most recently used (at the current clock)."""
         node.last_access = self._clock
-        self._push(node, self.depth(node) if depth is None else depth)
-
-    def _push(self, node: RadixNode, depth: int) -> None:
-        heapq.heappush(self._heap, (node.last_access, -depth, next(self._seq), node))
-        if len(self._heap) > 4 * len(self._by_key) + 4096:
-            self._rebuild_heap()
-
-    def _rebuild_heap(self) -> None:
-        """Drop stale heap entries: one entry per live node."""
-        self._heap = [(n.last_access, -self.depth(n), next(self._seq), n) for n in self.nodes()]
-        heapq.heapify(self._heap)
-
-    def iter_lru(self, eligible: Callable[[RadixNode], bool]) -> Iterator[RadixNode]:
-        """Unlocked nodes satisfying ``eligible``, least recently used first; ties deepest first.
-
-        A lazy min-heap of (last access, -depth) entries, one pushed per touch:
-        an entry whose node was touched again, removed or moved deeper by a
-        split is stale and dropped (or re-queued) when it surfaces, so finding
-        the next victim costs O(log n) instead of a scan of every node. The
-        caller may change the tree between items (evict what it is given).
-        Changes nothing but the heap's own bookkeeping.
-        """
-        keep: list[tuple[int, int, int, RadixNode]] = []
-        try:
-            while self._heap:
-                entry = heapq.heappop(self._heap)
-                last, neg_depth, _, node = entry
-                if node.last_access != last or (node.parent is None and node is not self.root) or node is self.root:
-                    continue  # touched again (a newer entry exists), removed, or the root
-                depth = self.depth(node)
-                if -neg_depth != depth:
-                    self._push(node, depth)  # a split above moved it down: re-queue in its true place
-                    continue
-                keep.append(entry)
-                if node.lock_ref == 0 and eligible(node):
-                    yield node
-        finally:
-            for entry in keep:
-                heapq.heappush(self._heap, entry)
-
-    def lru_nodes(self, eligible: Callable[[RadixNode], bool]) -> list[RadixNode]:
-        """Every unlocked node satisfying ``eligible``, least recently used first (see :meth:`iter_lru`)."""
-        return list(self.iter_lru(eligible))
-
-    def evict_lru_leaf(self) -> RadixNode | None:
-        """Remove the least recently used unlocked leaf; returns it (its entries say what to free).
-
-        Returns ``None`` when every leaf is locked or the index is empty.
-        """
-        victim = next(self.iter_lru(lambda n: n.is_leaf), None)
-        if victim is None:
-            return None
-        self.remove_leaf(victim)
-        return victim
 
     def remove_leaf(self, node: RadixNode) -> None:
-        """Delete an unlocked leaf and its entries from the index."""
-        if node is self.root or node.children or node.lock_ref:
-            raise BlockStateError("only an unlocked leaf can be removed")
+        """Delete an unpinned leaf and its entries from the index."""
+        if node is self.root or node.children or node.pin_count:
+            raise BlockStateError("only an unpinned leaf can be removed")
         assert node.parent is not None
         del node.parent.children[node.entries[0].key]
         if node.tok_key is not None:
@@ -396,8 +322,8 @@ class RadixIndex:
 
     def remove_tail(self, node: RadixNode, keep: int) -> list[BlockEntry]:
         """Drop the entries of a leaf after its first ``keep``; returns them (the leaf goes when ``keep`` is 0)."""
-        if node.children or node.lock_ref:
-            raise BlockStateError("only an unlocked leaf can be truncated")
+        if node.children or node.pin_count:
+            raise BlockStateError("only an unpinned leaf can be truncated")
         if keep <= 0:
             dropped = list(node.entries)
             self.remove_leaf(node)
@@ -424,10 +350,10 @@ class RadixIndex:
                 raise IntegrityError("empty non-root node")
             if node.parent is None or node.parent.children.get(node.entries[0].key) is not node:
                 raise IntegrityError("node not registered under its parent by its first key")
-            if node.lock_ref < sum(c.lock_ref for c in node.children.values()):
-                raise IntegrityError("a node is locked less than its locked children")
-            if node.lock_ref < 0:
-                raise IntegrityError("negative lock count")
+            if node.pin_count < sum(c.pin_count for c in node.children.values()):
+                raise IntegrityError("a node is pinned less than its pinned children")
+            if node.pin_count < 0:
+                raise IntegrityError("negative pin count")
             if node.tokens is not None:
                 if len(node.tokens) != len(node.entries) * self.layout.block_size:
                     raise IntegrityError("a node's tokens do not cover its blocks")
@@ -442,8 +368,8 @@ class RadixIndex:
                 count += 1
                 if e.node is not node or self._by_key.get(e.key) is not e:
                     raise IntegrityError(f"entry {e.key.hex()[:16]} not indexed consistently")
-                if e.tier is None and node.lock_ref == 0:
-                    # Only a locked node may hold a block that lost its last copy (removed once unlocked).
+                if e.tier is None and node.pin_count == 0:
+                    # Only a pinned node may hold a block that lost its last copy (removed once unpinned).
                     raise IntegrityError(f"entry {e.key.hex()[:16]} lives in no tier")
                 if e.gpu_block is not None:
                     if e.gpu_block in seen_gpu:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 @dataclass(eq=False, slots=True)
 class BlockEntry:
-    """One cached block and its residency. Mutate it only through :class:`RadixIndex` setters."""
+    """One cached block and its residency. Only :mod:`kvstore.placement` changes the residency fields."""
 
     key: bytes
     gpu_block: int | None = None
@@ -32,12 +32,13 @@ class BlockEntry:
 
 @dataclass(eq=False)
 class RadixNode:
-    """A run of blocks without branches. ``lock_ref`` > 0 protects it from eviction."""
+    """A run of blocks without branches. ``pin_count`` > 0 protects it from eviction."""
 
     entries: list[BlockEntry]
     parent: RadixNode | None
     children: dict[bytes, RadixNode] = field(default_factory=dict)
-    lock_ref: int = 0
+    pin_count: int = 0
+    """Requests pinning this node or a descendant (see :meth:`RadixIndex.pin`)."""
     last_access: int = 0
     tokens: list[int] | None = None
     """The node's tokens (``len(entries) * block_size``), or ``None`` when inserted by keys only."""
@@ -60,7 +61,7 @@ class RadixMatch:
     entries: tuple[BlockEntry, ...]
     """Matched blocks in order (each names its residency)."""
     node: RadixNode
-    """Deepest node touched by the match (the root when nothing matched); lock it to protect the prefix."""
+    """Deepest node touched by the match (the root when nothing matched); pin it to protect the prefix."""
     gpu_blocks: int
     host_blocks: int
     disk_blocks: int

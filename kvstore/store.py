@@ -13,8 +13,9 @@ pool; disk I/O and copies happen on worker threads outside it.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvstore.config.schema import KVStoreConfig, PolicyConfig
@@ -25,8 +26,10 @@ from kvstore.hashing import Salt, block_keys
 from kvstore.hierarchy import Hierarchy
 from kvstore.layout import KVLayout
 from kvstore.prefetch import BlockPlan, Lease, Prefetcher
+from kvstore.radix import BlockEntry, RadixIndex
 from kvstore.spill import Spiller
 from kvstore.tiers.base import Tier
+from kvstore.tiers.host import HostTier
 
 log = logging.getLogger("kvstore.store")
 
@@ -45,6 +48,8 @@ class PrefixMatch:
     """The matched tokens (``num_blocks * block_size``), when the lookup had tokens."""
     salt: Salt = None
     """The tenant salt the keys were made with."""
+    entries: tuple[BlockEntry, ...] = field(default=(), repr=False, compare=False)
+    """Handles on the matched index entries (a prefix of ``keys``), so ``acquire`` pins them without a second walk."""
 
     @property
     def num_blocks(self) -> int:
@@ -68,7 +73,7 @@ class TieredStore:
         self,
         layout: KVLayout,
         pool: GPUBlockPool,
-        host: Tier | None = None,
+        host: HostTier | None = None,
         disk: Tier | None = None,
         policy: PolicyConfig | None = None,
     ) -> None:
@@ -102,13 +107,13 @@ class TieredStore:
         return self.h.pool
 
     @property
-    def index(self):  # noqa: ANN201 - RadixIndex
+    def index(self) -> RadixIndex:
         """The radix index (read it under :attr:`lock`)."""
         return self.h.index
 
     @property
-    def lock(self):  # noqa: ANN201 - threading.RLock
-        """The lock serialising index and pool changes."""
+    def lock(self) -> threading.Lock:
+        """The lock serialising index and pool changes (plain, not re-entrant)."""
         return self.h.lock
 
     def keys(self, tokens: Sequence[int], salt: Salt = None) -> list[bytes]:
@@ -139,11 +144,9 @@ class TieredStore:
                     rest = rest[m.num_blocks - (n_full - len(rest)) :]
             else:
                 rest = []
-            keys = [e.key for e in m.entries]
-            tiers = [e.tier or "disk" for e in m.entries]
-            if selective:
-                self.spiller.on_hit(m.entries)
-        return self._probe_and_count(keys, tiers, rest, len(toks), toks, salt)
+            entries = list(m.entries)
+            h.placement.touch(entries)
+        return self._finish_lookup(entries, rest, len(toks), toks, salt)
 
     def lookup_keys(self, keys: Sequence[bytes], prompt_tokens: int | None = None) -> PrefixMatch:
         """:meth:`lookup` for a precomputed key chain (dictionary lookups in the index, then the probe)."""
@@ -152,27 +155,39 @@ class TieredStore:
         selective = self.policy.write == "write_through_selective"
         with h.lock:
             m = h.index.match_keys(keys, count_hits=selective)
-            tiers = [e.tier or "disk" for e in m.entries]
-            if selective:
-                self.spiller.on_hit(m.entries)
+            entries = list(m.entries)
+            h.placement.touch(entries)
         bs = self.layout.block_size
         total = prompt_tokens if prompt_tokens is not None else len(keys) * bs
-        return self._probe_and_count([e.key for e in m.entries], tiers, list(keys[m.num_blocks :]), total, None, None)
+        return self._finish_lookup(entries, list(keys[m.num_blocks :]), total, None, None)
 
-    def _probe_and_count(self, keys: list[bytes], tiers: list[str], rest: list[bytes], prompt_tokens: int,
-                         tokens: list[int] | None, salt: Salt) -> PrefixMatch:
-        """Continue a match into the lower tiers with the next keys of the chain, and count the lookup."""
+    def _finish_lookup(self, entries: list[BlockEntry], rest: list[bytes], prompt_tokens: int,
+                       tokens: list[int] | None, salt: Salt) -> PrefixMatch:
+        """Confirm disk-only blocks with a tier that cannot report evictions, probe beyond the index, count.
+
+        Called without the lock: the probes are I/O.
+        """
         h = self.h
+        with h.lock:
+            due = self.spiller.due_on_hit(entries)
+            tiers = [e.tier or "disk" for e in entries]
+        if not h.disk_reports_evictions:
+            n = self._confirm_on_disk(entries, tiers)
+            if n < len(entries):
+                entries, tiers, rest = entries[:n], tiers[:n], []
+        if due:
+            self.spiller.write_down(due)
+        keys = [e.key for e in entries]
         for name, tier in h.lower_tiers():
             if not rest:
                 break
-            n = tier.contains_prefix(rest)
-            keys.extend(rest[:n])
-            tiers.extend([name] * n)
-            rest = rest[n:]
+            k = tier.contains_prefix(rest)
+            keys.extend(rest[:k])
+            tiers.extend([name] * k)
+            rest = rest[k:]
         bs = self.layout.block_size
         matched_tokens = tokens[: len(keys) * bs] if tokens is not None else None
-        match = PrefixMatch(tuple(keys), tuple(tiers), bs, prompt_tokens, matched_tokens, salt)
+        match = PrefixMatch(tuple(keys), tuple(tiers), bs, prompt_tokens, matched_tokens, salt, tuple(entries))
         with h.lock:
             c = h.counters
             c.lookups += 1
@@ -181,103 +196,142 @@ class TieredStore:
                 c.hit_tokens[t] += match.tokens_in(t)
         return match
 
+    def _confirm_on_disk(self, entries: list[BlockEntry], tiers: list[str]) -> int:
+        """Ask the disk tier for the matched blocks only it holds; returns how many leading entries stand.
+
+        The first block it lacks goes through :meth:`Placement.lost` (as an
+        eviction event would), so it is not reported again.
+        """
+        h = self.h
+        assert h.disk is not None
+        on_disk = [i for i, t in enumerate(tiers) if t == "disk"]
+        if not on_disk:
+            return len(entries)
+        found = h.disk.contains_prefix([entries[i].key for i in on_disk])
+        if found == len(on_disk):
+            return len(entries)
+        first_missing = on_disk[found]
+        with h.lock:
+            h.placement.lost(entries[first_missing].key, "disk")
+        return first_missing
+
     # -------------------------------------------------------------- acquire
     def acquire(self, match: PrefixMatch) -> Lease:
         """Hold the matched prefix for a request and start loading its lower-tier blocks.
 
-        Locks the matched index path, takes a GPU reference on every GPU hit,
-        allocates GPU blocks for the rest (evicting unused cached blocks if
-        needed), locks or reserves host slots and starts phase 1 of the load.
-        When the GPU pool or the host tier cannot take every block, the lease
-        covers fewer and :attr:`Lease.shortfall` says why; it never blocks.
+        Pins the matched index path (through the match's entry handles, no
+        second walk), takes a GPU reference on every GPU hit and pins host
+        sources; then makes GPU room (copies outside the lock), allocates GPU
+        blocks for the rest and reserves host slots, and starts phase 1 of
+        the load. When the GPU pool or the host tier cannot take every block,
+        the lease covers fewer and :attr:`Lease.shortfall` says why; it never
+        waits for a load.
         """
-        h = self.h
+        h, pl = self.h, self.h.placement
         bs = self.layout.block_size
         shortfall: str | None = None
         with h.lock:
-            m = h.index.match_keys(match.keys, count_hits=False)
-            h.index.lock(m.node)
-            # Pin every source first (index path locked, host slots locked) so that making
-            # room on the GPU below cannot evict a block this lease is about to read.
-            sources: list[tuple[bytes, str, int | None]] = []  # key, tier, GPU block or host slot
-            for e in m.entries:
-                if e.tier == "host":
-                    assert h.host is not None
-                    sources.append((e.key, "host", h.host.lock([e.key])[0]))
-                else:
-                    sources.append((e.key, e.tier or "disk", e.gpu_block))
-            for key in match.keys[len(sources) :]:
-                src = self._probe_one(key)
+            entries = self._live_prefix(match)
+            node = entries[-1].node if entries else None
+            if node is not None:
+                pl.pin(node)
+            # Hold every source first (GPU references, host pins) so that making room on the GPU
+            # below cannot evict a block this lease is about to read.
+            sources: list[BlockPlan] = []
+            known: list[BlockEntry | None] = [*entries, *[None] * (len(match.keys) - len(entries))]
+            for key, entry in zip(match.keys, known):
+                src = self._hold_source(key, entry)
                 if src is None:
                     shortfall = "part of the matched prefix left the lower tiers before acquire"
                     break
                 sources.append(src)
-            need = sum(1 for _, t, _ in sources if t != "gpu")
-            if need:
-                self.spiller.ensure_gpu_free(need)
-            plan: list[BlockPlan] = []
-            for i, (key, tier, where) in enumerate(sources):
-                p = self._plan_block(key, tier, where)
-                if isinstance(p, str):
-                    shortfall = p
-                    for k, t, _ in sources[i:]:
-                        if t == "host":
-                            h.host.unlock([k])  # type: ignore[union-attr]
+        need = sum(1 for p in sources if p.source != "gpu")
+        if need:
+            self.spiller.make_gpu_room(need)
+            self.spiller.ensure_host_free(sum(1 for p in sources if p.source == "disk"))
+        plan: list[BlockPlan] = []
+        with h.lock:
+            for i, src in enumerate(sources):
+                why = self._plan_block(src)
+                if why is not None:
+                    shortfall = why
+                    for rest in sources[i:]:
+                        self._drop_source(rest)
                     break
-                plan.append(p)
+                plan.append(src)
         tokens = list(match.tokens[: len(plan) * bs]) if match.tokens is not None else None
-        lease = Lease(tuple(p.key for p in plan), plan, m.node, bs, self.layout.num_layers, shortfall=shortfall,
+        lease = Lease(tuple(p.key for p in plan), plan, node, bs, self.layout.num_layers, shortfall=shortfall,
                       tokens=tokens, salt=match.salt)
         if shortfall:
             log.info("acquire: %d of %d matched blocks planned: %s", len(plan), match.num_blocks, shortfall)
         self.prefetcher.start(lease)
         return lease
 
-    def _probe_one(self, key: bytes) -> tuple[bytes, str, int | None] | None:
-        h = self.h
-        if h.host is not None:
-            slot = h.host.lock([key])[0]
-            if slot is not None and h.host.contains(key):
-                return (key, "host", slot)
-            if slot is not None:  # reserved by a load in flight, not readable yet
-                h.host.unlock([key])
-        if h.disk is not None and h.disk.contains(key):
-            return (key, "disk", None)
+    def _live_prefix(self, match: PrefixMatch) -> list[BlockEntry]:
+        """The match's entries that are still indexed and live somewhere (under the lock).
+
+        A match built without entry handles (from keys alone) is looked up by key.
+        """
+        entries = list(match.entries)
+        if not entries and match.keys:
+            entries = list(self.h.index.match_keys(match.keys, count_hits=False).entries)
+        out: list[BlockEntry] = []
+        for e in entries:
+            if e.node is None or e.tier is None:
+                break  # dropped, or lost its last copy, since the lookup
+            out.append(e)
+        return out
+
+    def _hold_source(self, key: bytes, entry: BlockEntry | None) -> BlockPlan | None:
+        """Reference or pin where one block will be read from (under the lock); ``None``: nowhere known.
+
+        The returned plan's ``gpu_block`` is a placeholder (-1) until :meth:`_plan_block` for
+        lower-tier sources.
+        """
+        h, pl = self.h, self.h.placement
+        if entry is not None and entry.gpu_block is not None:
+            pl.ref([entry.gpu_block])
+            return BlockPlan(key, "gpu", entry.gpu_block, ready=True)
+        pin = pl.pin_host(key)
+        if pin is not None:
+            return BlockPlan(key, "host", -1, host=pin, ready=True)
+        if h.disk is not None and (entry is None or entry.on_disk):
+            return BlockPlan(key, "disk", -1)  # phase 1 finds out if it is really there
         return None
 
-    def _plan_block(self, key: bytes, tier: str, where: int | None) -> BlockPlan | str:
-        """Reserve what one block of a lease needs (called under the lock); a string says why not.
+    def _drop_source(self, p: BlockPlan) -> None:
+        """Undo :meth:`_hold_source` for a block that will not be planned (under the lock)."""
+        if p.source == "gpu":
+            self.h.placement.unref([p.gpu_block])
+        self.prefetcher.release_host(p)
 
-        On failure nothing is taken for this block (the caller unlocks its pinned host slot).
-        """
-        h = self.h
-        if tier == "gpu":
-            assert where is not None
-            h.pool.incref([where])
-            return BlockPlan(key, "gpu", where, ready=True)
+    def _plan_block(self, p: BlockPlan) -> str | None:
+        """Take a GPU block and, for a disk source, a host slot for ``p`` (under the lock); a string says why not."""
+        h, pl = self.h, self.h.placement
+        if p.source == "gpu":
+            return None
         got = h.pool.try_allocate(1)
         if got is None:
             return "GPU pool full: no free block to load into"
-        gpu = got[0]
-        if tier == "host":  # the slot was locked when the sources were pinned
-            return BlockPlan(key, "host", gpu, host_slot=where, ready=True)
-        slot = None
-        if h.host is not None:
-            if h.host.contains(key):  # promoted meanwhile
-                return BlockPlan(key, "host", gpu, host_slot=h.host.lock([key])[0], ready=True)
-            try:
-                slot = self.spiller.host_slot_for(key)
-            except BlockStateError:
-                slot = None  # another lease is loading the same block into the host tier: stage privately
-            else:
-                if slot is None:
-                    h.pool.free([gpu])
-                    return "host tier full of locked blocks: loaded fewer blocks"
-        return BlockPlan(key, "disk", gpu, host_slot=slot)
+        p.gpu_block = got[0]
+        if p.source == "host" or h.host is None:
+            return None
+        promoted = pl.pin_host(p.key)  # loaded into the host tier meanwhile
+        if promoted is not None:
+            p.source, p.host, p.ready = "host", promoted, True
+            return None
+        try:
+            p.host = pl.reserve_host(p.key)
+        except BlockStateError:
+            return None  # another lease is loading the same block into the host tier: stage privately
+        if p.host is None:
+            pl.unref([p.gpu_block])
+            return "host tier full of pinned blocks: loaded fewer blocks"
+        return None
 
     # --------------------------------------------------------------- release
     def release(self, lease: Lease) -> None:
-        """End a lease: cancel unfinished loads, drop its GPU references and unlock its index path."""
+        """End a lease: cancel unfinished loads, drop its GPU references and unpin its index path."""
         if lease.released:
             return
         lease.resolve()
@@ -286,15 +340,12 @@ class TieredStore:
                 fut.result()  # reads and copies into the lease's buffers are over
         h = self.h
         with h.lock:
-            h.pool.free([p.gpu_block for p in lease.plan])
-            if h.host is not None:
-                for p in lease.plan:
-                    if p.host_slot is not None:
-                        h.host.unlock([p.key])
+            h.placement.unref([p.gpu_block for p in lease.plan])
+            for p in lease.plan:
+                self.prefetcher.release_host(p)
             if lease.node is not None:
-                h.index.unlock(lease.node)
+                h.placement.unpin(lease.node)
             lease.released = True
-            h.reap()
 
     # ------------------------------------------------------ blocks and commit
     def allocate(self, n: int) -> list[int]:
@@ -304,10 +355,10 @@ class TieredStore:
         when only they stand in the way, this waits for those copies. Raises
         :class:`OutOfBlocks` (nothing taken) when even that is not enough.
         """
-        for attempt in range(2):
+        free = 0
+        for attempt in range(3):
+            self.spiller.make_gpu_room(n)  # copies down outside the lock
             with self.h.lock:
-                if self.h.pool.num_free < n:
-                    self.spiller.ensure_gpu_free(n)
                 if self.h.pool.num_free >= n:
                     return self.h.pool.allocate(n)
                 free = self.h.pool.num_free
@@ -316,9 +367,9 @@ class TieredStore:
         raise OutOfBlocks(n, free)
 
     def free(self, block_ids: Sequence[int]) -> None:
-        """Drop the caller's reference on each block (cached ones stay in the index)."""
+        """Drop the caller's reference on each block (cached ones stay in the index, now evictable)."""
         with self.h.lock:
-            self.h.pool.free(block_ids)
+            self.h.placement.unref(block_ids)
 
     def commit(self, keys: Sequence[bytes], block_ids: Sequence[int], tokens: Sequence[int] | None = None,
                salt: Salt = None) -> int:
@@ -335,16 +386,10 @@ class TieredStore:
             raise ValueError(f"commit: {len(keys)} keys but {len(block_ids)} blocks")
         h = self.h
         with h.lock:
-            res = h.index.insert(keys, gpu_blocks=block_ids, tokens=tokens, salt=salt)
-            for i, entry in enumerate(res.entries):
-                b = block_ids[i]
-                if i >= res.num_existing:
-                    h.pool.incref([b])
-                    h.events.put("stored", entry.key, "gpu")
-                elif entry.gpu_block is None:
-                    h.index.set_gpu(entry, b)
-                    h.pool.incref([b])
+            res = h.placement.insert(keys, list(block_ids), tokens=tokens, salt=salt)
             new = list(res.entries[res.num_existing :])
+            for entry in new:
+                h.events.put("stored", entry.key, "gpu")
         self.spiller.on_commit(new)
         return len(new)
 
@@ -356,15 +401,16 @@ class TieredStore:
         """
         h = self.h
         self.spiller.wait()
-        with h.lock:
-            if tier == "gpu":
+        if tier == "gpu":
+            with h.lock:
                 before = h.counters.gpu_evictions
-                self.spiller.ensure_gpu_free(h.pool.num_blocks)
+            self.spiller.make_gpu_room(h.pool.num_blocks)
+            with h.lock:
                 return h.counters.gpu_evictions - before
-            if tier == "host":
-                if h.host is None:
-                    return 0
-                return self.spiller.make_host_room(h.host.num_slots)  # type: ignore[attr-defined]
+        if tier == "host":
+            if h.host is None:
+                return 0
+            return self.spiller.make_host_room(h.host.num_slots)
         raise ValueError(f"offload: tier must be 'gpu' or 'host', got {tier!r}")
 
     def save(self, keys: Sequence[bytes]) -> int:
@@ -393,7 +439,7 @@ class TieredStore:
                     "hit_tokens": c.hit_tokens["gpu"],
                     "used_blocks": h.pool.num_used,
                     "capacity_blocks": h.pool.num_blocks,
-                    "cached_blocks": sum(1 for n in h.index.nodes() for e in n.entries if e.gpu_block is not None),
+                    "cached_blocks": h.placement.num_gpu_cached,
                     "evictions": c.gpu_evictions,
                 },
                 "miss_tokens": c.prompt_tokens - sum(c.hit_tokens.values()),

@@ -11,13 +11,17 @@ def check_store(h: Hierarchy) -> None:
 
     Checks the index and pool invariants, then per entry: a GPU block has a
     reference (the index's), a host slot holds that key, an on-disk block is
-    on disk. Applies pending tier events first, since they are how tiers
+    on disk; the GPU eviction queue holds exactly the blocks only the cache
+    holds. Applies pending tier events first, since they are how tiers
     report their own evictions.
     """
     h.sync_tier_events()
     with h.lock:
         h.index.check_integrity()
         h.pool.check_integrity()
+        problems = h.placement.check()
+        if problems:
+            raise IntegrityError("; ".join(problems))
         for node in h.index.nodes():
             for e in node.entries:
                 tag = e.key.hex()[:16]
@@ -28,5 +32,6 @@ def check_store(h: Hierarchy) -> None:
                         raise IntegrityError(f"block {tag}: host slot recorded without a host tier")
                     if h.host.slot_of(e.key) != e.host_slot:
                         raise IntegrityError(f"block {tag}: index says host slot {e.host_slot}, host says {h.host.slot_of(e.key)}")
-                if e.on_disk and (h.disk is None or not h.disk.contains(e.key)):
+                # A disk tier that cannot report evictions is asked at lookup; its hint may be stale.
+                if e.on_disk and (h.disk is None or (h.disk_reports_evictions and not h.disk.contains(e.key))):
                     raise IntegrityError(f"block {tag}: index says on disk but the disk tier lacks it")

@@ -1,4 +1,4 @@
-"""Radix index: matching, splitting, exact LRU eviction, locks, and a model-based property test."""
+"""Radix index: matching, splitting, exact LRU eviction, pins, and a model-based property test."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_insert_splits_on_divergence_and_reuses_existing() -> None:
     idx.check_integrity()
 
 
-def test_exact_lru_eviction_order_and_locks() -> None:
+def test_match_makes_path_most_recent_and_pins_block_removal() -> None:
     idx = RadixIndex(LAYOUT)
     ids = _Ids()
     seqs = {name: _keys([i, i, i + 50, i + 50]) for i, name in enumerate("abcde")}
@@ -81,36 +81,39 @@ def test_exact_lru_eviction_order_and_locks() -> None:
         idx.insert(seqs[name], gpu_blocks=ids.take(2))
     idx.match_keys(seqs["b"])  # b becomes most recent
     idx.match_keys(seqs["a"])  # then a
-    locked = idx.match_keys(seqs["d"]).node
-    idx.lock(locked)
-    order = []
-    while (victim := idx.evict_lru_leaf()) is not None:
-        order.append(victim.entries[0].key)
-        idx.check_integrity()
+    pinned = idx.match_keys(seqs["d"]).node  # then d
     names = {seqs[n][0]: n for n in seqs}
-    assert [names[k] for k in order] == ["c", "e", "b", "a"]
-    assert idx.match_keys(seqs["d"]).num_blocks == 2  # locked survived
-    idx.unlock(locked)
-    assert idx.evict_lru_leaf() is not None
-    assert len(idx) == 0
+    by_age = sorted(idx.nodes(), key=lambda n: n.last_access)
+    assert [names[n.entries[0].key] for n in by_age] == ["c", "e", "b", "a", "d"]
+    idx.pin(pinned)
+    with pytest.raises(BlockStateError, match="unpinned leaf"):
+        idx.remove_leaf(pinned)
+    assert idx.match_keys(seqs["d"]).num_blocks == 2  # pinned survived
+    idx.unpin(pinned)
+    idx.remove_leaf(pinned)
+    assert idx.match_keys(seqs["d"]).num_blocks == 0
+    idx.check_integrity()
 
 
-def test_lock_protects_ancestors_and_unlock_balance() -> None:
+def test_pin_protects_ancestors_and_unpin_balance() -> None:
     idx = RadixIndex(LAYOUT)
     base = _keys([1, 1, 2, 2])
     child = _keys([1, 1, 2, 2, 3, 3])
     idx.insert(base, gpu_blocks=[0, 1])
     idx.insert(child, gpu_blocks=[None, None, 2])
     leaf = idx.match_keys(child).node
-    idx.lock(leaf)
-    assert idx.evict_lru_leaf() is None  # the only leaf is locked; its parent is not a leaf
-    assert leaf.parent is not None and leaf.parent.lock_ref == 1
-    idx.unlock(leaf)
+    idx.pin(leaf)
+    assert leaf.parent is not None and leaf.parent.pin_count == 1
     with pytest.raises(BlockStateError):
-        idx.unlock(leaf)
-    victim = idx.evict_lru_leaf()
-    assert victim is leaf
-    assert idx.evict_lru_leaf() is not None
+        idx.remove_tail(leaf, 0)
+    idx.unpin(leaf)
+    with pytest.raises(BlockStateError):
+        idx.unpin(leaf)
+    parent = leaf.parent
+    idx.remove_leaf(leaf)
+    idx.remove_leaf(parent)
+    assert len(idx) == 0
+    idx.check_integrity()
 
 
 def test_integrity_detects_double_gpu_block_and_homeless_entry() -> None:
@@ -119,17 +122,17 @@ def test_integrity_detects_double_gpu_block_and_homeless_entry() -> None:
     idx.insert(_keys([2, 2]), gpu_blocks=[6])
     e = idx.get(_keys([2, 2])[0])
     assert e is not None
-    idx.set_gpu(e, 5)
+    e.gpu_block = 5  # corrupt the record on purpose
     with pytest.raises(IntegrityError, match="GPU block 5"):
         idx.check_integrity()
-    idx.set_gpu(e, None)
+    e.gpu_block = None
     with pytest.raises(IntegrityError, match="no tier"):
         idx.check_integrity()
     with pytest.raises(ValueError, match="at least one tier"):
         idx.insert(_keys([3, 3]))
 
 
-def test_lru_nodes_tier_aware_and_remove_tail() -> None:
+def test_remove_tail() -> None:
     idx = RadixIndex(LAYOUT)
     keys = _keys([1, 1, 2, 2, 3, 3])
     res = idx.insert(keys, gpu_blocks=[0, 1, 2], on_disk=[True, True, True])
@@ -137,8 +140,6 @@ def test_lru_nodes_tier_aware_and_remove_tail() -> None:
     dropped = idx.remove_tail(node, 1)
     assert [e.gpu_block for e in dropped] == [1, 2]
     assert idx.match_keys(keys).num_blocks == 1
-    on_gpu = idx.lru_nodes(lambda n: any(e.gpu_block is not None for e in n.entries))
-    assert on_gpu == [node]
     idx.check_integrity()
 
 
@@ -146,14 +147,14 @@ def test_lru_nodes_tier_aware_and_remove_tail() -> None:
 
 
 class RadixMachine(RuleBasedStateMachine):
-    """Random insert/match/lock/unlock/evict against a reference model of present keys."""
+    """Random insert/match/pin/unpin/evict against a reference model of present keys."""
 
     def __init__(self) -> None:
         super().__init__()
         self.idx = RadixIndex(LAYOUT)
         self.present: set[bytes] = set()
         self.ids = _Ids()
-        self.locks: list[tuple[object, set[bytes]]] = []
+        self.pins: list[tuple[object, set[bytes]]] = []
 
     token_lists = st.lists(st.integers(0, 2), min_size=2, max_size=12)
     chains = token_lists.map(lambda t: _keys(t))
@@ -184,30 +185,30 @@ class RadixMachine(RuleBasedStateMachine):
         assert [e.key for e in m.entries] == keys[:expected]
 
     @rule(keys=chains)
-    def lock(self, keys: list[bytes]) -> None:
+    def pin(self, keys: list[bytes]) -> None:
         m = self.idx.match_keys(keys)
         if m.num_blocks == 0:
             return
-        self.idx.lock(m.node)
-        self.locks.append((m.node, set(keys[: m.num_blocks])))
+        self.idx.pin(m.node)
+        self.pins.append((m.node, set(keys[: m.num_blocks])))
 
-    @precondition(lambda self: self.locks)
+    @precondition(lambda self: self.pins)
     @rule(i=st.integers(0, 1000))
-    def unlock(self, i: int) -> None:
-        node, _ = self.locks.pop(i % len(self.locks))
-        self.idx.unlock(node)  # type: ignore[arg-type]
+    def unpin(self, i: int) -> None:
+        node, _ = self.pins.pop(i % len(self.pins))
+        self.idx.unpin(node)  # type: ignore[arg-type]
 
     @rule()
     def evict(self) -> None:
-        leaves = [n for n in self.idx.nodes() if n.is_leaf and n.lock_ref == 0]
-        expected = min(leaves, key=lambda n: (n.last_access, -self.idx.depth(n)), default=None)
-        victim = self.idx.evict_lru_leaf()
-        assert victim is expected  # the lazy heap gives exactly the brute-force LRU leaf
-        protected = set().union(*(k for _, k in self.locks)) if self.locks else set()
+        """Remove the least recently used unpinned leaf (ties deepest first), as a cache would."""
+        leaves = [n for n in self.idx.nodes() if n.is_leaf and n.pin_count == 0]
+        victim = min(leaves, key=lambda n: (n.last_access, -self.idx.depth(n)), default=None)
+        protected = set().union(*(k for _, k in self.pins)) if self.pins else set()
         if victim is None:
-            # Nothing evictable: every leaf must be locked.
-            assert all(n.lock_ref > 0 for n in self.idx.nodes() if n.is_leaf)
+            # Nothing evictable: every leaf must be pinned.
+            assert all(n.pin_count > 0 for n in self.idx.nodes() if n.is_leaf)
             return
+        self.idx.remove_leaf(victim)
         gone = {e.key for e in victim.entries}
         assert gone <= self.present and not gone & protected
         self.present -= gone

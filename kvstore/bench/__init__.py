@@ -17,6 +17,7 @@ from __future__ import annotations
 SUITES: dict[str, str] = {
     "tiers": "kvstore.bench.tiers",
     "lookup": "kvstore.bench.lookup",
+    "evict": "kvstore.bench.evict",
     "hitrate": "kvstore.bench.hitrate",
     "e2e": "kvstore.bench.e2e",
     "plan": "kvstore.bench.plan",
@@ -26,6 +27,7 @@ SUITES: dict[str, str] = {
 SUITE_HELP: dict[str, str] = {
     "tiers": "host / LMDB / file tier bandwidth against memcpy and raw direct I/O; block sizes; codecs",
     "lookup": "hash chain + radix match against a vLLM-style SHA-256 (pickle) baseline, 1k-128k tokens",
+    "evict": "GPU victim selection time with 1k / 10k / 100k host-only radix nodes (must stay flat)",
     "hitrate": "replayed workloads: tiered hit rate against GPU-only LRU and Belady's optimum",
     "e2e": "engine TTFT and throughput: full recompute, GPU prefix cache, tiered",
     "plan": "capacity plan of model presets from the bandwidths measured in the same run",

@@ -21,9 +21,9 @@ The host and disk tiers evict through the real tiers' order classes
 runs it: the host tier is LRU (``HostTier`` has no other policy), the disk
 tier whatever ``disk_policy`` names (``disk.eviction`` in the config).
 
-``RadixIndex.evict_lru_leaf`` rescans every node per eviction; replaying
-12k requests needs millions of evictions, so :class:`_LeafHeap` keeps the
-same order (least recent ``last_access`` first) in a lazy heap: an entry
+The index chooses no victims itself; replaying 12k requests needs millions
+of whole-leaf evictions, so :class:`_LeafHeap` keeps SGLang's order (least
+recent ``last_access`` first) in a lazy heap: an entry
 is stale once its node was touched again, removed, or gained a child.
 """
 
@@ -76,7 +76,7 @@ class _LeafHeap:
             access, _, node = item
             if node.parent is None or not node.is_leaf or access != node.last_access:
                 continue
-            if node.lock_ref:
+            if node.pin_count:
                 locked.append(item)
                 continue
             found = node
@@ -156,9 +156,9 @@ class TieredCacheSim:
             else:
                 self.disk.touch(block)
                 self._to_host(block)
-        self.index.lock(match.node)
+        self.index.pin(match.node)
         room = self._make_room(len(ids) - g)
-        self.index.unlock(match.node)
+        self.index.unpin(match.node)
         if room:
             res = self.index.insert(keys[: g + room], gpu_blocks=[None] * g + [self.free_gpu.pop() for _ in range(room)])
             self._leaves.push(res.node)

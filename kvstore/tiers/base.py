@@ -73,6 +73,9 @@ class Tier(ABC):
     """A key-addressed block store below the GPU."""
 
     name: str = "tier"
+    reports_evictions: bool = True
+    """Whether the tier announces every block it drops on its own as an event. A tier that cannot
+    (a remote daemon) sets ``False``, and the tiered store asks it at lookup instead of mirroring it."""
 
     def __init__(self, layout: KVLayout) -> None:
         self.layout = layout

@@ -5,9 +5,10 @@ from __future__ import annotations
 from kvstore.config.schema import KVStoreConfig
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Tier
+from kvstore.tiers.host import HostTier
 
 
-def build_lower_tiers(cfg: KVStoreConfig, layout: KVLayout) -> tuple[Tier | None, Tier | None]:
+def build_lower_tiers(cfg: KVStoreConfig, layout: KVLayout) -> tuple[HostTier | None, Tier | None]:
     """``(host, disk)`` for the names in ``cfg.tiers``; either may be ``None``.
 
     Tiers are created through the :data:`kvstore.tiers.TIERS` registry by
@@ -17,11 +18,13 @@ def build_lower_tiers(cfg: KVStoreConfig, layout: KVLayout) -> tuple[Tier | None
     from kvstore.tiers import build_tier
 
     sections = {"host": cfg.host, "lmdb": cfg.disk, "file": cfg.file}
-    host: Tier | None = None
+    host: HostTier | None = None
     disk: Tier | None = None
     for name in cfg.tiers:
         if name == "host":
-            host = build_tier(name, sections[name], layout, auto_evict=False)
+            built = build_tier(name, sections[name], layout, auto_evict=False)
+            assert isinstance(built, HostTier)  # the store reserves and pins its slots (the HostTier slot API)
+            host = built
         else:
             disk = build_tier(name, sections[name], layout)
     return host, disk

@@ -8,11 +8,11 @@ reference so nothing can evict or reuse them meanwhile.
 
 A slot is in exactly one of three states::
 
-    free ──reserve/put──► reserved (locked, invisible) ──publish──► published (in LRU order)
+    free ──reserve/put──► reserved (pinned, invisible) ──publish──► published (in LRU order)
       ▲                          │ abort                                │ evict / delete
       └──────────────────────────┴──────────────────────────────────────┘
 
-Deleting a locked key raises :class:`BlockStateError` and changes nothing
+Deleting a pinned key raises :class:`BlockStateError` and changes nothing
 (raising, not deferring, so a caller never sees a key that is both gone and
 still occupying memory).
 """
@@ -101,13 +101,13 @@ class HostTier(Tier):
         return self._lru.get(key)
 
     def slot_view(self, slot: int) -> torch.Tensor:
-        """Zero-copy view of ``slot``. Hold a :meth:`lock` on its key while using it."""
+        """Zero-copy view of ``slot``. Hold a :meth:`pin` on its key while using it."""
         return self.arena.slot_view(slot)
 
-    def lock(self, keys: Sequence[bytes]) -> list[int | None]:
-        """Add a reference to each published or reserved key and return its slot (``None``: absent, not locked).
+    def pin(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Add a reference to each published or reserved key and return its slot (``None``: absent, not pinned).
 
-        A locked slot is never evicted, deleted or reused. Locking a published
+        A pinned slot is never evicted, deleted or reused. Pinning a published
         key marks it most recently used.
         """
         with self._lock:
@@ -122,8 +122,8 @@ class HostTier(Tier):
             self._touch(keys)
             return out
 
-    def unlock(self, keys: Sequence[bytes]) -> None:
-        """Drop one reference per key; raises :class:`BlockStateError` (changing nothing) if one is not locked."""
+    def unpin(self, keys: Sequence[bytes]) -> None:
+        """Drop one reference per key; raises :class:`BlockStateError` (changing nothing) if one is not pinned."""
         with self._lock:
             slots: list[int] = []
             need: dict[int, int] = {}
@@ -132,13 +132,23 @@ class HostTier(Tier):
                 if slot is not None:
                     need[slot] = need.get(slot, 0) + 1
                 if slot is None or self._refs.get(slot, 0) < need[slot]:
-                    raise BlockStateError(f"unlock of host block {short_key(key)} that is not locked")
+                    raise BlockStateError(f"unpin of host block {short_key(key)} that is not pinned")
                 slots.append(slot)
             for slot in slots:
                 self._deref(slot)
 
+    # The daemon backend still says lock/unlock; it moves to pin/unpin with the lead's daemon renames.
+    lock = pin
+    unlock = unpin
+
+    @property
+    def num_pinned(self) -> int:
+        """Slots holding at least one reference (pins and reservations). Changes nothing."""
+        with self._lock:
+            return len(self._refs)
+
     def lru_victims(self, n: int) -> list[bytes]:
-        """Up to ``n`` unlocked published keys, least recently used first. Changes nothing."""
+        """Up to ``n`` unpinned published keys, least recently used first. Changes nothing."""
         with self._lock:
             out = []
             for key, slot in self._lru.items():
@@ -149,10 +159,10 @@ class HostTier(Tier):
             return out
 
     def reserve(self, keys: Sequence[bytes]) -> list[int | None]:
-        """Take a locked, invisible slot per key for a block about to be written into :meth:`slot_view`.
+        """Take a pinned, invisible slot per key for a block about to be written into :meth:`slot_view`.
 
         Free slots first, then (if ``auto_evict``) the least recently used
-        unlocked blocks, announced as ``"evicted"``. ``None`` for a key means no
+        unpinned blocks, announced as ``"evicted"``. ``None`` for a key means no
         slot could be made now; it never waits. Keys already published or
         reserved (or repeated) raise :class:`BlockStateError` before anything changes.
         """
@@ -179,12 +189,12 @@ class HostTier(Tier):
                 self._stats.bytes_written += self.bpb
 
     def abort(self, keys: Sequence[bytes]) -> None:
-        """Return reserved slots to the free list; raises if a key is not reserved or is locked by someone else."""
+        """Return reserved slots to the free list; raises if a key is not reserved or is pinned by someone else."""
         with self._lock:
             for key in keys:
                 slot = self._reserved.get(key)
                 if slot is None or self._refs.get(slot, 0) != 1:
-                    raise BlockStateError(f"abort of host block {short_key(key)} that is not reserved, or is locked")
+                    raise BlockStateError(f"abort of host block {short_key(key)} that is not reserved, or is pinned")
             for key in keys:
                 slot = self._reserved.pop(key)
                 del self._refs[slot]
@@ -205,7 +215,7 @@ class HostTier(Tier):
         return key in self._lru
 
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
-        """Copy published blocks into ``dests``; marks them most recently used. The slot stays locked during the copy."""
+        """Copy published blocks into ``dests``; marks them most recently used. The slot stays pinned during the copy."""
         check_buffers(keys, dests, self.bpb, "host")
         with self._lock:
             self._check_open()
@@ -230,7 +240,7 @@ class HostTier(Tier):
         return [s is not None for s in slots]
 
     def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
-        """Store blocks in new slots (evicting LRU unlocked ones if ``auto_evict``).
+        """Store blocks in new slots (evicting LRU unpinned ones if ``auto_evict``).
 
         A key already published is marked most recently used and reported
         ``True``; a key reserved by someone else reports ``False``, as does a
@@ -265,12 +275,12 @@ class HostTier(Tier):
         return [result[first[key]] for key in keys]
 
     def delete(self, keys: Sequence[bytes]) -> int:
-        """Free the slots of published keys; raises :class:`BlockStateError` (changing nothing) if one is locked or reserved."""
+        """Free the slots of published keys; raises :class:`BlockStateError` (changing nothing) if one is pinned or reserved."""
         with self._lock:
             for key in keys:
                 slot = self._lru.get(key)
                 if key in self._reserved or (slot is not None and slot in self._refs):
-                    raise BlockStateError(f"delete of host block {short_key(key)} while it is locked")
+                    raise BlockStateError(f"delete of host block {short_key(key)} while it is pinned")
             removed = 0
             for key in dict.fromkeys(keys):
                 slot = self._lru.pop(key, None)

@@ -46,6 +46,7 @@ class DaemonTier(Tier):
     """Blocks kept by the daemon the ``client`` talks to."""
 
     name = "daemon"
+    reports_evictions = False  # the daemon evicts on its own and sends no events: ask it at lookup
 
     def __init__(self, layout: KVLayout, client: DaemonClient) -> None:
         super().__init__(layout)

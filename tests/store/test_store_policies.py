@@ -134,7 +134,7 @@ def test_host_full_of_locked_blocks_loads_fewer_without_deadlock() -> None:
     s.flush()
     assert s.h.host is not None
     locked = [e.key for e in s.index.match_keys(s.keys(toks(500, 2)), count_hits=False).entries]
-    s.h.host.lock(locked)  # ... and lock every slot
+    s.h.host.pin(locked)  # ... and pin every slot
     done = threading.Event()
     result: dict[str, object] = {}
 
@@ -147,9 +147,9 @@ def test_host_full_of_locked_blocks_loads_fewer_without_deadlock() -> None:
         done.set()
 
     threading.Thread(target=run, daemon=True).start()
-    assert done.wait(10), "prefetch deadlocked on a host tier full of locked blocks"
-    assert result["n"] == 0 and "host tier full of locked blocks" in str(result["why"])
-    s.h.host.unlock(locked)
+    assert done.wait(10), "prefetch deadlocked on a host tier full of pinned blocks"
+    assert result["n"] == 0 and "host tier full of pinned blocks" in str(result["why"])
+    s.h.host.unpin(locked)
     s.check_integrity()
     # Unlocked, the two slots are reused: disk blocks go through host slots, so at most two load at once.
     got, lease = read_lease(s, toks(0, 4))

@@ -1,4 +1,4 @@
-"""Host tier: exact LRU order, locks, reserve/publish/abort, shared memory across processes."""
+"""Host tier: exact LRU order, pins, reserve/publish/abort, shared memory across processes."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_lru_order_exact_and_eviction_events() -> None:
     assert tier.lru_victims(10) == [k[3], k[2], k[1], k[0]]
     tier.get([k[1]], empty_blocks(L, 1))  # k1 becomes most recent
     assert tier.lru_victims(10) == [k[3], k[2], k[0], k[1]]
-    tier.lock([k[0]])  # locked: skipped, and touched
+    tier.pin([k[0]])  # pinned: skipped, and touched
     assert tier.lru_victims(2) == [k[3], k[2]]
     assert tier.put(k[4:6], b[4:6]) == [True, True]
     assert [e.key for e in tier.drain_events()] == [k[3], k[2]]
@@ -71,21 +71,21 @@ def test_lru_order_exact_and_eviction_events() -> None:
     tier.check_integrity()
 
 
-def test_locked_slot_never_evicted_or_reused() -> None:
+def test_pinned_slot_never_evicted_or_reused() -> None:
     tier = host(2)
     keys, blocks = make_keys(L, 10), make_blocks(L, 10)
     tier.put(keys[:1], blocks[:1])
-    (slot,) = tier.lock(keys[:1])
+    (slot,) = tier.pin(keys[:1])
     for i in range(1, 10):
         assert tier.put([keys[i]], [blocks[i]]) == [True]
         assert tier.slot_of(keys[i]) != slot
     assert torch.equal(tier.slot_view(slot), blocks[0])
-    with pytest.raises(BlockStateError, match="locked"):
+    with pytest.raises(BlockStateError, match="pinned"):
         tier.delete([keys[9], keys[0]])
     assert tier.contains(keys[9])  # nothing changed
-    tier.unlock(keys[:1])
-    with pytest.raises(BlockStateError, match="not locked"):
-        tier.unlock(keys[:1])
+    tier.unpin(keys[:1])
+    with pytest.raises(BlockStateError, match="not pinned"):
+        tier.unpin(keys[:1])
     assert tier.delete([keys[0], keys[0], keys[1]]) == 1
     tier.check_integrity()
 
@@ -117,7 +117,7 @@ def test_full_of_locked_returns_none_without_blocking() -> None:
     tier = host(2)
     k, b = make_keys(L, 4), make_blocks(L, 4)
     tier.put(k[:2], b[:2])
-    tier.lock(k[:2])
+    tier.pin(k[:2])
     out: list[object] = []
     worker = threading.Thread(target=lambda: out.extend([tier.reserve(k[2:3]), tier.put(k[3:4], b[3:4])]))
     worker.start()
@@ -150,7 +150,7 @@ def test_duplicate_keys_in_one_put() -> None:
 def test_random_ops_keep_integrity(ops: list[tuple[str, int]]) -> None:
     tier = host(3)
     keys, blocks = make_keys(L, 8), make_blocks(L, 8)
-    locks: dict[bytes, int] = {}
+    pins: dict[bytes, int] = {}
     for op, i in ops:
         key = keys[i]
         if op == "p":
@@ -159,16 +159,16 @@ def test_random_ops_keep_integrity(ops: list[tuple[str, int]]) -> None:
             d = empty_blocks(L, 1)
             if tier.get([key], d)[0]:
                 assert torch.equal(d[0], blocks[i])
-        elif op == "l" and tier.lock([key])[0] is not None:
-            locks[key] = locks.get(key, 0) + 1
-        elif op == "u" and locks.get(key):
-            tier.unlock([key])
-            locks[key] -= 1
-        elif op == "d" and not locks.get(key):
+        elif op == "l" and tier.pin([key])[0] is not None:
+            pins[key] = pins.get(key, 0) + 1
+        elif op == "u" and pins.get(key):
+            tier.unpin([key])
+            pins[key] -= 1
+        elif op == "d" and not pins.get(key):
             tier.delete([key])
         tier.check_integrity()
-        for locked, n in locks.items():
-            assert n == 0 or tier.contains(locked)
+        for pinned, n in pins.items():
+            assert n == 0 or tier.contains(pinned)
 
 
 def test_threads_share_the_tier() -> None:

@@ -1,0 +1,429 @@
+"""The one owner of where a block lives: every residency change of the tiered store goes through here.
+
+Where a block lives is recorded in its :class:`~kvstore.radix.BlockEntry`
+(``gpu_block``, ``host_slot``, ``on_disk``). Only :class:`Placement` writes
+those fields, takes or drops a reference on a GPU block, pins a radix node,
+or reserves, pins, publishes and aborts host slots; the store, the spiller
+and the prefetcher call it. Each transition checks the state it expects
+(``entry.gpu_block is None`` before a block is recorded, a host handle is
+released once) and raises :class:`PlacementError` otherwise, as vLLM's block
+pool asserts a block's previous state.
+
+Every method must be called with the hierarchy's lock held; none does I/O
+(tier calls here are slot bookkeeping in memory, never a disk or socket).
+
+The GPU eviction queue (:class:`GpuLru`) is kept here because this is the
+one place a block's evictability changes: a GPU block is evictable when the
+index records it, nobody else holds a reference (``ref_count == 1``) and its
+radix node is not pinned by a request. Each of those three facts changes
+only in a method below, which updates the queue, so choosing a victim is
+O(1) however many blocks live only in the lower tiers.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvstore.errors import BlockStateError, short_key
+from kvstore.hashing import Salt
+from kvstore.radix import BlockEntry, InsertResult, RadixNode
+
+if TYPE_CHECKING:
+    from kvstore.hierarchy import Hierarchy
+
+
+class PlacementError(BlockStateError):
+    """A placement transition found a block in a state it did not expect (a bug in the caller)."""
+
+
+class GpuLru:
+    """GPU blocks held only by the cache, least recently used first.
+
+    An ``OrderedDict`` keyed by block id: push, remove from the middle and pop
+    the oldest are O(1), like vLLM's ``FreeKVCacheBlockQueue`` (a doubly
+    linked list for the same reason). Read it through :meth:`order`.
+    """
+
+    def __init__(self) -> None:
+        self._q: OrderedDict[int, BlockEntry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._q
+
+    def push(self, block: int, entry: BlockEntry) -> None:
+        """Append ``block`` as the most recently used."""
+        if block in self._q:
+            raise PlacementError(f"GPU block {block} is already queued for eviction")
+        self._q[block] = entry
+
+    def discard(self, block: int) -> None:
+        """Remove ``block`` if queued."""
+        self._q.pop(block, None)
+
+    def touch(self, block: int) -> None:
+        """Make a queued ``block`` the most recently used (no-op if not queued)."""
+        if block in self._q:
+            self._q.move_to_end(block)
+
+    def oldest(self) -> BlockEntry | None:
+        """The least recently used queued entry, without removing it."""
+        for entry in self._q.values():
+            return entry
+        return None
+
+    def order(self) -> list[int]:
+        """Queued block ids, least recently used first (a copy)."""
+        return list(self._q)
+
+
+class HostSlot:
+    """A handle on one host slot: a write reservation or a read pin, given back exactly once.
+
+    States: ``reserved`` (invisible, being written) -> :meth:`Placement.publish`
+    -> ``pinned``; ``pinned`` -> :meth:`Placement.release` -> ``released``;
+    ``reserved`` -> :meth:`Placement.abort` -> ``released``. A second release
+    or abort raises :class:`PlacementError`.
+    """
+
+    __slots__ = ("key", "slot", "state")
+
+    def __init__(self, key: bytes, slot: int, state: str) -> None:
+        self.key = key
+        self.slot = slot
+        self.state = state
+
+    def __repr__(self) -> str:
+        return f"HostSlot({short_key(self.key)}, slot={self.slot}, {self.state})"
+
+
+class Placement:
+    """Changes where blocks live, for one :class:`~kvstore.hierarchy.Hierarchy` (call with its lock held)."""
+
+    def __init__(self, h: Hierarchy) -> None:
+        self.h = h
+        self.gpu_lru = GpuLru()
+        self._by_block: dict[int, BlockEntry] = {}  # GPU block -> the entry the index records it for
+        self._homeless: dict[bytes, BlockEntry] = {}  # entries with no copy left, removed once unpinned
+
+    # ----------------------------------------------------------- GPU blocks
+    def index_gpu(self, entry: BlockEntry, block: int) -> None:
+        """Record that ``entry`` lives in GPU ``block``; the index takes its own reference on it."""
+        if entry.gpu_block is not None:
+            raise PlacementError(f"block {short_key(entry.key)} already in GPU block {entry.gpu_block}")
+        if block in self._by_block:
+            raise PlacementError(f"GPU block {block} already records {short_key(self._by_block[block].key)}")
+        self.h.pool.incref([block])
+        entry.gpu_block = block
+        self._by_block[block] = entry
+        self._requeue(entry)
+
+    def insert(
+        self,
+        keys: Sequence[bytes],
+        gpu: Sequence[int | None],
+        host: Sequence[int | None] | None = None,
+        disk: Sequence[bool] | None = None,
+        tokens: Sequence[int] | None = None,
+        salt: Salt = None,
+    ) -> InsertResult:
+        """Index a key chain with where each block is now; blocks already indexed gain the copies they lack.
+
+        The index takes its own reference on every GPU block it records; a
+        GPU block offered for a block that already has a GPU copy is not
+        recorded (the caller keeps and frees its duplicate).
+        """
+        n = len(keys)
+        hosts = list(host) if host is not None else [None] * n
+        disks = list(disk) if disk is not None else [False] * n
+        res = self.h.index.insert(keys, gpu_blocks=gpu, host_slots=hosts, on_disk=disks, tokens=tokens, salt=salt)
+        for i, e in enumerate(res.entries):
+            if i >= res.num_existing:  # created with this residency: register its GPU block
+                b = e.gpu_block
+                if b is not None:
+                    if b in self._by_block:
+                        raise PlacementError(f"GPU block {b} already records {short_key(self._by_block[b].key)}")
+                    self.h.pool.incref([b])
+                    self._by_block[b] = e
+                    self._requeue(e)
+                continue
+            g = gpu[i]
+            if g is not None and e.gpu_block is None:
+                self.index_gpu(e, g)
+            if hosts[i] is not None and e.host_slot is None:
+                e.host_slot = hosts[i]
+            if disks[i]:
+                e.on_disk = True
+        return res
+
+    def unindex_gpu(self, entry: BlockEntry) -> None:
+        """Forget ``entry``'s GPU copy and drop the index's reference on its block."""
+        b = entry.gpu_block
+        if b is None or self._by_block.get(b) is not entry:
+            raise PlacementError(f"block {short_key(entry.key)} has no GPU copy recorded")
+        self.gpu_lru.discard(b)
+        del self._by_block[b]
+        entry.gpu_block = None
+        self.h.pool.free([b])
+
+    def ref(self, blocks: Sequence[int]) -> None:
+        """Add a reference per block for a holder other than the index (a lease, a copy in flight)."""
+        self.h.pool.incref(blocks)
+        for b in blocks:
+            self.gpu_lru.discard(b)
+
+    def unref(self, blocks: Sequence[int]) -> None:
+        """Drop a holder's reference per block; cached blocks nobody else holds become evictable.
+
+        A prefix's blocks are queued last first, so its tail is evicted before its head.
+        """
+        self.h.pool.free(blocks)
+        for b in reversed(blocks):
+            entry = self._by_block.get(b)
+            if entry is not None:
+                self._requeue(entry)
+
+    def touch(self, entries: Sequence[BlockEntry]) -> None:
+        """Make matched blocks most recently used, the first most recent (a prefix's tail goes first)."""
+        for e in reversed(entries):
+            if e.gpu_block is not None:
+                self.gpu_lru.touch(e.gpu_block)
+
+    @property
+    def num_gpu_cached(self) -> int:
+        """GPU blocks the index records. Changes nothing."""
+        return len(self._by_block)
+
+    def entry_of(self, block: int) -> BlockEntry | None:
+        """The indexed entry GPU ``block`` holds, if any. Changes nothing."""
+        return self._by_block.get(block)
+
+    def _evictable(self, entry: BlockEntry) -> bool:
+        b = entry.gpu_block
+        return b is not None and entry.node is not None and entry.node.pin_count == 0 and self.h.pool.ref_count(b) == 1
+
+    def _requeue(self, entry: BlockEntry) -> None:
+        b = entry.gpu_block
+        if b is None:
+            return
+        if self._evictable(entry):
+            if b not in self.gpu_lru:
+                self.gpu_lru.push(b, entry)
+        else:
+            self.gpu_lru.discard(b)
+
+    # ------------------------------------------------------------ radix pins
+    def pin(self, node: RadixNode) -> None:
+        """Protect ``node`` and its ancestors from eviction for a request."""
+        self.h.index.pin(node)
+        n: RadixNode | None = node
+        while n is not None:
+            if n.pin_count == 1:
+                for e in n.entries:
+                    if e.gpu_block is not None:
+                        self.gpu_lru.discard(e.gpu_block)
+            n = n.parent
+
+    def unpin(self, node: RadixNode) -> None:
+        """Undo one :meth:`pin`; blocks nobody holds any more become evictable (deepest first)."""
+        self.h.index.unpin(node)
+        n: RadixNode | None = node
+        while n is not None:
+            if n.pin_count == 0:
+                for e in reversed(n.entries):
+                    self._requeue(e)
+            n = n.parent
+        self.reap()
+
+    # ------------------------------------------------------------ host slots
+    def reserve_host(self, key: bytes) -> HostSlot | None:
+        """Reserve an invisible host slot to write ``key`` into; ``None`` when no slot is free.
+
+        Makes room only by dropping host blocks that are already on disk (no
+        I/O); the spiller makes more room outside the lock. Raises
+        :class:`BlockStateError` when the host tier has ``key`` or another
+        write has reserved it.
+        """
+        host = self.h.host
+        assert host is not None
+        slot = host.reserve([key])[0]
+        if slot is None:
+            for victim in host.lru_victims(1):
+                entry = self.h.index.get(victim)
+                if self.h.disk is None or (entry is not None and entry.on_disk):
+                    self.evict_host(victim)
+                    slot = host.reserve([key])[0]
+        return None if slot is None else HostSlot(key, slot, "reserved")
+
+    def pin_host(self, key: bytes) -> HostSlot | None:
+        """Pin the published host copy of ``key`` for reading; ``None`` if the host tier has none."""
+        host = self.h.host
+        if host is None or not host.contains(key):
+            return None
+        slot = host.pin([key])[0]
+        assert slot is not None
+        return HostSlot(key, slot, "pinned")
+
+    def adopt_host_copy(self, entry: BlockEntry) -> None:
+        """Record a host copy of ``entry`` that was published before the entry was indexed (in memory, no I/O)."""
+        host = self.h.host
+        if host is not None and entry.host_slot is None:
+            entry.host_slot = host.slot_of(entry.key)
+
+    def view(self, handle: HostSlot) -> torch.Tensor:
+        """Zero-copy view of a live handle's slot."""
+        if handle.state == "released":
+            raise PlacementError(f"{handle!r}: view of a released host slot")
+        assert self.h.host is not None
+        return self.h.host.slot_view(handle.slot)
+
+    def publish(self, handle: HostSlot) -> None:
+        """Make a written reservation visible; the handle keeps it pinned. Records it in the index."""
+        if handle.state != "reserved":
+            raise PlacementError(f"{handle!r}: publish of a host slot that is not reserved")
+        host = self.h.host
+        assert host is not None
+        host.pin([handle.key])
+        host.publish([handle.key])
+        handle.state = "pinned"
+        entry = self.h.index.get(handle.key)
+        if entry is not None and entry.host_slot is None:
+            entry.host_slot = handle.slot
+
+    def abort(self, handle: HostSlot) -> None:
+        """Give back a reservation whose write failed or was cancelled."""
+        if handle.state != "reserved":
+            raise PlacementError(f"{handle!r}: abort of a host slot that is not reserved")
+        assert self.h.host is not None
+        self.h.host.abort([handle.key])
+        handle.state = "released"
+
+    def release(self, handle: HostSlot) -> None:
+        """Unpin a published slot (the copy stays, evictable)."""
+        if handle.state != "pinned":
+            raise PlacementError(f"{handle!r}: release of a host slot that is not pinned (released twice?)")
+        assert self.h.host is not None
+        self.h.host.unpin([handle.key])
+        handle.state = "released"
+
+    def evict_host(self, key: bytes) -> bool:
+        """Delete the unpinned host copy of ``key`` and clear the index's record; ``False`` if it is pinned."""
+        host = self.h.host
+        assert host is not None
+        try:
+            host.delete([key])
+        except BlockStateError:
+            return False  # a reader or a copy in flight holds it: it stays
+        self.h.events.put("evicted", key, "host")
+        self.lost(key, "host")
+        return True
+
+    # ------------------------------------------------------------------ disk
+    def mark_on_disk(self, key: bytes) -> None:
+        """Record that the disk tier now holds ``key`` (if indexed)."""
+        entry = self.h.index.get(key)
+        if entry is not None:
+            entry.on_disk = True
+
+    # --------------------------------------------------------------- losses
+    def lost(self, key: bytes, tier: str) -> None:
+        """``tier`` no longer has ``key`` (evicted, corrupt, or a load of it failed): clear the record.
+
+        One path for every loss, so a block that cannot be loaded is never
+        reported again. A block left in no tier leaves the index with every
+        block after it (their prefix is broken).
+        """
+        entry = self.h.index.get(key)
+        if entry is None:
+            return
+        if tier == "host":
+            entry.host_slot = None
+        elif tier == "disk":
+            entry.on_disk = False
+        else:
+            raise PlacementError(f"lost: {tier!r} is not a lower tier")
+        if entry.tier is None:
+            self.drop_from(entry)
+
+    def drop_from(self, entry: BlockEntry) -> bool:
+        """Remove ``entry`` and every block after it in the index (their prefix is broken).
+
+        Frees the index's GPU references and host slots of what it removes.
+        When a request pins any of those nodes the removal is deferred to
+        :meth:`reap` and ``False`` is returned; the entry then ends every match.
+        """
+        node = entry.node
+        if node is None:
+            return True
+        index = self.h.index
+        subtree = _subtree(node)
+        if any(n.pin_count for n in subtree):
+            self._homeless[entry.key] = entry
+            return False
+        for n in reversed(subtree[1:]):  # children before parents
+            entries = list(n.entries)
+            index.remove_leaf(n)
+            self._forget(entries)
+        keep = node.entries.index(entry)
+        self._forget(index.remove_tail(node, keep))
+        self._homeless.pop(entry.key, None)
+        return True
+
+    def reap(self) -> None:
+        """Retry deferred removals whose nodes are no longer pinned."""
+        for key, entry in list(self._homeless.items()):
+            if entry.node is None or entry.tier is not None:
+                self._homeless.pop(key, None)  # gone already, or it found a home again
+            else:
+                self.drop_from(entry)
+
+    def _forget(self, entries: Iterable[BlockEntry]) -> None:
+        """Give back what removed entries held (they are out of the index already)."""
+        h = self.h
+        for e in entries:
+            if e.gpu_block is not None:
+                b = e.gpu_block
+                self.gpu_lru.discard(b)
+                self._by_block.pop(b, None)
+                e.gpu_block = None
+                h.pool.free([b])
+            if e.host_slot is not None and h.host is not None:
+                try:
+                    h.host.delete([e.key])
+                except BlockStateError:
+                    pass  # a copy in flight pins the slot; it stays as an unindexed, evictable block
+                e.host_slot = None
+            e.on_disk = False
+            h.counters.dropped_blocks += 1
+            h.events.put("dropped", e.key, "index")
+
+    # ------------------------------------------------------------ integrity
+    def check(self) -> list[str]:
+        """Problems with the eviction queue and the block map (empty when consistent). Changes nothing."""
+        out: list[str] = []
+        indexed: dict[int, BlockEntry] = {}
+        for node in self.h.index.nodes():
+            for e in node.entries:
+                if e.gpu_block is not None:
+                    indexed[e.gpu_block] = e
+        if indexed.keys() != self._by_block.keys() or any(indexed[b] is not e for b, e in self._by_block.items()):
+            out.append("the GPU block map differs from the index")
+        want = {b for b, e in indexed.items() if self._evictable(e)}
+        if want != set(self.gpu_lru.order()):
+            out.append(f"eviction queue holds {sorted(self.gpu_lru.order())}, evictable blocks are {sorted(want)}")
+        return out
+
+
+def _subtree(node: RadixNode) -> list[RadixNode]:
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(n.children.values())
+    return out
