@@ -139,7 +139,7 @@ def run_embedded(clients: int, n: int, batch: int, layout: KVLayout, root: Path,
 # -------------------------------------------------------------------- daemon
 def _daemon_client(socket_path: str, c: int, n: int, batch: int, rounds: int, barrier: Any, results: Any) -> None:
     from kvstore.daemon.client import DaemonClient
-    from kvstore.tiers.remote import DaemonTier
+    from kvstore.daemon.tier import DaemonTier
 
     layout = KVLayout(**MODEL)
     client = DaemonClient(layout, socket_path=socket_path, client_name=f"bench {c}")
