@@ -37,8 +37,8 @@ import yaml
 from kvstore.hashing import block_keys
 from kvstore.layout import KVLayout
 
-MODEL = {"model_id": "bench-daemon", "num_layers": 4, "num_kv_heads": 4, "head_dim": 64, "block_size": 16,
-         "dtype": "float16"}  # 64 KiB per block
+MODEL: dict[str, Any] = {"model_id": "bench-daemon", "num_layers": 4, "num_kv_heads": 4, "head_dim": 64,
+                         "block_size": 16, "dtype": "float16"}  # 64 KiB per block
 
 
 def _keys(client: int, n: int, layout: KVLayout) -> list[bytes]:
