@@ -15,6 +15,7 @@ import torch
 
 from engine import EngineConfig
 from engine.kernels import select_backend
+from kvstore.bench.machine import describe_machine
 from kvstore.errors import TierError
 from kvstore.gpu_pool import GPUBlockPool, default_device
 from kvstore.layout import KVLayout
@@ -154,6 +155,11 @@ def test_auto_backend_on_cuda_is_triton(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the compiled kernels: CUDA needs no interpreter
     assert select_backend("auto", "cuda").name == "triton"
     assert select_backend("triton", torch.device("cuda")).name == "triton"
+
+
+def test_machine_description_names_the_gpu(cuda_available: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: f"Fake GPU {index}")
+    assert describe_machine()["cuda"] == "Fake GPU 0"
 
 
 # ------------------------------------------------------------------ host arena pinning
