@@ -1,4 +1,5 @@
-# Two commands: `make run` starts the daemon (it prints where it listens), `make test` runs the test suite.
+# Two commands: `make run` starts the daemon (it prints where it listens), `make test` type-checks
+# (mypy, configured in pyproject.toml) and runs the test suite.
 # Each creates .venv in the checkout and (re)installs the project when
 # pyproject.toml changed since the last install; otherwise setup is a no-op.
 PYTHON ?= python3
@@ -20,6 +21,7 @@ run: $(STAMP)
 	$(VENV)/bin/kvstore serve --config $(CONFIG)
 
 test: $(STAMP)
+	$(VENV)/bin/python -m mypy
 	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest
 
 clean:

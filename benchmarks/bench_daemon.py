@@ -37,8 +37,8 @@ import yaml
 from kvstore.hashing import block_keys
 from kvstore.layout import KVLayout
 
-MODEL = {"model_id": "bench-daemon", "num_layers": 4, "num_kv_heads": 4, "head_dim": 64, "block_size": 16,
-         "dtype": "float16"}  # 64 KiB per block
+MODEL: dict[str, Any] = {"model_id": "bench-daemon", "num_layers": 4, "num_kv_heads": 4, "head_dim": 64,
+                         "block_size": 16, "dtype": "float16"}  # 64 KiB per block
 
 
 def _keys(client: int, n: int, layout: KVLayout) -> list[bytes]:
@@ -139,7 +139,7 @@ def run_embedded(clients: int, n: int, batch: int, layout: KVLayout, root: Path,
 # -------------------------------------------------------------------- daemon
 def _daemon_client(socket_path: str, c: int, n: int, batch: int, rounds: int, barrier: Any, results: Any) -> None:
     from kvstore.daemon.client import DaemonClient
-    from kvstore.tiers.remote import DaemonTier
+    from kvstore.daemon.tier import DaemonTier
 
     layout = KVLayout(**MODEL)
     client = DaemonClient(layout, socket_path=socket_path, client_name=f"bench {c}")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from engine import LLM, EngineConfig, ModelConfig, SamplingParams
+from engine import LLM, EngineConfig, ModelArch, SamplingParams
 
 PRESETS: dict[str, dict[str, int]] = {
     # A model small enough for two CPU cores.
@@ -49,7 +49,7 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 def measure_prefill(llm: LLM, batch: int, prompt_len: int) -> dict[str, float]:
     """Prompt tokens per second for ``batch`` prompts of ``prompt_len`` tokens."""
-    prompts = _prompts(batch, prompt_len, llm.model_config.vocab_size, seed=1)
+    prompts = _prompts(batch, prompt_len, llm.arch.vocab_size, seed=1)
     _sync(llm.pool.device)
     start = time.perf_counter()
     llm.generate(prompts, SamplingParams(max_tokens=1, ignore_eos=True))
@@ -60,7 +60,7 @@ def measure_prefill(llm: LLM, batch: int, prompt_len: int) -> dict[str, float]:
 
 def measure_decode(llm: LLM, batch: int, prompt_len: int, decode_tokens: int) -> dict[str, float]:
     """Generated tokens per second after prefill, for ``batch`` concurrent sequences."""
-    prompts = _prompts(batch, prompt_len, llm.model_config.vocab_size, seed=2)
+    prompts = _prompts(batch, prompt_len, llm.arch.vocab_size, seed=2)
     params = SamplingParams(max_tokens=decode_tokens, ignore_eos=True)
     seqs = [llm.add_request(p, params) for p in prompts]
     while any(not s.output_token_ids for s in seqs):
@@ -108,7 +108,7 @@ def memcpy_gbps(device: torch.device, nbytes: int) -> float:
 
 def limits(llm: LLM, sizes: dict[str, int], prefill: dict[str, float], decode: dict[str, float]) -> dict[str, float]:
     """Achieved FLOP/s and bytes/s of the two phases next to the machine's matmul and copy rates."""
-    cfg = llm.model_config
+    cfg = llm.arch
     params = sum(p.numel() for p in llm.model.parameters())
     layer_params = sum(p.numel() for p in llm.model.model.layers.parameters())
     head = cfg.vocab_size * cfg.hidden_size
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in PRESETS[args.preset].items()}
-    model_config = None if args.model else ModelConfig.tiny(
+    arch = None if args.model else ModelArch.tiny(
         num_layers=sizes["layers"], hidden_size=sizes["hidden"], num_heads=sizes["heads"],
         num_kv_heads=sizes["kv_heads"], head_dim=sizes["hidden"] // sizes["heads"],
         intermediate_size=sizes["intermediate"], vocab_size=32000)
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     config = EngineConfig(block_size=args.block_size, num_gpu_blocks=per_seq_blocks * sizes["batch"] + 8,
                           max_num_batched_tokens=sizes["budget"], max_num_seqs=sizes["batch"],
                           backend=args.backend, dtype=args.dtype, device=args.device)
-    llm = LLM(args.model, config=config, model_config=model_config)
+    llm = LLM(args.model, config=config, arch=arch)
     torch.set_grad_enabled(False)
 
     measure_prefill(llm, min(2, sizes["batch"]), min(32, sizes["prompt_len"]))  # warm-up / compile

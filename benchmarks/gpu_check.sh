@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Run on a machine with an NVIDIA GPU: the engine tests with the compiled Triton
-# kernels (the CUDA-only tests run instead of skipping), then the engine
-# benchmark. Results land in ${OUT:-bench-out}/.
+# kernels (the CUDA-only tests run instead of skipping), the CPU tests of the
+# CUDA-only branches, the connector oracle on CUDA (every tier and the daemon:
+# GPU <-> host <-> disk copies through kvstore/transfer.py), then the engine
+# benchmark and the tiered end-to-end benchmark (TTFT with the prefix on GPU,
+# host and disk). Results land in ${OUT:-bench-out}/; the script stops at the
+# first failing step.
 #
 #   bash benchmarks/gpu_check.sh            # from the repository root
 set -euo pipefail
@@ -21,9 +25,22 @@ PYEOF
 # Compiled kernels, not the interpreter: unset TRITON_INTERPRET. On this machine
 # every LLM without an explicit device runs on CUDA with the Triton backend, so
 # the whole engine suite exercises the CUDA path; -rs lists anything skipped.
-env -u TRITON_INTERPRET "$PY" -m pytest tests/engine -q -rs 2>&1 | tee "$DEST/engine_gpu_tests.txt"
+env -u TRITON_INTERPRET "$PY" -m pytest tests/engine tests/test_device_branches.py -q -rs 2>&1 \
+    | tee "$DEST/engine_gpu_tests.txt"
+
+# The connector oracle (output with a prefix from any tier == output computed from
+# scratch) on CUDA, with the torch and the Triton attention backends.
+for backend in torch triton; do
+    KVSTORE_TEST_DEVICE=cuda KVSTORE_TEST_BACKEND=$backend env -u TRITON_INTERPRET \
+        "$PY" -m pytest tests/connector -q -rs 2>&1 | tee "$DEST/connector_gpu_${backend}_tests.txt"
+done
 
 env -u TRITON_INTERPRET "$PY" benchmarks/engine_bench.py --preset gpu --device cuda \
     --out "$DEST/engine_gpu.json"
 env -u TRITON_INTERPRET "$PY" benchmarks/engine_bench.py --preset gpu --device cuda --backend torch \
     --batch 16 --decode-tokens 32 --out "$DEST/engine_gpu_torch_backend.json"
+
+# Tiered end to end: the engine picks CUDA when present, so spills and loads copy
+# between the GPU pool, host RAM and LMDB. Also the host/disk tier benchmark.
+env -u TRITON_INTERPRET "$PY" benchmarks/bench_e2e.py --no-progress --out "$DEST/e2e_gpu"
+env -u TRITON_INTERPRET "$PY" benchmarks/bench_tiers.py --quick --no-progress --out "$DEST/tiers"

@@ -1,7 +1,7 @@
 """``SidecarConnector``: the GPU pool and radix index in the engine, the lower tiers in a ``kvstore serve`` daemon.
 
 The store is the same :class:`~kvstore.store.TieredStore` the embedded
-connector uses, with one lower tier: a :class:`~kvstore.tiers.remote.DaemonTier`
+connector uses, with one lower tier: a :class:`~kvstore.daemon.tier.DaemonTier`
 (the daemon's shared-memory host tier in front of its disk tier). Lookups
 probe the daemon beyond the in-process index, so an engine finds what another
 engine (or its own previous run) left there.
@@ -24,7 +24,7 @@ from kvstore.daemon.client import DaemonClient
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt
 from kvstore.store import TieredStore
-from kvstore.tiers.remote import DaemonTier
+from kvstore.daemon.tier import DaemonTier
 
 CONNECT_WAIT_S = 10.0
 """How long :meth:`SidecarConnector.register` waits for the daemon to answer."""

@@ -4,11 +4,11 @@
 :class:`RequestOutput` per prompt.
 """
 
-from engine.config import CheckpointError, ModelConfig, RopeScaling
+from engine.config import CheckpointError, ModelArch, RopeScaling
 from engine.engine_config import EngineConfig
 from engine.llm import LLM
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
 
-__all__ = ["LLM", "CheckpointError", "EngineConfig", "ModelConfig", "RequestMetrics", "RequestOutput",
+__all__ = ["LLM", "CheckpointError", "EngineConfig", "ModelArch", "RequestMetrics", "RequestOutput",
            "RopeScaling", "SamplingParams"]

@@ -16,9 +16,9 @@ A connector-backed subclass overrides the hooks to add prefix caching:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable, Sequence
 
-from engine.sequence import Sequence
+from engine.sequence import SequenceState
 from kvstore.errors import IntegrityError
 from kvstore.gpu_pool import GPUBlockPool
 
@@ -35,7 +35,7 @@ class BlockManager:
         """Blocks the pool can hand out now. Changes nothing."""
         return self.pool.num_free
 
-    def admit(self, seq: Sequence) -> None:
+    def admit(self, seq: SequenceState) -> None:
         """Prepare a waiting sequence that is about to be scheduled.
 
         Here: no prefix cache, so the sequence starts from nothing. A
@@ -49,7 +49,7 @@ class BlockManager:
         seq.num_cached_tokens = 0
         seq.num_computed_tokens = 0
 
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+    def allocate_slots(self, seq: SequenceState, num_new_tokens: int) -> bool:
         """Grow ``seq.block_table`` to hold ``num_computed_tokens + num_new_tokens`` tokens.
 
         Returns ``False`` and changes nothing when the pool is short. Blocks
@@ -65,18 +65,18 @@ class BlockManager:
         seq.block_table.extend(ids)
         return True
 
-    def before_layer(self, seqs: Seq[Sequence]) -> Callable[[int], None] | None:
+    def before_layer(self, seqs: Sequence[SequenceState]) -> Callable[[int], None] | None:
         """A callable run before each layer of the step that computes ``seqs``, or ``None`` (nothing to wait for)."""
         return None
 
-    def on_computed(self, seq: Sequence) -> None:
+    def on_computed(self, seq: SequenceState) -> None:
         """Called after a step advanced ``seq.num_computed_tokens``; a prefix cache commits full blocks here."""
 
-    def preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: SequenceState) -> None:
         """Take a running sequence's KV away to make room; by default it is dropped and recomputed later."""
         self.free(seq)
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: SequenceState) -> None:
         """Drop the sequence's blocks (finished or preempted) and reset its progress to nothing computed."""
         if seq.block_table:
             self.pool.free(seq.block_table)

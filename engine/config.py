@@ -2,8 +2,8 @@
 
 One frozen dataclass holds everything the forward pass needs. It is built
 either directly (tiny random models for tests and benchmarks, see
-:meth:`ModelConfig.tiny`) or from a checkpoint directory with
-:meth:`ModelConfig.from_pretrained`, which understands both spellings of the
+:meth:`ModelArch.tiny`) or from a checkpoint directory with
+:meth:`ModelArch.from_pretrained`, which understands both spellings of the
 rotary settings that ``config.json`` files use: the older top-level
 ``rope_theta`` + ``rope_scaling`` and the newer ``rope_parameters``.
 """
@@ -47,7 +47,7 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelArch:
     """Shape and numerics of a Llama-architecture decoder.
 
     ``num_kv_heads < num_heads`` is grouped-query attention; each KV head
@@ -77,16 +77,16 @@ class ModelConfig:
                      "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+                raise ValueError(f"ModelArch.{name} must be a positive int, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+                f"ModelArch.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
         if self.head_dim % 2:
-            raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, got {self.head_dim}")
+            raise ValueError(f"ModelArch.head_dim must be even for rotary embeddings, got {self.head_dim}")
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
-                f"ModelConfig.architecture {self.architecture!r} is not supported; "
+                f"ModelArch.architecture {self.architecture!r} is not supported; "
                 f"choose one of {sorted(SUPPORTED_ARCHITECTURES)}"
             )
 
@@ -105,7 +105,7 @@ class ModelConfig:
     @classmethod
     def tiny(cls, *, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
              hidden_size: int = 64, intermediate_size: int = 128, vocab_size: int = 260,
-             tie_word_embeddings: bool = False, attention_bias: bool = False) -> ModelConfig:
+             tie_word_embeddings: bool = False, attention_bias: bool = False) -> ModelArch:
         """A small config for tests and benchmarks.
 
         The default vocabulary fits the byte tokenizer, whose BOS (256) and EOS
@@ -119,7 +119,7 @@ class ModelConfig:
                    eos_token_ids=(257,) if byte_specials else ())
 
     @classmethod
-    def from_hf_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    def from_hf_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelArch:
         """Build from the parsed contents of a Hugging Face ``config.json``; ``source`` names it in errors."""
         archs = cfg.get("architectures") or []
         arch = archs[0] if archs else None
@@ -160,7 +160,7 @@ class ModelConfig:
             raise CheckpointError(f"{source}: missing required field {exc.args[0]!r}") from exc
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> ModelConfig:
+    def from_pretrained(cls, path: str | Path) -> ModelArch:
         """Read ``<path>/config.json``. Raises :class:`CheckpointError` naming the missing or bad file."""
         directory = Path(path)
         if not directory.is_dir():

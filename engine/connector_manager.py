@@ -20,13 +20,13 @@ partial last block is recomputed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from connectors.base import KVConnector
 from engine.block_manager import BlockManager
-from engine.sequence import Sequence
+from engine.sequence import SequenceState
 from kvstore.errors import IntegrityError, OutOfBlocks
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.prefetch import Lease
@@ -53,7 +53,7 @@ class ConnectorBlockManager(BlockManager):
         self.preemption: PreemptionMode = preemption
         self._seqs: dict[str, _SeqCache] = {}
 
-    def admit(self, seq: Sequence) -> None:
+    def admit(self, seq: SequenceState) -> None:
         """Hand ``seq`` its cached prefix (at most all full blocks but the one holding its last token)."""
         if seq.block_table or seq.request_id in self._seqs:
             raise IntegrityError(f"sequence {seq.request_id!r} admitted while holding blocks")
@@ -70,7 +70,7 @@ class ConnectorBlockManager(BlockManager):
         n = len(lease.block_ids)
         self._seqs[seq.request_id] = _SeqCache(lease, list(match.keys[:n]), committed=n)
 
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+    def allocate_slots(self, seq: SequenceState, num_new_tokens: int) -> bool:
         needed = seq.blocks_needed(seq.num_computed_tokens + num_new_tokens, self.block_size)
         if needed == 0:
             return True
@@ -80,7 +80,7 @@ class ConnectorBlockManager(BlockManager):
             return False
         return True
 
-    def before_layer(self, seqs: Seq[Sequence]) -> Callable[[int], None] | None:
+    def before_layer(self, seqs: Sequence[SequenceState]) -> Callable[[int], None] | None:
         leases = [c.lease for s in seqs if (c := self._seqs.get(s.request_id)) is not None and c.lease.block_ids]
         if not leases:
             return None
@@ -91,7 +91,7 @@ class ConnectorBlockManager(BlockManager):
 
         return wait
 
-    def on_computed(self, seq: Sequence) -> None:
+    def on_computed(self, seq: SequenceState) -> None:
         """Commit the blocks that became full in this step."""
         cache = self._seqs.get(seq.request_id)
         if cache is None:
@@ -112,13 +112,13 @@ class ConnectorBlockManager(BlockManager):
                                    seq.cache_salt)
         cache.committed = full
 
-    def preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: SequenceState) -> None:
         cache = self._seqs.get(seq.request_id)
         if self.preemption == "swap" and cache is not None and cache.committed:
             self.connector.save(cache.keys[: cache.committed])
         self.free(seq)
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: SequenceState) -> None:
         cache = self._seqs.pop(seq.request_id, None)
         own = seq.block_table
         if cache is not None:

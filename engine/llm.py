@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engine.block_manager import BlockManager
 from connectors.base import KVConnector
-from engine.config import ModelConfig
+from engine.config import ModelArch
 from engine.connector_manager import ConnectorBlockManager, PreemptionMode
 from engine.engine_config import EngineConfig
 from engine.kernels import select_backend
@@ -19,7 +19,7 @@ from engine.runner import ModelRunner
 from engine.sampler import Sampler, check_stop
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.sequence import SequenceState
 from engine.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 from engine.weights import build_model, init_random, load_safetensors
 from kvstore.gpu_pool import GPUBlockPool
@@ -33,7 +33,7 @@ class LLM:
 
     ``model`` is a local Hugging Face checkpoint directory (``config.json`` and
     ``*.safetensors``; ``tokenizer.json`` when present), or ``None`` for the
-    built-in model: ``model_config`` (default :meth:`ModelConfig.tiny`) with
+    built-in model: ``arch`` (default :meth:`ModelArch.tiny`) with
     random weights from ``config.seed``.
 
     The KV cache lives in a kvstore :class:`GPUBlockPool`: ``pool`` shares an
@@ -50,7 +50,7 @@ class LLM:
     """
 
     def __init__(self, model: str | Path | None = None, *, config: EngineConfig | None = None,
-                 model_config: ModelConfig | None = None, pool: GPUBlockPool | None = None,
+                 arch: ModelArch | None = None, pool: GPUBlockPool | None = None,
                  block_manager_factory: Callable[[GPUBlockPool], BlockManager] | None = None,
                  connector: KVConnector | None = None, preemption: PreemptionMode = "recompute",
                  model_id: str | None = None) -> None:
@@ -58,10 +58,10 @@ class LLM:
         device = self.config.torch_device()
         dtype_name = self.config.kv_dtype_name()
         if model is not None:
-            if model_config is not None:
-                raise ValueError("pass either a checkpoint directory or a model_config, not both")
-            model_config = ModelConfig.from_pretrained(model)
-        cfg = model_config or ModelConfig.tiny()
+            if arch is not None:
+                raise ValueError("pass either a checkpoint directory or an arch, not both")
+            arch = ModelArch.from_pretrained(model)
+        cfg = arch or ModelArch.tiny()
         layout = KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.config.block_size, dtype_name,
                           model_id=model_id or (checkpoint_identity(model) if model is not None
                                                 else f"builtin-random-seed{self.config.seed}"))
@@ -91,12 +91,12 @@ class LLM:
         self._ids = itertools.count()
 
     @property
-    def model_config(self) -> ModelConfig:
+    def arch(self) -> ModelArch:
         """The model's configuration."""
         return self.model.config
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
-                    request_id: str | None = None, cache_salt: str | None = None) -> Sequence:
+                    request_id: str | None = None, cache_salt: str | None = None) -> SequenceState:
         """Queue one request (text or token ids); returns its sequence. Checks that it can ever fit.
 
         ``cache_salt`` isolates the request's cached prefix to one tenant; set
@@ -105,18 +105,18 @@ class LLM:
         params = params or SamplingParams()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         rid = request_id if request_id is not None else str(next(self._ids))
-        seq = Sequence(rid, ids, params, cache_salt=cache_salt)
+        seq = SequenceState(rid, ids, params, cache_salt=cache_salt)
         total = seq.num_prompt_tokens + params.max_tokens
-        if total > self.model_config.max_model_len:
+        if total > self.arch.max_model_len:
             raise ValueError(f"request {rid!r}: {seq.num_prompt_tokens} prompt + {params.max_tokens} new tokens "
-                             f"exceed the model's maximum length {self.model_config.max_model_len}")
+                             f"exceed the model's maximum length {self.arch.max_model_len}")
         blocks = -(-total // self.config.block_size)
         if blocks > self.pool.num_blocks:
             raise ValueError(f"request {rid!r} needs up to {blocks} KV blocks; the pool has {self.pool.num_blocks}")
-        bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+        bad = [t for t in ids if not 0 <= t < self.arch.vocab_size]
         if bad:
             raise ValueError(f"request {rid!r}: token ids {bad[:5]} are outside the vocabulary "
-                             f"of {self.model_config.vocab_size}")
+                             f"of {self.arch.vocab_size}")
         self.scheduler.add(seq)
         return seq
 
@@ -124,7 +124,7 @@ class LLM:
         """Whether any request is still waiting or running."""
         return self.scheduler.has_unfinished()
 
-    def step(self) -> list[Sequence]:
+    def step(self) -> list[SequenceState]:
         """Schedule, run the model once, sample; returns the sequences that finished in this step."""
         plan = self.scheduler.schedule()
         if not plan.chunks:
@@ -135,7 +135,7 @@ class LLM:
                 c.seq.metrics.first_scheduled_time = now
         seqs = [c.seq for c in plan.chunks]
         logits = self.runner.run(plan.chunks, before_layer=self.block_manager.before_layer(seqs))
-        finished: list[Sequence] = []
+        finished: list[SequenceState] = []
         for chunk, row in zip(plan.chunks, logits):
             seq = chunk.seq
             is_decode = chunk.num_tokens == 1 and bool(seq.output_token_ids) and chunk.completes
@@ -159,8 +159,8 @@ class LLM:
                 finished.append(seq)
         return finished
 
-    def generate(self, prompts: Prompt | Seq[Prompt],
-                 params: SamplingParams | Seq[SamplingParams] | None = None,
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
                  cache_salt: str | None = None) -> list[RequestOutput]:
         """Run every prompt to completion with continuous batching; outputs in prompt order.
 
@@ -169,8 +169,8 @@ class LLM:
         applies to every prompt of the call.
         """
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompt_list = list(prompts)  # type: ignore[arg-type]
+            prompts = [prompts]
+        prompt_list = list(prompts)
         if params is None or isinstance(params, SamplingParams):
             param_list = [params or SamplingParams()] * len(prompt_list)
         else:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.config import ModelArch
 from engine.rope import RotaryEmbedding
 
 BeforeLayer = Callable[[int], None]
@@ -52,7 +52,7 @@ class RMSNorm(nn.Module):
 class SelfAttention(nn.Module):
     """Projections and rotary embedding around an external attention kernel."""
 
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelArch, layer: int) -> None:
         super().__init__()
         self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -76,7 +76,7 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelArch) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -89,7 +89,7 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks with residual connections."""
 
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelArch, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = SelfAttention(cfg, layer)
@@ -105,7 +105,7 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
     """Embedding, the layer stack and the final norm (HF's ``model.`` prefix)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelArch) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
@@ -115,7 +115,7 @@ class Decoder(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """The decoder plus the LM head (tied to the embedding when the config says so)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelArch) -> None:
         super().__init__()
         self.config = cfg
         self.model = Decoder(cfg)

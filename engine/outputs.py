@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.sequence import Sequence
+from engine.sequence import SequenceState
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class RequestOutput:
     metrics: RequestMetrics
 
     @classmethod
-    def from_sequence(cls, seq: Sequence) -> RequestOutput:
+    def from_sequence(cls, seq: SequenceState) -> RequestOutput:
         """Snapshot of ``seq`` (token lists are copied)."""
         m = seq.metrics
         ttft = None if m.first_token_time is None else m.first_token_time - m.arrival_time

@@ -37,6 +37,8 @@ class RotaryEmbedding(torch.nn.Module):
     (a decode token at position 900 next to a prefill chunk starting at 0).
     """
 
+    inv_freq: torch.Tensor  # a buffer: typed here, since Module.__getattr__ says Tensor | Module
+
     def __init__(self, head_dim: int, theta: float, scaling: RopeScaling) -> None:
         super().__init__()
         self.register_buffer("inv_freq", inverse_frequencies(head_dim, theta, scaling), persistent=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.sequence import SequenceState
 
 
 class Sampler:
@@ -21,7 +21,7 @@ class Sampler:
         self.default_seed = default_seed
         self._generators: dict[str, torch.Generator] = {}
 
-    def sample(self, seq: Sequence, logits: torch.Tensor) -> int:
+    def sample(self, seq: SequenceState, logits: torch.Tensor) -> int:
         """The next token for ``seq`` from its fp32 ``logits [vocab]``."""
         params = seq.params
         if params.greedy:
@@ -29,11 +29,11 @@ class Sampler:
         probs = filtered_probs(logits.float().cpu(), params)
         return int(torch.multinomial(probs, 1, generator=self._generator(seq)))
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: SequenceState) -> None:
         """Forget the generator of a finished sequence."""
         self._generators.pop(seq.request_id, None)
 
-    def _generator(self, seq: Sequence) -> torch.Generator:
+    def _generator(self, seq: SequenceState) -> torch.Generator:
         gen = self._generators.get(seq.request_id)
         if gen is None:
             seed = seq.params.seed
@@ -64,7 +64,7 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return probs
 
 
-def check_stop(seq: Sequence, eos_token_ids: tuple[int, ...], text: str) -> tuple[str | None, str]:
+def check_stop(seq: SequenceState, eos_token_ids: tuple[int, ...], text: str) -> tuple[str | None, str]:
     """``(finish_reason, text)`` after the newest token: ``"stop"`` (EOS or a stop string) or ``"length"``.
 
     ``text`` is the decoded output so far; on a stop string it is cut just

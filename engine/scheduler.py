@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from engine.block_manager import BlockManager
-from engine.sequence import Sequence, SequenceStatus
+from engine.sequence import SequenceState, SequenceStatus
 from kvstore.errors import IntegrityError
 
 
@@ -25,7 +25,7 @@ from kvstore.errors import IntegrityError
 class ScheduledChunk:
     """``num_tokens`` positions of ``seq`` starting at ``start`` (its ``num_computed_tokens`` at scheduling)."""
 
-    seq: Sequence
+    seq: SequenceState
     start: int
     num_tokens: int
 
@@ -40,7 +40,7 @@ class SchedulerOutput:
     """One step's plan: the chunks to compute and the sequences preempted to make room."""
 
     chunks: list[ScheduledChunk]
-    preempted: list[Sequence]
+    preempted: list[SequenceState]
 
     @property
     def num_tokens(self) -> int:
@@ -58,10 +58,10 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: deque[SequenceState] = deque()
+        self.running: list[SequenceState] = []
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: SequenceState) -> None:
         """Queue a new sequence at the back of the waiting queue."""
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
@@ -74,7 +74,7 @@ class Scheduler:
         """Plan one step; allocates blocks for every scheduled chunk and frees those of preempted sequences."""
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
-        preempted: list[Sequence] = []
+        preempted: list[SequenceState] = []
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -108,13 +108,13 @@ class Scheduler:
             budget -= n
         return SchedulerOutput(chunks, preempted)
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, seq: SequenceState) -> None:
         """Remove a stopped sequence from the running queue and free its blocks."""
         self.running.remove(seq)
         seq.status = SequenceStatus.FINISHED
         self.block_manager.free(seq)
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: SequenceState) -> None:
         # The manager decides what happens to the KV (dropped for recompute, or swapped out to
         # a lower tier); the tokens stay and are prefilled again, minus what is cached, on readmission.
         self.block_manager.preempt(seq)

@@ -50,7 +50,7 @@ class SequenceMetrics:
 
 
 @dataclass(eq=False)
-class Sequence:
+class SequenceState:
     """A request: its tokens, its block table and its progress."""
 
     request_id: str

@@ -15,11 +15,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine.config import CheckpointError, ModelConfig
+from engine.config import CheckpointError, ModelArch
 from engine.model import LlamaForCausalLM
 
 
-def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> LlamaForCausalLM:
+def build_model(cfg: ModelArch, dtype: torch.dtype, device: torch.device | str) -> LlamaForCausalLM:
     """An uninitialised model (parameters on ``device`` in ``dtype``), in eval mode."""
     model = LlamaForCausalLM(cfg)
     return model.to(device=device, dtype=dtype).eval()
@@ -114,7 +114,7 @@ def save_checkpoint(model: LlamaForCausalLM, directory: str | Path) -> None:
 
 def load_model(directory: str | Path, dtype: torch.dtype, device: torch.device | str) -> LlamaForCausalLM:
     """Config and weights of a local checkpoint directory, as a ready model."""
-    cfg = ModelConfig.from_pretrained(directory)
+    cfg = ModelArch.from_pretrained(directory)
     model = build_model(cfg, dtype, device)
     load_safetensors(model, directory)
     return model

@@ -163,19 +163,6 @@ class GPUBlockPool:
         """One block as a flat ``uint8`` view (for copies to and from other tiers)."""
         return self.block(block_id).view(-1).view(torch.uint8)
 
-    def slot_mapping(self, block_table: Sequence[int], start: int, end: int) -> torch.Tensor:
-        """Slots of token positions ``start..end-1`` of a sequence (int64, on the pool's device).
-
-        ``slot = block_table[pos // block_size] * block_size + pos % block_size``
-        """
-        bs = self.layout.block_size
-        if start < 0 or end < start or (end > 0 and (end - 1) // bs >= len(block_table)):
-            raise ValueError(f"positions [{start}, {end}) do not fit a table of {len(block_table)} blocks")
-        pos = torch.arange(start, end, dtype=torch.int64)
-        table = torch.as_tensor(list(block_table), dtype=torch.int64)
-        slots = table[pos // bs] * bs + pos % bs if end > start else pos
-        return slots.to(self.device)
-
     # -------------------------------------------------------------- integrity
     def check_integrity(self) -> None:
         """Raise :class:`IntegrityError` unless free + used == total and counts agree."""

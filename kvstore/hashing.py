@@ -95,7 +95,7 @@ def block_keys(
     """
     bs = layout.block_size
     n_full = len(token_ids) // bs
-    raw = _token_bytes(token_ids[: n_full * bs])  # type: ignore[index]
+    raw = _token_bytes(token_ids[: n_full * bs])
     step = bs * 4
     key = root_key(layout, salt) if parent is None else parent
     keys: list[bytes] = []

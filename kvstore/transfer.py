@@ -6,14 +6,16 @@ so layer ``i`` of a block is the byte range ``[i * L, (i + 1) * L)`` with
 
     block bytes: | layer 0 (K, V) | layer 1 (K, V) | ... | layer n-1 |
 
-On CUDA, copies are issued ``non_blocking`` on a dedicated stream and each
+On CUDA, loads into the device are issued ``non_blocking`` on a dedicated stream and each
 layer records an event, so the compute stream waits only for the layer it
 reads. On the CPU they are plain copies done by the calling worker thread.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -28,13 +30,16 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     ``torch.Tensor.copy_`` splits even a 64 KiB copy over its intra-op thread
     pool, which stalls badly when several processes share a few cores (a
     daemon and its engines): measured 15x slower, and up to 1000x in bursts
-    on a loaded 2-core machine. Anything involving a GPU uses ``copy_``,
-    asynchronous when one side is on the device.
+    on a loaded 2-core machine. Anything involving a GPU uses ``copy_`` on the
+    current stream: asynchronous into the device (the loader orders readers with
+    :class:`LayerSync`), synchronous into host memory, because every caller
+    reads a host destination on the CPU right away (a disk write, a published
+    host slot) and an asynchronous copy into pinned memory would not be done yet.
     """
     if dst.device.type == "cpu" and src.device.type == "cpu":
         np.copyto(dst.numpy(), src.numpy())
     else:
-        copy_bytes(dst, src)
+        dst.copy_(src, non_blocking=dst.device.type != "cpu")
     return dst
 
 
@@ -65,22 +70,48 @@ def staging_buffer(layout: KVLayout, pin: bool) -> torch.Tensor:
     return buf
 
 
+class StreamEvents(Protocol):
+    """How :class:`LayerSync` orders the compute stream after a copy stream (CUDA events by default)."""
+
+    def record(self, stream: torch.cuda.Stream) -> object:
+        """An event recorded on ``stream`` now (after the copies issued so far)."""
+        ...
+
+    def wait(self, event: object) -> None:
+        """Make the current (compute) stream wait for ``event``."""
+        ...
+
+
+class CudaStreamEvents:
+    """:class:`StreamEvents` with ``torch.cuda.Event``."""
+
+    def record(self, stream: torch.cuda.Stream) -> object:
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        return ev
+
+    def wait(self, event: object) -> None:
+        assert isinstance(event, torch.cuda.Event)
+        torch.cuda.current_stream().wait_event(event)
+
+
 class LayerSync:
-    """Per-layer readiness of a multi-layer transfer: CUDA events on a GPU, thread events on the CPU."""
+    """Per-layer readiness of a multi-layer transfer: CUDA events on a GPU, thread events on the CPU.
 
-    def __init__(self, num_layers: int, device: torch.device) -> None:
-        import threading
+    ``events`` records and waits for stream events on a CUDA device; tests pass
+    a fake to run the CUDA branch on the CPU.
+    """
 
+    def __init__(self, num_layers: int, device: torch.device, events: StreamEvents | None = None) -> None:
         self.cuda = device.type == "cuda"
+        self._events: StreamEvents = events if events is not None else CudaStreamEvents()
         self._host_events = [threading.Event() for _ in range(num_layers)]
-        self._cuda_events: list[torch.cuda.Event | None] = [None] * num_layers
+        self._stream_events: list[object | None] = [None] * num_layers
 
     def mark(self, layer: int, stream: torch.cuda.Stream | None = None) -> None:
         """Layer ``layer`` has been issued (CUDA) or copied (CPU)."""
         if self.cuda and stream is not None:
-            ev = torch.cuda.Event()
-            ev.record(stream)
-            self._cuda_events[layer] = ev
+            self._stream_events[layer] = self._events.record(stream)
         self._host_events[layer].set()
 
     def mark_all(self) -> None:
@@ -92,9 +123,9 @@ class LayerSync:
         """Block until layer ``layer`` is usable by the compute stream; returns False on timeout."""
         if not self._host_events[layer].wait(timeout):
             return False
-        ev = self._cuda_events[layer]
+        ev = self._stream_events[layer]
         if ev is not None:
-            torch.cuda.current_stream().wait_event(ev)
+            self._events.wait(ev)
         return True
 
     def is_set(self, layer: int) -> bool:

@@ -45,10 +45,10 @@ PROBE_NEW = 64
 TARGET_TTFT_SPEEDUP = 5.0
 
 
-def _model_config(quick: bool) -> Any:
-    from engine.config import ModelConfig
+def _arch(quick: bool) -> Any:
+    from engine.config import ModelArch
 
-    base = ModelConfig.tiny(num_layers=2 if quick else 4, hidden_size=64 if quick else 256,
+    base = ModelArch.tiny(num_layers=2 if quick else 4, hidden_size=64 if quick else 256,
                             intermediate_size=128 if quick else 512, num_heads=4, num_kv_heads=2,
                             head_dim=16 if quick else 64)
     return dataclasses.replace(base, max_position_embeddings=8192)
@@ -94,7 +94,7 @@ def _run_mode(factory: Callable[..., Any] | None, quick: bool, rounds: list[list
     cfg = EngineConfig(block_size=16, num_gpu_blocks=2048 if quick else 4096, max_num_batched_tokens=2048,
                        dtype="float32", seed=seed)
     kwargs = {} if factory is None else {"block_manager_factory": factory}
-    llm = LLM(config=cfg, model_config=_model_config(quick), **kwargs)
+    llm = LLM(config=cfg, arch=_arch(quick), **kwargs)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     _probe(llm, list(range(1, 40)))  # untimed: first-call costs of torch and the engine
     ttfts: list[float] = []
@@ -143,7 +143,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
                                        "max_tokens": max_tokens, "probe_prefix_tokens": probe_len, "probe_new_tokens": PROBE_NEW,
                                        "model": "built-in Llama-style, random weights", "dtype": "float32"})
     rng = np.random.default_rng(options.seed)
-    vocab = _model_config(options.quick).vocab_size
+    vocab = _arch(options.quick).vocab_size
     rounds = _chat_rounds(rng, sessions, nrounds, system, vocab)
     probe = (rng.integers(0, vocab, size=probe_len).tolist(),
              [rng.integers(0, vocab, size=PROBE_NEW).tolist() for _ in range(4)])

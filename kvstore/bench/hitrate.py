@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kvstore.bench.belady import belady_hits
 from kvstore.bench.cache_sim import TieredCacheSim
@@ -93,7 +94,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
         for frac in fractions:
             gpu = max(int(frac * footprint), biggest)
             host, disk = HOST_PER_GPU * gpu, DISK_PER_GPU * gpu
-            p = {"workload": w, "gpu_fraction": frac, "gpu_blocks": gpu}
+            p: dict[str, Any] = {"workload": w, "gpu_fraction": frac, "gpu_blocks": gpu}
             lru_sim = TieredCacheSim(gpu)
             lru = _rate(trace, [c.total for c in (lru_sim.request(r) for r in trace.requests)])
             opt = _rate(trace, belady_hits(trace.requests, gpu + host + disk))

@@ -57,7 +57,7 @@ def _openers(layout: KVLayout, root: Path, total: int, codec: str, results: Resu
         from kvstore.config.schema import DiskConfig
         from kvstore.tiers.disk import DiskTier
 
-        lmdb_cfg = DiskConfig(path=str(root / "lmdb"), max_size=cap, codec=codec)  # type: ignore[arg-type]
+        lmdb_cfg = DiskConfig(path=str(root / "lmdb"), max_size=cap, codec=codec)
         out["lmdb"] = lambda: DiskTier.from_config(lmdb_cfg, layout)
     except (ImportError, ValueError) as exc:  # not written yet, or its config section changed
         results.skipped.setdefault("lmdb", f"kvstore.tiers.disk not usable: {exc}")
@@ -65,7 +65,7 @@ def _openers(layout: KVLayout, root: Path, total: int, codec: str, results: Resu
         from kvstore.config.schema import FileConfig
         from kvstore.tiers.file import FileTier
 
-        file_cfg = FileConfig(path=str(root / "files"), max_size=cap, codec=codec)  # type: ignore[arg-type]
+        file_cfg = FileConfig(path=str(root / "files"), max_size=cap, codec=codec)
         out["file"] = lambda: FileTier.from_config(file_cfg, layout)
     except (ImportError, ValueError) as exc:  # not written yet, or its config section changed
         results.skipped.setdefault("file", f"kvstore.tiers.file not usable: {exc}")

@@ -31,9 +31,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _block_bytes(block_size: int) -> int:
-    from engine.config import ModelConfig
+    from engine.config import ModelArch
 
-    m = ModelConfig.tiny()
+    m = ModelArch.tiny()
     return m.num_layers * 2 * block_size * m.num_kv_heads * m.head_dim * 4  # fp32 on the CPU
 
 

@@ -15,6 +15,14 @@ from kvstore.config.units import PositiveSize, Size
 from kvstore.layout import KVLayout
 
 
+TierName = Literal["host", "lmdb", "file"]
+"""A tier below the GPU, by its YAML name."""
+
+
+def _default_tiers() -> list[TierName]:
+    return ["host", "lmdb"]
+
+
 class Section(BaseModel):
     """Base of every config section: strict about unknown keys, docstrings as descriptions."""
 
@@ -187,7 +195,7 @@ class KVStoreConfig(Section):
 
     connector: Literal["embedded", "sidecar"] = "embedded"
     """Where the lower tiers live: in the engine's process, or in a ``kvstore serve`` daemon."""
-    tiers: list[Literal["host", "lmdb", "file"]] = Field(default_factory=lambda: ["host", "lmdb"])
+    tiers: list[TierName] = Field(default_factory=_default_tiers)
     """Tiers below the GPU, fastest first, by name: ``host`` (RAM), then ``lmdb`` (disk) or ``file``
     (one file per block, the baseline). An empty list keeps the cache on the GPU only."""
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -2,5 +2,5 @@
 
 ``frames``/``messages`` define the wire protocol, ``session`` serves one
 connection, ``backend`` holds the tiers and leases, ``server`` runs it all,
-``client`` is what engines (through ``kvstore.tiers.remote.DaemonTier``) use.
+``client`` is what engines use, through ``tier`` (``DaemonTier``: the daemon as a lower tier of their store).
 """

@@ -215,8 +215,7 @@ class DaemonClient:
         for rid, op in pending:
             header, body = self._read_reply(rid, op)
             if header.op == Op.ERROR:
-                code, message = m.decode_error(body)
-                log.debug("deferred %s refused by the daemon: %s %s", op.name, code.name, message)
+                log.debug("deferred %s: %s", op.name, DaemonError(*m.decode_error(body)))  # names unknown codes too
 
     def _roundtrip(self, op: Op, payload: bytes) -> bytes:
         assert self._sock is not None

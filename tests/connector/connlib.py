@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,15 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
 
 
 def engine_config(gpu_blocks: int = 64) -> EngineConfig:
-    """Tiny fp32 CPU engine; small batches so prompts prefill in several chunks."""
+    """Tiny fp32 engine; small batches so prompts prefill in several chunks.
+
+    The CPU with the torch backend unless ``KVSTORE_TEST_DEVICE`` / ``KVSTORE_TEST_BACKEND``
+    say otherwise: ``benchmarks/gpu_check.sh`` runs this suite on CUDA with both backends.
+    """
     return EngineConfig(block_size=BLOCK, num_gpu_blocks=gpu_blocks, max_num_batched_tokens=64, max_num_seqs=8,
-                        device="cpu", backend="torch", seed=0)
+                        device=os.environ.get("KVSTORE_TEST_DEVICE", "cpu"),
+                        backend=os.environ.get("KVSTORE_TEST_BACKEND", "torch"),  # type: ignore[arg-type]  # checked by EngineConfig
+                        dtype="float32", seed=0)
 
 
 def kv_config(root: Path, *, host_blocks: int = 64, block_bytes: int = 2048, **over: Any) -> Any:

@@ -21,7 +21,7 @@ import yaml
 from kvstore.config import load_config
 from kvstore.daemon.client import DaemonClient
 from kvstore.layout import KVLayout
-from kvstore.tiers.remote import DaemonTier
+from kvstore.daemon.tier import DaemonTier
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = {"model_id": "daemon-test", "num_layers": 2, "num_kv_heads": 2, "head_dim": 8, "block_size": 4, "dtype": "float16"}

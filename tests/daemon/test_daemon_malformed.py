@@ -15,7 +15,7 @@ from daemonlib import LAYOUT, Daemon, block_for, cleanup, empty_blocks, keys_for
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.frames import HEADER, HEADER_SIZE, MAGIC, PROTOCOL_VERSION, ErrorCode, Op, encode_frame
-from kvstore.tiers.remote import DaemonTier
+from kvstore.daemon.tier import DaemonTier
 
 TOKEN = "s3cret-token"
 

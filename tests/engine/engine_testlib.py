@@ -7,13 +7,13 @@ import random
 import torch
 
 from engine.block_manager import BlockManager
-from engine.config import ModelConfig
+from engine.config import ModelArch
 from engine.kernels import select_backend
 from engine.model import LlamaForCausalLM
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk
-from engine.sequence import Sequence
+from engine.sequence import SequenceState
 from engine.weights import build_model, init_random
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
@@ -22,7 +22,7 @@ from kvstore.layout import KVLayout
 def tiny_model(num_heads: int = 4, num_kv_heads: int = 2, seed: int = 0, device: str = "cpu",
                **kw: object) -> LlamaForCausalLM:
     """A seeded random fp32 model (on the CPU unless told otherwise)."""
-    model = build_model(ModelConfig.tiny(num_heads=num_heads, num_kv_heads=num_kv_heads, **kw), torch.float32,
+    model = build_model(ModelArch.tiny(num_heads=num_heads, num_kv_heads=num_kv_heads, **kw), torch.float32,
                         device)
     init_random(model, seed)
     return model
@@ -47,11 +47,11 @@ class PagedHarness:
         self.manager = BlockManager(self.pool)
         self.runner = ModelRunner(model, self.pool, select_backend(backend, device))
 
-    def new_seq(self, tokens: list[int], rid: str = "s") -> Sequence:
+    def new_seq(self, tokens: list[int], rid: str = "s") -> SequenceState:
         """A sequence whose whole token list is ``tokens`` (treated as prompt)."""
-        return Sequence(rid, list(tokens), SamplingParams())
+        return SequenceState(rid, list(tokens), SamplingParams())
 
-    def run(self, plan: list[tuple[Sequence, int]]) -> list[torch.Tensor]:
+    def run(self, plan: list[tuple[SequenceState, int]]) -> list[torch.Tensor]:
         """Compute ``n`` more tokens of each listed sequence in one batch; all-token logits per entry."""
         chunks = []
         for seq, n in plan:

@@ -7,7 +7,7 @@ import random
 from engine import LLM, EngineConfig, SamplingParams
 from engine.block_manager import BlockManager
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceStatus
+from engine.sequence import SequenceState, SequenceStatus
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 
@@ -30,8 +30,8 @@ def _advance(sched: Scheduler) -> list[tuple[str, int, int]]:
 
 def test_chunked_prefill_follows_the_token_budget() -> None:
     sched = _scheduler(num_blocks=32, budget=8)
-    sched.add(Sequence("a", list(range(10)), SamplingParams()))
-    sched.add(Sequence("b", list(range(3)), SamplingParams()))
+    sched.add(SequenceState("a", list(range(10)), SamplingParams()))
+    sched.add(SequenceState("b", list(range(3)), SamplingParams()))
     assert _advance(sched) == [("a", 0, 8)]
     assert _advance(sched) == [("a", 8, 2), ("b", 0, 3)]
     assert _advance(sched) == [("a", 10, 1), ("b", 3, 1)]
@@ -40,8 +40,8 @@ def test_chunked_prefill_follows_the_token_budget() -> None:
 
 def test_admission_waits_for_free_blocks() -> None:
     sched = _scheduler(num_blocks=3, budget=64)
-    sched.add(Sequence("a", list(range(9)), SamplingParams()))  # 3 blocks
-    sched.add(Sequence("b", list(range(2)), SamplingParams()))
+    sched.add(SequenceState("a", list(range(9)), SamplingParams()))  # 3 blocks
+    sched.add(SequenceState("b", list(range(2)), SamplingParams()))
     assert _advance(sched) == [("a", 0, 9)]
     assert [s.request_id for s in sched.waiting] == ["b"]
     sched.finish(sched.running[0])
@@ -51,7 +51,7 @@ def test_admission_waits_for_free_blocks() -> None:
 def test_preemption_takes_the_newest_and_requeues_it_first() -> None:
     sched = _scheduler(num_blocks=3, budget=64)
     for rid in "abc":
-        sched.add(Sequence(rid, list(range(4)), SamplingParams()))  # one full block each
+        sched.add(SequenceState(rid, list(range(4)), SamplingParams()))  # one full block each
     assert _advance(sched) == [("a", 0, 4), ("b", 0, 4), ("c", 0, 4)]
     # The pool is full and each decode needs a 2nd block: a preempts c and takes its block,
     # then b finds nothing free and, being the newest left, preempts itself.

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, CheckpointError, EngineConfig, ModelConfig
+from engine import LLM, CheckpointError, EngineConfig, ModelArch
 from engine.kernels import select_backend
 from engine.rope import inverse_frequencies
 from engine.weights import build_model, init_random, load_model, save_checkpoint
@@ -18,10 +18,10 @@ BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size":
 
 
 def test_old_and_new_rope_spellings_agree() -> None:
-    old = ModelConfig.from_hf_dict({**BASE, "rope_theta": 5e5, "rope_scaling": {
+    old = ModelArch.from_hf_dict({**BASE, "rope_theta": 5e5, "rope_scaling": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192}})
-    new = ModelConfig.from_hf_dict({**BASE, "rope_parameters": {
+    new = ModelArch.from_hf_dict({**BASE, "rope_parameters": {
         "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192}})
     assert old == new and old.rope_theta == 5e5 and old.rope_scaling.rope_type == "llama3"
@@ -29,10 +29,10 @@ def test_old_and_new_rope_spellings_agree() -> None:
 
 
 def test_rope_scaling_changes_only_what_it_should() -> None:
-    cfg = ModelConfig.from_hf_dict({**BASE, "rope_scaling": {"type": "linear", "factor": 4.0}})
-    plain = inverse_frequencies(16, 10000.0, ModelConfig.from_hf_dict(BASE).rope_scaling)
+    cfg = ModelArch.from_hf_dict({**BASE, "rope_scaling": {"type": "linear", "factor": 4.0}})
+    plain = inverse_frequencies(16, 10000.0, ModelArch.from_hf_dict(BASE).rope_scaling)
     torch.testing.assert_close(inverse_frequencies(16, 10000.0, cfg.rope_scaling), plain / 4)
-    llama3 = ModelConfig.from_hf_dict({**BASE, "rope_parameters": {
+    llama3 = ModelArch.from_hf_dict({**BASE, "rope_parameters": {
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})
     scaled = inverse_frequencies(16, 10000.0, llama3.rope_scaling)
@@ -41,35 +41,35 @@ def test_rope_scaling_changes_only_what_it_should() -> None:
 
 
 def test_qwen2_has_qkv_bias_and_sliding_window_caps_length() -> None:
-    qwen = ModelConfig.from_hf_dict({**BASE, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False,
+    qwen = ModelArch.from_hf_dict({**BASE, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False,
                                      "sliding_window": 128})
     assert qwen.qkv_bias and qwen.sliding_window is None
-    mistral = ModelConfig.from_hf_dict({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 128,
+    mistral = ModelArch.from_hf_dict({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 128,
                                         "max_position_embeddings": 4096})
     assert mistral.max_model_len == 128
 
 
 def test_checkpoint_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="has no config.json"):
-        ModelConfig.from_pretrained(tmp_path)
+        ModelArch.from_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match="does not exist"):
-        ModelConfig.from_pretrained(tmp_path / "nope")
+        ModelArch.from_pretrained(tmp_path / "nope")
     (tmp_path / "config.json").write_text(json.dumps({**BASE, "architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(CheckpointError, match="architecture 'GPT2LMHeadModel' is not supported"):
         LLM(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in BASE.items() if k != "hidden_size"}))
     with pytest.raises(CheckpointError, match="missing required field 'hidden_size'"):
-        ModelConfig.from_pretrained(tmp_path)
+        ModelArch.from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**BASE, "rope_scaling": {"rope_type": "yarn"}}))
     with pytest.raises(CheckpointError, match="rope_type 'yarn'"):
-        ModelConfig.from_pretrained(tmp_path)
+        ModelArch.from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(BASE))
     with pytest.raises(CheckpointError, match="no \\*.safetensors"):
         load_model(tmp_path, torch.float32, "cpu")
 
 
 def test_checkpoint_with_wrong_shapes_or_missing_tensors(tmp_path: Path) -> None:
-    model = build_model(ModelConfig.tiny(), torch.float32, "cpu")
+    model = build_model(ModelArch.tiny(), torch.float32, "cpu")
     init_random(model, 3)
     save_checkpoint(model, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
@@ -82,7 +82,7 @@ def test_checkpoint_with_wrong_shapes_or_missing_tensors(tmp_path: Path) -> None
 
 
 def test_saved_checkpoint_round_trips(tmp_path: Path) -> None:
-    model = build_model(ModelConfig.tiny(tie_word_embeddings=True, attention_bias=True), torch.float32, "cpu")
+    model = build_model(ModelArch.tiny(tie_word_embeddings=True, attention_bias=True), torch.float32, "cpu")
     init_random(model, 4)
     save_checkpoint(model, tmp_path)
     loaded = load_model(tmp_path, torch.float32, "cpu")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, EngineConfig, ModelConfig, SamplingParams
+from engine import LLM, EngineConfig, ModelArch, SamplingParams
 from engine.weights import build_model, init_random, save_checkpoint
 from kvstore.cli import generate_cmd
 
@@ -22,7 +22,7 @@ def _run(argv: list[str]) -> int:
 
 
 def test_generate_json_matches_the_api(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    model = build_model(ModelConfig.tiny(), torch.float32, "cpu")
+    model = build_model(ModelArch.tiny(), torch.float32, "cpu")
     init_random(model, 11)
     save_checkpoint(model, tmp_path)
     assert _run(["--model", str(tmp_path), "--max-tokens", "4", "--ignore-eos", "--json", "--block-size", "4",

@@ -74,4 +74,4 @@ def test_greedy_generation_matches_transformers(hf_checkpoint) -> None:
     llm = LLM(directory, config=EngineConfig(block_size=4, num_gpu_blocks=16, dtype="float32"))
     (out,) = llm.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True))
     assert out.token_ids == ids[len(prompt):]
-    assert llm.model_config.architecture == hf_model.config.architectures[0]
+    assert llm.arch.architecture == hf_model.config.architectures[0]

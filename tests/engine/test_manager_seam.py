@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable, Sequence
 
 import pytest
 
-from engine import LLM, EngineConfig, ModelConfig, SamplingParams
+from engine import LLM, EngineConfig, ModelArch, SamplingParams
 from engine.block_manager import BlockManager
-from engine.sequence import Sequence
+from engine.sequence import SequenceState
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 
@@ -27,7 +27,7 @@ class PrefixReuseManager(BlockManager):
         self.cache: dict[tuple[int, ...], list[int]] = {}
         self.layer_calls: list[int] = []
 
-    def admit(self, seq: Sequence) -> None:
+    def admit(self, seq: SequenceState) -> None:
         super().admit(seq)
         bs = self.block_size
         usable = (seq.num_prompt_tokens - 1) // bs  # leave at least one token to compute
@@ -38,10 +38,10 @@ class PrefixReuseManager(BlockManager):
                 seq.num_cached_tokens = seq.num_computed_tokens = n * bs
                 return
 
-    def before_layer(self, seqs: Seq[Sequence]) -> Callable[[int], None] | None:
+    def before_layer(self, seqs: Sequence[SequenceState]) -> Callable[[int], None] | None:
         return self.layer_calls.append
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: SequenceState) -> None:
         full = min(seq.num_computed_tokens, seq.num_prompt_tokens) // self.block_size
         for n in range(1, full + 1):
             key = tuple(seq.prompt_token_ids[: n * self.block_size])
@@ -66,14 +66,14 @@ def test_cached_prefix_is_skipped_and_output_unchanged() -> None:
 def test_before_layer_runs_for_every_layer_in_order_each_step() -> None:
     llm = LLM(config=CONFIG, block_manager_factory=PrefixReuseManager)
     (out,) = llm.generate([[256, 1, 2]], SamplingParams(max_tokens=3, ignore_eos=True))
-    layers = llm.model_config.num_layers
+    layers = llm.arch.num_layers
     steps = 3  # one prefill, two decodes
     assert llm.block_manager.layer_calls == list(range(layers)) * steps
     assert out.metrics.time_to_first_token is not None and out.metrics.time_to_first_token > 0
 
 
 def test_engine_can_share_an_existing_pool() -> None:
-    cfg = ModelConfig.tiny()
+    cfg = ModelArch.tiny()
     layout = KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, CONFIG.block_size, "float32")
     pool = GPUBlockPool(layout, 20, CONFIG.torch_device())
     llm = LLM(config=CONFIG, pool=pool)

@@ -8,13 +8,13 @@ from pathlib import Path
 import torch
 
 from engine import LLM, EngineConfig
-from engine.config import ModelConfig
+from engine.config import ModelArch
 from engine.model_id import checkpoint_identity
 from engine.weights import build_model, init_random, save_checkpoint
 
 
 def _checkpoint(path: Path, seed: int) -> Path:
-    model = build_model(ModelConfig.tiny(), torch.float32, "cpu")
+    model = build_model(ModelArch.tiny(), torch.float32, "cpu")
     init_random(model, seed)
     save_checkpoint(model, path)
     return path

@@ -7,13 +7,13 @@ import torch
 
 from engine import LLM, EngineConfig, SamplingParams
 from engine.sampler import Sampler, check_stop, filtered_probs
-from engine.sequence import Sequence
+from engine.sequence import SequenceState
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 3.0, -1.0])
 
 
-def _seq(params: SamplingParams, rid: str = "r") -> Sequence:
-    return Sequence(rid, [1, 2], params)
+def _seq(params: SamplingParams, rid: str = "r") -> SequenceState:
+    return SequenceState(rid, [1, 2], params)
 
 
 def test_greedy_is_argmax() -> None:

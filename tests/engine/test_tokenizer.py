@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, EngineConfig, ModelConfig, SamplingParams
+from engine import LLM, EngineConfig, ModelArch, SamplingParams
 from engine.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 from engine.weights import build_model, init_random, save_checkpoint
 
@@ -31,7 +31,7 @@ def test_checkpoint_tokenizer_json_is_used(tmp_path: Path) -> None:
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     tok.decoder = tokenizers.decoders.WordPiece()
     tok.save(str(tmp_path / "tokenizer.json"))
-    model = build_model(ModelConfig.tiny(vocab_size=16), torch.float32, "cpu")
+    model = build_model(ModelArch.tiny(vocab_size=16), torch.float32, "cpu")
     init_random(model, 0)
     save_checkpoint(model, tmp_path)
     llm = LLM(tmp_path, config=EngineConfig(block_size=4, num_gpu_blocks=16, dtype="float32"))
