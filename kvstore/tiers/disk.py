@@ -50,6 +50,7 @@ always before eviction picks victims. Writes are serialised by that lock
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import threading
@@ -64,10 +65,12 @@ from kvstore.codec import CODECS, decode_into, encode
 from kvstore.config.schema import DiskConfig
 from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
+from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
 from kvstore.tiers.gate import ResizeGate
 from kvstore.tiers.eviction import make_order
 
+log = logging.getLogger(__name__)
 _LRU_RECORD = struct.Struct("<QQ")
 _NODE = 8 + 32  # LMDB node header + key bytes
 _CLOCK_KEY = b"clock"  # in `lru`: the last access counter (block keys are 32 bytes, so no clash)
@@ -124,6 +127,7 @@ class DiskTier(Tier):
         self._hits: deque[bytes] = deque()  # keys found by `get`, not yet moved up in `_lru` (see _apply_hits)
         self._read_stats_lock = threading.Lock()  # get's counters, so a read never waits for a commit
         self._gate = ResizeGate()
+        self._log = RateLimitedLog(log)  # corrupt values, unreadable pages: once per interval, not per block
         self._lru = make_order(eviction)  # the eviction order; named `_lru` for the database it mirrors
         self._touched: dict[bytes, int] = {}  # key -> access counter not yet written to `lru`
         self._clock = 0
@@ -182,8 +186,9 @@ class DiskTier(Tier):
                 try:
                     decode_into(value, dest, self._fp, key)
                     found[i] = True
-                except CorruptBlock:
+                except CorruptBlock as exc:
                     corrupt.append(key)
+                    self._log.warning("corrupt", "dropped a corrupt value in %s/data.mdb: %s", self.path, exc)
         if corrupt:
             self._drop_corrupt(corrupt)
         hits = sum(found)
@@ -208,7 +213,7 @@ class DiskTier(Tier):
         todo: dict[bytes, bytes] = {}
         for key, src in zip(keys, srcs):
             if key not in self._lru and key not in todo:  # encoding outside the lock lets batches overlap
-                todo[key] = encode(src, self.codec, self.codec_level, self._fp, self._itemsize)
+                todo[key] = encode(src, self.codec, self.codec_level, self._fp, self._itemsize, key=key)
         with self._write_lock:
             self._check_open()
             todo = {k: v for k, v in todo.items() if k not in self._lru}

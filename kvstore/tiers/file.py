@@ -23,6 +23,7 @@ so synchronous callers just wait on the batch's future.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import uuid
@@ -37,9 +38,11 @@ from kvstore.codec import CODECS, decode_into, encode
 from kvstore.config.schema import FileConfig
 from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
+from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
 from kvstore.tiers.eviction import make_order
 
+log = logging.getLogger(__name__)
 _FS_BLOCK = 4096
 T = TypeVar("T")
 
@@ -75,6 +78,7 @@ class FileTier(Tier):
         self.codec, self.codec_level = codec, codec_level
         self._fp, self._itemsize = layout.fingerprint, layout.itemsize
         self._lock = threading.Lock()
+        self._log = RateLimitedLog(log)  # corrupt files: once per interval, not per block
         self._lru = make_order(eviction)
         self.tmp_removed = self._scan()
         """How many leftover ``.tmp`` files the open removed (crash debris)."""
@@ -114,12 +118,14 @@ class FileTier(Tier):
         """Read and verify each block's file into its destination; hits become most recently used (and get a new mtime)."""
         check_buffers(keys, dests, self.layout.bytes_per_block, "file")
         found = self._run(self._read_all(keys, dests))
-        corrupt = [key for key, ok in zip(keys, found) if ok is None]
+        corrupt = [key for key, ok in zip(keys, found) if isinstance(ok, CorruptBlock)]
+        for exc in (ok for ok in found if isinstance(ok, CorruptBlock)):
+            self._log.warning("corrupt", "dropped a corrupt block file under %s: %s", self.root, exc)
         if corrupt:
             self.delete(corrupt)
         with self._lock:
             for key, ok in zip(reversed(keys), reversed(found)):  # deepest first (see Tier.get)
-                if ok is None:
+                if isinstance(ok, CorruptBlock):
                     self._stats.corrupt_dropped += 1
                     self._emit("corrupt", key)
                 elif ok and not self._lru.touch(key):  # written by another process since we opened
@@ -136,7 +142,7 @@ class FileTier(Tier):
         todo: dict[bytes, bytes] = {}
         for key, src in zip(keys, srcs):
             if key not in todo and not self.contains(key):
-                todo[key] = encode(src, self.codec, self.codec_level, self._fp, self._itemsize)
+                todo[key] = encode(src, self.codec, self.codec_level, self._fp, self._itemsize, key=key)
         with self._lock:
             self._check_open()
             for key in reversed(keys):
@@ -202,11 +208,11 @@ class FileTier(Tier):
         if getattr(self, "_closed", False):
             raise TierError(f"file tier at {self.root} is closed")
 
-    async def _read_all(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool | None]:
+    async def _read_all(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool | CorruptBlock]:
         return list(await asyncio.gather(*(self._read(k, d) for k, d in zip(keys, dests))))
 
-    async def _read(self, key: bytes, dest: Buffer) -> bool | None:
-        """``True`` filled, ``False`` absent, ``None`` corrupt."""
+    async def _read(self, key: bytes, dest: Buffer) -> bool | CorruptBlock:
+        """``True`` filled, ``False`` absent, the error if corrupt."""
         path = self.path_of(key)
         try:
             async with aiofiles.open(path, "rb") as f:
@@ -215,8 +221,8 @@ class FileTier(Tier):
             return False
         try:
             decode_into(value, dest, self._fp, key)
-        except CorruptBlock:
-            return None
+        except CorruptBlock as exc:
+            return exc
         try:
             await aiofiles.os.wrap(os.utime)(path)  # recency that survives a restart
         except FileNotFoundError:

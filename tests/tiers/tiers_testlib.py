@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
+
 import numpy as np
 import torch
 
@@ -41,3 +44,10 @@ def empty_blocks(layout: KVLayout, n: int) -> list[torch.Tensor]:
 
 BIG = KVLayout(num_layers=2, num_kv_heads=2, head_dim=60, block_size=8, dtype="float16", model_id="big")
 """7680-byte blocks: values live in LMDB overflow pages, as real (64 KiB - 2 MiB) blocks do."""
+
+
+def version_1_value(raw: torch.Tensor, fp: bytes) -> bytes:
+    """A value exactly as the version-1 codec wrote it (codec none): CRC-32 over header[0:44] ‖ raw, no key."""
+    data = raw.numpy().tobytes()
+    prefix = struct.pack("<4sHBB16sQQI", b"KVBK", 1, 0, 2, fp, len(data), len(data), 0)
+    return prefix + zlib.crc32(data, zlib.crc32(prefix)).to_bytes(4, "little") + data
