@@ -74,7 +74,12 @@ class DaemonServer:
             log.warning("removed a stale socket %s / segment %s left by a daemon that is gone", d.socket_path, shm_name)
         host = HostTier(self.layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory,
                         shared_memory=True, shm_name=shm_name, auto_evict=True)
-        self.backend = DaemonBackend(self.layout, host, self._lower_tier(), LeaseTable(d.lease_timeout_s))
+        try:
+            lower = self._lower_tier()  # refused if another process holds its data directory
+        except BaseException:
+            host.close()  # unlink our segment now, not at interpreter exit
+            raise
+        self.backend = DaemonBackend(self.layout, host, lower, LeaseTable(d.lease_timeout_s))
         ctx = SessionContext(d, self.layout, self.backend, self.metrics, self._executor, shm_name, self.stats)
         self._servers.append(await bind_private(
             d.socket_path, lambda p: asyncio.start_unix_server(lambda r, w: self._accept(r, w, "unix", ctx), p)
