@@ -3,12 +3,17 @@ files stop the daemon with a clean error, never a signal (item 12)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
 from daemonlib import REPO, block_for, cleanup, empty_blocks, keys_for, shm_exists, short_tmpdir, start_daemon, write_config
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tiers"))
+from tiers_testlib import damage_leaf_of  # noqa: E402
 
 
 def serve_expecting_refusal(config: object, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
@@ -48,3 +53,46 @@ def test_second_daemon_on_the_same_directory_or_segment_is_refused_and_the_first
         assert first.stop() == 0
     finally:
         cleanup(first, root)
+
+
+def test_damaged_disk_tier_never_kills_the_daemon_or_a_connection() -> None:
+    root = short_tmpdir()
+    daemon = None
+    try:
+        config = write_config(root)
+        daemon = start_daemon(config)
+        tier = daemon.tier(client_name="writer")
+        keys = keys_for(120, seed=12)
+        for i in range(0, 120, 40):
+            assert tier.put(keys[i : i + 40], [block_for(k) for k in keys[i : i + 40]]) == [True] * 40
+        tier.flush()
+        tier.close()
+        assert daemon.stop() == 0
+
+        # A damaged page: the blocks on it are misses, the rest are served, the connection stays up.
+        assert damage_leaf_of(str(root / "lmdb" / "data.mdb"), min(keys)) >= 1
+        daemon = start_daemon(config)
+        tier = daemon.tier(client_name="reader")
+        dests = empty_blocks(120)
+        found = tier.get(keys, dests)
+        assert 0 < found.count(False) < 120 and not found[keys.index(min(keys))]
+        assert all(torch.equal(d, block_for(k)) for d, k, ok in zip(dests, keys, found) if ok)
+        assert tier.get(keys, empty_blocks(120)) == found  # same connection, same answer
+        tier.close()
+        assert daemon.stop() == 0
+
+        # A truncated data.mdb: a clean refusal naming the file and the way out, not SIGBUS.
+        data = root / "lmdb" / "data.mdb"
+        os.truncate(data, data.stat().st_size // 2)
+        refused = subprocess.run([sys.executable, "-m", "kvstore", "serve", "--config", str(config)],
+                                 capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert refused.returncode == 1, refused.stderr[-2000:]
+        assert f"error: cannot start the daemon: LMDB environment {data} is truncated" in refused.stderr
+        assert "kvstore repair --config" in refused.stderr
+        repaired = subprocess.run([sys.executable, "-m", "kvstore", "repair", "--config", str(config)],
+                                  capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert repaired.returncode == 0 and "kept for inspection" in repaired.stdout, repaired.stderr
+        daemon = start_daemon(config)  # starts afresh
+        assert daemon.stop() == 0
+    finally:
+        cleanup(daemon, root)
