@@ -41,6 +41,16 @@ readahead a batch (mostly in put order in ``data.mdb``) streams at disk rate.
 The price is read-around on cold leaf pages. ``contains_prefix`` uses
 ``Cursor.set_key``, which never touches a value.
 
+Files: the directory is 0700 and its files 0600 (narrowed if found wider), and
+the tier holds ``<path>/kvstore.lock`` (:mod:`kvstore.tiers.datadir`) while
+open: a second process on the same environment is refused, naming the holder.
+``data.mdb`` is checked against its meta pages before it is mapped
+(:mod:`kvstore.tiers.lmdbcheck`): a truncated or foreign file is refused with
+:class:`TierError` naming it and ``kvstore repair`` (:mod:`kvstore.tiers.repair`),
+never mapped into a ``SIGBUS``. At run time an LMDB error reading one block
+(a damaged page) makes that block a miss, counted in ``read_errors`` and
+logged at most once per interval; a failed write raises :class:`TierError`.
+
 Threads: reads run in their own read transactions and never wait for a
 writer: hits are queued (a ``deque``, atomic appends) and moved up in the LRU
 order by the next holder of the write lock (put, flush, background thread),
