@@ -398,8 +398,11 @@ class DiskTier(Tier):
             except lmdb.MapFullError:
                 if self.map_size() >= self.max_size:
                     raise
-                with self._gate.exclusive():
-                    self.env.set_mapsize(min(self.max_size, self.map_size() + self._step))
+                try:
+                    with self._gate.exclusive():
+                        self.env.set_mapsize(min(self.max_size, self.map_size() + self._step))
+                except lmdb.Error as exc:
+                    raise self._write_error(exc) from None
             except lmdb.Error as exc:
                 raise self._write_error(exc) from None
 
