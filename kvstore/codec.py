@@ -6,18 +6,22 @@ before a caller may use the bytes::
 
     offset  size  field
          0     4  magic          b"KVBK"
-         4     2  version        FORMAT_VERSION (1)
+         4     2  version        FORMAT_VERSION (2)
          6     1  codec id       0 none, 1 zstd, 2 shuffle_zstd
          7     1  itemsize       bytes per element (the shuffle's plane count)
          8    16  fingerprint    KVLayout.fingerprint of the writer
         24     8  raw length     bytes of the decoded block
         32     8  payload length bytes after the header
         40     4  reserved       0
-        44     4  checksum       CRC-32 of header[0:44] followed by the raw block
+        44     4  checksum       CRC-32 of key ‖ header[0:44] ‖ raw block
         48     …  payload
 
-All integers little-endian. The checksum covers the header and the decoded
-block, so a flipped byte in the header or in a raw payload is always caught;
+All integers little-endian. The checksum covers the block's 32-byte key, the
+header and the decoded block. The key is not stored (the tier finds the value
+by it), so a valid value copied or misplaced under another key fails the
+checksum like any other damage (probability 2^-32 of passing, as for a flipped
+byte: CRC-32 is a corruption check, not an authenticator). A flipped byte in
+the header or in a raw payload is always caught;
 in a zstd payload a flip either fails decompression or the checksum, or sits
 in a bit zstd ignores (the unused bit of the frame descriptor) and decodes to
 the exact block. Wrong bytes are never returned.
@@ -37,6 +41,15 @@ The byte shuffle splits elements into byte planes (for fp16/bf16 all low
 bytes, then all high bytes; for fp32 four planes). Exponent bytes of nearby
 values repeat, so zstd finds more matches in the planes than in interleaved
 bytes.
+
+Format versions: version 1 (before keys were bound into the checksum) is
+refused, not read: its checksum cannot tell a misplaced value from the right
+one, so serving it would keep the hole version 2 closes. :func:`decode_into`
+raises :class:`CorruptBlock` with reason ``"old format"``; the tiers treat it
+like any corrupt value (counted in ``corrupt_dropped``, deleted, a miss, a
+``"corrupt"`` event), so a cache written by an older build empties itself on
+first touch and refills from recomputation. Nothing else needs migrating: it
+is a cache.
 """
 
 from __future__ import annotations
@@ -54,7 +67,10 @@ import zstandard
 from kvstore.errors import CorruptBlock
 
 MAGIC = b"KVBK"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+OLD_FORMAT_VERSIONS = frozenset({1})
+"""Versions an older build wrote; refused with reason ``"old format"`` (module docstring)."""
+KEY_SIZE = 32
 _HEADER = struct.Struct("<4sHBB16sQQII")
 HEADER_SIZE = _HEADER.size
 _CHECKED_PREFIX = HEADER_SIZE - 4  # header bytes covered by the checksum (all but the checksum itself)
@@ -62,6 +78,7 @@ _CHECKED_PREFIX = HEADER_SIZE - 4  # header bytes covered by the checksum (all b
 CORRUPT_REASONS = (
     "truncated",
     "bad magic",
+    "old format",
     "unknown version",
     "unknown codec",
     "bad header",
@@ -245,16 +262,25 @@ def as_u8(buf: Any) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.uint8)
 
 
-def _checksum(header_prefix: bytes | memoryview, raw: np.ndarray) -> int:
-    return zlib.crc32(raw, zlib.crc32(header_prefix))
+def _checksum(key: bytes, header_prefix: bytes | memoryview, raw: np.ndarray) -> int:
+    return zlib.crc32(raw, zlib.crc32(header_prefix, zlib.crc32(key)))
 
 
-def encode(raw: Any, codec: str, level: int, fingerprint: bytes, itemsize: int = 2) -> bytes:
-    """Header + payload for the block ``raw`` (bytes-like or uint8 CPU tensor). Changes nothing.
+def _check_key(key: bytes) -> bytes:
+    if len(key) != KEY_SIZE:
+        raise ValueError(f"a block key is {KEY_SIZE} bytes, got {len(key)}")
+    return bytes(key)
+
+
+def encode(raw: Any, codec: str, level: int, fingerprint: bytes, itemsize: int = 2, *, key: bytes) -> bytes:
+    """Header + payload for the block ``raw`` (bytes-like or uint8 CPU tensor) stored under ``key``. Changes nothing.
 
     ``itemsize`` is the element size the shuffle splits by (``KVLayout.itemsize``);
-    it is stored in the header, so decoding does not need it.
+    it is stored in the header, so decoding does not need it. ``key`` (32 bytes)
+    is bound into the checksum, not stored: only :func:`decode_into` with the
+    same key accepts the value.
     """
+    key = _check_key(key)
     if len(fingerprint) != 16:
         raise ValueError(f"a layout fingerprint is 16 bytes, got {len(fingerprint)}")
     if not 1 <= itemsize <= 8:
@@ -264,18 +290,21 @@ def encode(raw: Any, codec: str, level: int, fingerprint: bytes, itemsize: int =
     payload = impl.encode_payload(data, level, itemsize)
     prefix = _HEADER.pack(MAGIC, FORMAT_VERSION, impl.codec_id, itemsize, fingerprint, data.size, len(payload), 0, 0)
     prefix = prefix[:_CHECKED_PREFIX]
-    crc = _checksum(prefix, data)
+    crc = _checksum(key, prefix, data)
     return b"".join((prefix, crc.to_bytes(4, "little"), payload))
 
 
-def decode_into(value: Any, dest: Any, fingerprint: bytes, key: bytes | None = None) -> None:
-    """Verify ``value`` and write the decoded block into ``dest``; raise :class:`CorruptBlock` on any failure.
+def decode_into(value: Any, dest: Any, fingerprint: bytes, key: bytes) -> None:
+    """Verify ``value`` as the block stored under ``key`` and write it into ``dest``; raise
+    :class:`CorruptBlock` on any failure.
 
     ``value`` may be a zero-copy buffer (LMDB ``buffers=True``); ``dest`` is a
     uint8 CPU tensor, numpy array or writable buffer of exactly the raw length.
-    On failure ``dest`` holds unspecified bytes that must not be used. ``key``
-    only names the block in the error.
+    On failure ``dest`` holds unspecified bytes that must not be used. A value
+    encoded under a different key fails with ``"checksum mismatch"``; one of
+    an :data:`OLD_FORMAT_VERSIONS` version with ``"old format"``.
     """
+    key = _check_key(key)
     mv = memoryview(value).cast("B")
     out = as_u8(dest)
     if len(mv) < HEADER_SIZE:
@@ -283,6 +312,8 @@ def decode_into(value: Any, dest: Any, fingerprint: bytes, key: bytes | None = N
     magic, version, codec_id, itemsize, fp, raw_len, payload_len, reserved, crc = _HEADER.unpack_from(mv)
     if magic != MAGIC:
         raise CorruptBlock(key, "bad magic", repr(bytes(magic)))
+    if version in OLD_FORMAT_VERSIONS:
+        raise CorruptBlock(key, "old format", f"version {version} predates key-bound checksums (this build writes {FORMAT_VERSION}); dropped, recompute it")
     if version != FORMAT_VERSION:
         raise CorruptBlock(key, "unknown version", f"version {version}, this build reads {FORMAT_VERSION}")
     impl = CODECS.by_id.get(codec_id)
@@ -303,8 +334,8 @@ def decode_into(value: Any, dest: Any, fingerprint: bytes, key: bytes | None = N
         impl.decode_payload(mv[HEADER_SIZE:], out, itemsize)
     except CorruptBlock as exc:
         raise CorruptBlock(key, exc.reason, exc.detail) from None
-    if _checksum(mv[:_CHECKED_PREFIX], out) != crc:
-        raise CorruptBlock(key, "checksum mismatch")
+    if _checksum(key, mv[:_CHECKED_PREFIX], out) != crc:
+        raise CorruptBlock(key, "checksum mismatch", "damaged, or a value stored under another key")
 
 
 def encoded_size_bound(raw_len: int) -> int:

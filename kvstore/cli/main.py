@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kvstore.cli.plan_cmd",
     "kvstore.cli.serve_cmd",
     "kvstore.cli.stats_cmd",
+    "kvstore.cli.repair_cmd",
 )
 
 

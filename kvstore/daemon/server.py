@@ -82,7 +82,11 @@ class DaemonServer:
             log.warning("removed a stale socket %s / segment %s left by a daemon that is gone", d.socket_path, shm_name)
         host = HostTier(self.layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory,
                         shared_memory=True, shm_name=shm_name, auto_evict=True)
-        lower = self._lower_tier()
+        try:
+            lower = self._lower_tier()  # refused if another process holds its data directory
+        except BaseException:
+            host.close()  # unlink our segment now, not at interpreter exit
+            raise
         durable = lower is not None and lower.name == "lmdb" and cfg.disk.sync == "always"
         self.backend = DaemonBackend(self.layout, host, lower, LeaseTable(d.lease_timeout_s), durable_puts=durable)
         ctx = SessionContext(d, self.layout, self.backend, self.metrics, self._executor, shm_name, self.stats)

@@ -2,8 +2,9 @@
 
 A daemon killed with ``kill -9`` leaves its socket file (and possibly its
 shared-memory segment) behind. At start the file is removed only if nothing
-answers on it; if another daemon answers, starting fails instead of stealing
-its path.
+answers on it, and the segment only if no live process holds its owner lock
+(:meth:`HostArena.remove_stale`); if another daemon answers or owns the
+segment, starting fails, naming it, instead of stealing its path or memory.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import os
 import socket
 import stat
 from collections.abc import Awaitable, Callable
-from multiprocessing.shared_memory import SharedMemory
 
-from kvstore.errors import KVStoreError
+from kvstore.errors import KVStoreError, TierError
+from kvstore.tiers.arena import HostArena
 
 SOCKET_MODE = 0o600
 
@@ -45,10 +46,11 @@ def socket_is_live(path: str, timeout_s: float = 0.5) -> bool:
 
 
 def clear_stale(path: str, shm_name: str) -> bool:
-    """Remove a socket file nobody answers on, and the segment ``shm_name`` left by that dead daemon.
+    """Remove a socket file nobody answers on, and the segment ``shm_name`` if its owner is gone.
 
-    Raises :class:`DaemonStartError` if a daemon is live on ``path`` or ``path``
-    is something other than a socket. Returns whether anything stale was removed.
+    Raises :class:`DaemonStartError` if a daemon is live on ``path``, ``path``
+    is something other than a socket, or a live process owns ``shm_name``
+    (the message names its pid). Returns whether anything stale was removed.
     """
     removed = False
     if os.path.lexists(path):
@@ -59,12 +61,9 @@ def clear_stale(path: str, shm_name: str) -> bool:
         os.unlink(path)
         removed = True
     try:
-        segment = SharedMemory(name=shm_name)
-        segment.close()
-        segment.unlink()
-        removed = True
-    except FileNotFoundError:
-        pass
+        removed = HostArena.remove_stale(shm_name) or removed
+    except TierError as exc:
+        raise DaemonStartError(str(exc)) from None
     return removed
 
 

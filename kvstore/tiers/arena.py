@@ -10,8 +10,15 @@ blocks after they are freed, which is how pinned memory "leaks" in long-lived
 servers. Registering our own range lets :meth:`HostArena.close` unregister it
 deterministically, and it works the same for a POSIX shared-memory segment.
 
-Shared memory: the owner creates the segment and unlinks it on close; other
-processes :meth:`HostArena.attach` by name. Python < 3.13 registers every
+Shared memory: the owner creates the segment (mode 0600: only the owner's
+user can map it) and unlinks it on close; other processes
+:meth:`HostArena.attach` by name. The owner holds an exclusive ``flock`` on
+the segment for its life, which is how a segment is proven stale: the kernel
+drops the lock when the owner exits (even by ``kill -9``), so
+:meth:`HostArena.remove_stale` unlinks a segment only if it can take that lock,
+and otherwise refuses, naming the owner's pid. A second daemon configured
+with the same ``host.shm_name`` therefore never deletes a live daemon's
+segment (whose clients would then read another arena's bytes). Python < 3.13 registers every
 attached segment with the attaching process's resource tracker, which unlinks
 it when that process exits (destroying the owner's cache), so attachers
 unregister it immediately.
@@ -19,14 +26,19 @@ unregister it immediately.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sys
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
+
+import _posixshmem  # the module SharedMemory itself uses (POSIX only, like the daemon)
 from typing import Literal
 
 import torch
 
 from kvstore.errors import TierError
+from kvstore.tiers.datadir import FILE_MODE, describe_process, flock_holder
 
 PinMode = Literal["auto", "always", "never"]
 
@@ -39,6 +51,30 @@ def resolve_pin(mode: PinMode) -> bool:
     if mode == "always" and not available:
         raise TierError("host.pin_memory is 'always' but CUDA is not available; use 'auto' or 'never'")
     return available
+
+
+def _own(shm: SharedMemory) -> None:
+    """Make the just-created ``shm`` provably ours: mode 0600 and an exclusive ``flock`` held while it is open.
+
+    A :meth:`HostArena.remove_stale` running between our create and our lock could have unlinked it (and a
+    third process created a new one under the name); then the name no longer leads to our segment, and
+    we refuse rather than serve an arena no client can reach."""
+    fd = shm._fd  # type: ignore[attr-defined]
+    os.fchmod(fd, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        ours = os.fstat(fd)
+        probe = _posixshmem.shm_open("/" + shm.name, os.O_RDONLY, 0)
+        try:
+            same = os.fstat(probe).st_ino == ours.st_ino
+        finally:
+            os.close(probe)
+    except OSError:
+        same = False
+    if not same:
+        shm.close()
+        raise TierError(f"shared memory segment {shm.name!r} was claimed by another process while this one created "
+                        "it; two daemons are starting with the same host.shm_name")
 
 
 class HostArena:
@@ -74,6 +110,7 @@ class HostArena:
                 shm = SharedMemory(name=shm_name, create=True, size=nbytes)
             except FileExistsError:
                 raise TierError(f"shared memory segment {shm_name!r} already exists (another daemon, or a stale one)") from None
+            _own(shm)
             tensor = torch.frombuffer(shm.buf, dtype=torch.uint8)
         else:
             tensor = torch.empty(nbytes, dtype=torch.uint8)
@@ -81,6 +118,32 @@ class HostArena:
         if pin:
             arena._pin()
         return arena
+
+    @staticmethod
+    def remove_stale(name: str) -> bool:
+        """Unlink the segment ``name`` if its owner is gone; ``False`` if there is no such segment.
+
+        Raises :class:`TierError` naming the owner if a live process holds the segment's lock.
+        """
+        try:
+            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, 0)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise TierError(f"cannot open shared memory segment {name!r} to check its owner: {exc.strerror or exc}") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise TierError(
+                    f"shared memory segment {name!r} belongs to a running daemon, {describe_process(flock_holder(fd))}; "
+                    "stop it, or give this daemon another host.shm_name (or daemon.socket_path, from which the "
+                    "default name derives)"
+                ) from None
+            _posixshmem.shm_unlink("/" + name)  # still locked by us: no new owner can have claimed it meanwhile
+            return True
+        finally:
+            os.close(fd)
 
     @classmethod
     def attach(cls, name: str, bytes_per_block: int, *, pin: bool = False) -> HostArena:

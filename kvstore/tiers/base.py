@@ -47,6 +47,8 @@ class TierStats:
     """Blocks removed to respect the capacity."""
     corrupt_dropped: int = 0
     """Stored values that failed a header or checksum check, deleted and reported as misses."""
+    read_errors: int = 0
+    """Reads the storage itself failed (a damaged LMDB page), reported as misses; see the tier's log."""
     used_bytes: int = 0
     """Bytes occupied now (stored size, after compression)."""
     capacity_bytes: int = 0

@@ -41,6 +41,16 @@ readahead a batch (mostly in put order in ``data.mdb``) streams at disk rate.
 The price is read-around on cold leaf pages. ``contains_prefix`` uses
 ``Cursor.set_key``, which never touches a value.
 
+Files: the directory is 0700 and its files 0600 (narrowed if found wider), and
+the tier holds ``<path>/kvstore.lock`` (:mod:`kvstore.tiers.datadir`) while
+open: a second process on the same environment is refused, naming the holder.
+``data.mdb`` is checked against its meta pages before it is mapped
+(:mod:`kvstore.tiers.lmdbcheck`): a truncated or foreign file is refused with
+:class:`TierError` naming it and ``kvstore repair`` (:mod:`kvstore.tiers.repair`),
+never mapped into a ``SIGBUS``. At run time an LMDB error reading one block
+(a damaged page) makes that block a miss, counted in ``read_errors`` and
+logged at most once per interval; a failed write raises :class:`TierError`.
+
 Threads: reads run in their own read transactions and never wait for a
 writer: hits are queued (a ``deque``, atomic appends) and moved up in the LRU
 order by the next holder of the write lock (put, flush, background thread),
@@ -50,6 +60,7 @@ always before eviction picks victims. Writes are serialised by that lock
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import threading
@@ -62,12 +73,16 @@ import lmdb
 
 from kvstore.codec import CODECS, decode_into, encode
 from kvstore.config.schema import DiskConfig
-from kvstore.errors import CorruptBlock, TierError
+from kvstore.errors import CorruptBlock, TierError, short_key
 from kvstore.layout import KVLayout
+from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
+from kvstore.tiers.datadir import FILE_MODE, DirLock, make_private_dir, narrow
 from kvstore.tiers.gate import ResizeGate
+from kvstore.tiers.lmdbcheck import check_environment, damaged, repair_hint
 from kvstore.tiers.eviction import make_order
 
+log = logging.getLogger(__name__)
 _LRU_RECORD = struct.Struct("<QQ")
 _NODE = 8 + 32  # LMDB node header + key bytes
 _CLOCK_KEY = b"clock"  # in `lru`: the last access counter (block keys are 32 bytes, so no clash)
@@ -104,30 +119,39 @@ class DiskTier(Tier):
         self.path = os.fspath(path)
         self.codec, self.codec_level, self.sync_mode = codec, codec_level, sync
         self._fp, self._itemsize = layout.fingerprint, layout.itemsize
-        os.makedirs(self.path, exist_ok=True)
+        make_private_dir(self.path)
         self._psize = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self.max_size = max_size // self._psize * self._psize
         self._reserve = 16 * self._psize + self.max_size // 16
         if self.max_size - self._reserve < self._cost(layout.bytes_per_block + 64):
             raise TierError(f"disk.max_size {max_size} bytes cannot hold one block of {layout.bytes_per_block} bytes")
         self._step = max(self._psize, map_step // self._psize * self._psize)
-        data_file = os.path.join(self.path, "data.mdb")
-        existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
-        map_size = min(self.max_size, max(self._step, -(-existing // self._step) * self._step))
-        self.env = lmdb.open(
-            self.path, map_size=map_size, max_dbs=2, sync=(sync == "always"), metasync=(sync == "always"),
-            readahead=readahead, meminit=False, max_readers=256,
-        )
-        self._blocks = self.env.open_db(b"blocks")
-        self._lru_db = self.env.open_db(b"lru")
+        self._dirlock = DirLock(self.path, "disk.path")  # before LMDB sees the files: one process per environment
+        try:
+            self.env = self._open_env(sync, readahead)
+            try:
+                self._blocks = self.env.open_db(b"blocks")
+                self._lru_db = self.env.open_db(b"lru")
+            except lmdb.Error as exc:
+                self.env.close()
+                raise damaged(self.path, f"cannot be read ({exc})") from None
+        except BaseException:
+            self._dirlock.release()
+            raise
         self._write_lock = threading.RLock()  # one writer; also guards the in-memory LRU
         self._hits: deque[bytes] = deque()  # keys found by `get`, not yet moved up in `_lru` (see _apply_hits)
         self._read_stats_lock = threading.Lock()  # get's counters, so a read never waits for a commit
         self._gate = ResizeGate()
+        self._log = RateLimitedLog(log)  # corrupt values, unreadable pages: once per interval, not per block
         self._lru = make_order(eviction)  # the eviction order; named `_lru` for the database it mirrors
         self._touched: dict[bytes, int] = {}  # key -> access counter not yet written to `lru`
         self._clock = 0
-        self._load_lru()
+        try:
+            self._load_lru()
+        except lmdb.Error as exc:
+            self.env.close()
+            self._dirlock.release()
+            raise damaged(self.path, f"cannot be read ({exc})") from None
         self._unsynced = 0
         self._sync_cond = threading.Condition()
         self._closing = False
@@ -145,17 +169,43 @@ class DiskTier(Tier):
             io_threads=section.io_threads, eviction=section.eviction,
         )
 
+    def _open_env(self, sync: str, readahead: bool) -> lmdb.Environment:
+        """Check the files (:func:`check_environment`: a truncated map would ``SIGBUS``), open them owner-only,
+        and turn LMDB's errors into :class:`TierError` naming the file and what to do."""
+        check_environment(self.path)
+        data_file = os.path.join(self.path, "data.mdb")
+        existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
+        map_size = min(self.max_size, max(self._step, -(-existing // self._step) * self._step))
+        try:
+            env = lmdb.open(
+                self.path, map_size=map_size, max_dbs=2, sync=(sync == "always"), metasync=(sync == "always"),
+                readahead=readahead, meminit=False, max_readers=256, mode=FILE_MODE,
+            )
+        except lmdb.Error as exc:
+            if isinstance(exc, lmdb.ReadonlyError) or any(s in str(exc) for s in ("Permission denied", "Read-only")):
+                raise TierError(f"LMDB environment {data_file} cannot be opened for writing ({exc}); "
+                                f"make disk.path {self.path} and its files writable by this user") from None
+            raise damaged(self.path, f"cannot be opened ({exc})") from None
+        for name in ("data.mdb", "lock.mdb"):  # created 0600 now; narrow files an older build left 0644
+            narrow(os.path.join(self.path, name), FILE_MODE)
+        return env
+
     # ------------------------------------------------------------- queries
     def contains_prefix(self, keys: Sequence[bytes]) -> int:
         """How many of ``keys``, from the first, are stored (one read transaction). Changes nothing.
 
         Uses ``Cursor.set_key``: ``Transaction.get`` would fault in every page of each value (py-lmdb's preload).
         """
-        with self._gate.reading(), self.env.begin(db=self._blocks, buffers=True) as txn:
-            cursor = txn.cursor()
-            for n, key in enumerate(keys):
-                if not cursor.set_key(key):
-                    return n
+        n = 0
+        try:
+            with self._gate.reading(), self.env.begin(db=self._blocks, buffers=True) as txn:
+                cursor = txn.cursor()
+                for n, key in enumerate(keys):
+                    if not cursor.set_key(key):
+                        return n
+        except lmdb.Error as exc:  # a damaged page: the prefix ends there (get counts it when asked)
+            self._log_unreadable(keys[n], exc)
+            return n
         return len(keys)
 
     def contains(self, key: bytes) -> bool:
@@ -174,16 +224,34 @@ class DiskTier(Tier):
         self._check_open()
         found = [False] * len(keys)
         corrupt: list[bytes] = []
-        with self._gate.reading(), self.env.begin(db=self._blocks, buffers=True) as txn:
-            for i, (key, dest) in enumerate(zip(keys, dests)):
-                value = txn.get(key)
-                if value is None:
-                    continue
+        unreadable = 0
+        pos = 0
+        while pos < len(keys):
+            with self._gate.reading():
+                txn = self.env.begin(db=self._blocks, buffers=True)
                 try:
-                    decode_into(value, dest, self._fp, key)
-                    found[i] = True
-                except CorruptBlock:
-                    corrupt.append(key)
+                    for i in range(pos, len(keys)):
+                        pos = i + 1
+                        key = keys[i]
+                        try:
+                            value = txn.get(key)
+                        except lmdb.Error as exc:
+                            # A damaged page on this key's path: a miss, never an exception for the caller.
+                            # Not deleted (the delete would walk the same page); LMDB may have failed the
+                            # transaction, so the rest of the batch continues in a fresh one.
+                            unreadable += 1
+                            self._log_unreadable(key, exc)
+                            break
+                        if value is None:
+                            continue
+                        try:
+                            decode_into(value, dests[i], self._fp, key)
+                            found[i] = True
+                        except CorruptBlock as exc:
+                            corrupt.append(key)
+                            self._log.warning("corrupt", "dropped a corrupt value in %s/data.mdb: %s", self.path, exc)
+                finally:
+                    txn.abort()
         if corrupt:
             self._drop_corrupt(corrupt)
         hits = sum(found)
@@ -192,6 +260,7 @@ class DiskTier(Tier):
         with self._read_stats_lock:
             self._stats.hits += hits
             self._stats.misses += len(keys) - hits
+            self._stats.read_errors += unreadable
             self._stats.bytes_read += hits * self.layout.bytes_per_block
         return found
 
@@ -208,7 +277,7 @@ class DiskTier(Tier):
         todo: dict[bytes, bytes] = {}
         for key, src in zip(keys, srcs):
             if key not in self._lru and key not in todo:  # encoding outside the lock lets batches overlap
-                todo[key] = encode(src, self.codec, self.codec_level, self._fp, self._itemsize)
+                todo[key] = encode(src, self.codec, self.codec_level, self._fp, self._itemsize, key=key)
         with self._write_lock:
             self._check_open()
             todo = {k: v for k, v in todo.items() if k not in self._lru}
@@ -235,7 +304,7 @@ class DiskTier(Tier):
             self._apply_hits()
             if self._touched:
                 self._txn_or_fail(self._write_touches)
-        self.env.sync(True)
+        self._sync()
         with self._sync_cond:
             self._unsynced = 0
 
@@ -251,6 +320,7 @@ class DiskTier(Tier):
         self._syncer.join()
         with self._write_lock:
             self.env.close()
+        self._dirlock.release()
 
     def get_async(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> Future[list[bool]]:
         """:meth:`get` on the I/O pool."""
@@ -318,7 +388,8 @@ class DiskTier(Tier):
 
     def _txn(self, body: Callable[[lmdb.Transaction], None]) -> None:
         """Run ``body`` in a write transaction, growing the map on ``MapFullError`` until it reaches
-        ``max_size``; only then does the error propagate (to a caller in this class, never further)."""
+        ``max_size``; only then does the error propagate (to a caller in this class, never further).
+        Any other LMDB error (a damaged page, an I/O error) becomes :class:`TierError` naming the file."""
         while True:
             try:
                 with self.env.begin(write=True) as txn:
@@ -327,8 +398,23 @@ class DiskTier(Tier):
             except lmdb.MapFullError:
                 if self.map_size() >= self.max_size:
                     raise
-                with self._gate.exclusive():
-                    self.env.set_mapsize(min(self.max_size, self.map_size() + self._step))
+                try:
+                    with self._gate.exclusive():
+                        self.env.set_mapsize(min(self.max_size, self.map_size() + self._step))
+                except lmdb.Error as exc:
+                    raise self._write_error(exc) from None
+            except lmdb.Error as exc:
+                raise self._write_error(exc) from None
+
+    def _write_error(self, exc: lmdb.Error) -> TierError:
+        """A failed write or sync as :class:`TierError`; the damage hint only when LMDB reports damage."""
+        if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)):
+            return damaged(self.path, f"is damaged ({exc})")
+        return TierError(f"LMDB write to {self.path}/data.mdb failed: {exc}")
+
+    def _log_unreadable(self, key: bytes, exc: lmdb.Error) -> None:
+        self._log.error("unreadable", "block %s in %s/data.mdb is unreadable (%s), served as a miss; %s",
+                        short_key(key), self.path, exc, repair_hint(self.path))
 
     def _txn_or_fail(self, body: Callable[[lmdb.Transaction], None]) -> None:
         """:meth:`_txn` for deletes and bookkeeping: a full map at the cap becomes :class:`TierError`.
@@ -401,8 +487,13 @@ class DiskTier(Tier):
         self._touched.clear()
 
     def _drop_corrupt(self, keys: list[bytes]) -> None:
+        """Delete values that failed verification; if even that fails (damaged pages), they stay stored but
+        are still counted and announced: every read of them is a miss either way."""
         with self._write_lock:
-            self._txn_or_fail(lambda txn: self._delete_in(txn, keys))
+            try:
+                self._txn_or_fail(lambda txn: self._delete_in(txn, keys))
+            except TierError as exc:
+                self._log.error("drop-failed", "could not delete %d corrupt values: %s", len(keys), exc)
             self._forget(keys, "corrupt")
 
     def _load_lru(self) -> None:
@@ -446,19 +537,29 @@ class DiskTier(Tier):
                 if self._closing:
                     return
                 pending = self._unsynced
-            if self._touched or self._hits:
-                with self._write_lock:
-                    if self._closing:
-                        return
-                    self._apply_hits()
-                    try:
-                        self._txn(self._write_touches)
-                    except lmdb.MapFullError:
-                        pass  # recency only; the next put (which makes room) writes it
-            if pending:
-                self.env.sync(True)
-                with self._sync_cond:
-                    self._unsynced -= min(pending, self._unsynced)
+            try:
+                if self._touched or self._hits:
+                    with self._write_lock:
+                        if self._closing:
+                            return
+                        self._apply_hits()
+                        try:
+                            self._txn(self._write_touches)
+                        except lmdb.MapFullError:
+                            pass  # recency only; the next put (which makes room) writes it
+                if pending:
+                    self._sync()
+                    with self._sync_cond:
+                        self._unsynced -= min(pending, self._unsynced)
+            except TierError as exc:  # this thread must survive: puts and flush report the condition
+                self._log.error("sync", "background sync of %s failed: %s", self.path, exc)
+
+    def _sync(self) -> None:
+        """fsync the environment; :class:`TierError` if it fails."""
+        try:
+            self.env.sync(True)
+        except lmdb.Error as exc:
+            raise self._write_error(exc) from None
 
     def _check_open(self) -> None:
         if self._closing:

@@ -8,8 +8,11 @@
 A block is written to a temporary file, fsynced, then renamed over its real
 name (``os.replace`` is atomic), so a crash leaves at most a ``.tmp`` file,
 never a partial block under a real name; ``.tmp`` files are removed on open.
-The file system is the source of truth (content-addressed, shared by every
-process using the directory); the eviction order (``lru`` or ``s3fifo``,
+The file system is the source of truth (content-addressed); one process at a
+time holds the directory (an exclusive lock on ``<root>/kvstore.lock``, see
+:mod:`kvstore.tiers.datadir`: a second one is refused with the holder's pid,
+since two eviction orders over one tree would each miscount the cap). The
+root and its subdirectories are 0700, block files 0600. The eviction order (``lru`` or ``s3fifo``,
 :mod:`kvstore.tiers.eviction`) is kept in memory, seeded from file
 modification times on open and refreshed with ``utime`` on every hit, so a
 restart evicts the coldest files first. The cap counts file sizes
@@ -23,6 +26,7 @@ so synchronous callers just wait on the batch's future.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import uuid
@@ -37,11 +41,19 @@ from kvstore.codec import CODECS, decode_into, encode
 from kvstore.config.schema import FileConfig
 from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
+from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
+from kvstore.tiers.datadir import DIR_MODE, FILE_MODE, DirLock, make_private_dir, narrow
 from kvstore.tiers.eviction import make_order
 
+log = logging.getLogger(__name__)
 _FS_BLOCK = 4096
 T = TypeVar("T")
+
+
+def _private_opener(path: str, flags: int) -> int:
+    """``open`` hook: new block files are created 0600, never readable by other users for an instant."""
+    return os.open(path, flags, FILE_MODE)
 
 
 def _footprint(nbytes: int) -> int:
@@ -75,8 +87,15 @@ class FileTier(Tier):
         self.codec, self.codec_level = codec, codec_level
         self._fp, self._itemsize = layout.fingerprint, layout.itemsize
         self._lock = threading.Lock()
+        self._log = RateLimitedLog(log)  # corrupt files: once per interval, not per block
         self._lru = make_order(eviction)
-        self.tmp_removed = self._scan()
+        make_private_dir(self.root)
+        self._dirlock = DirLock(self.root, "file.path")
+        try:
+            self.tmp_removed = self._scan()
+        except BaseException:
+            self._dirlock.release()
+            raise
         """How many leftover ``.tmp`` files the open removed (crash debris)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvstore-file-io", daemon=True)
@@ -114,12 +133,14 @@ class FileTier(Tier):
         """Read and verify each block's file into its destination; hits become most recently used (and get a new mtime)."""
         check_buffers(keys, dests, self.layout.bytes_per_block, "file")
         found = self._run(self._read_all(keys, dests))
-        corrupt = [key for key, ok in zip(keys, found) if ok is None]
+        corrupt = [key for key, ok in zip(keys, found) if isinstance(ok, CorruptBlock)]
+        for exc in (ok for ok in found if isinstance(ok, CorruptBlock)):
+            self._log.warning("corrupt", "dropped a corrupt block file under %s: %s", self.root, exc)
         if corrupt:
             self.delete(corrupt)
         with self._lock:
             for key, ok in zip(reversed(keys), reversed(found)):  # deepest first (see Tier.get)
-                if ok is None:
+                if isinstance(ok, CorruptBlock):
                     self._stats.corrupt_dropped += 1
                     self._emit("corrupt", key)
                 elif ok and not self._lru.touch(key):  # written by another process since we opened
@@ -136,7 +157,7 @@ class FileTier(Tier):
         todo: dict[bytes, bytes] = {}
         for key, src in zip(keys, srcs):
             if key not in todo and not self.contains(key):
-                todo[key] = encode(src, self.codec, self.codec_level, self._fp, self._itemsize)
+                todo[key] = encode(src, self.codec, self.codec_level, self._fp, self._itemsize, key=key)
         with self._lock:
             self._check_open()
             for key in reversed(keys):
@@ -177,6 +198,7 @@ class FileTier(Tier):
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+        self._dirlock.release()
 
     def get_async(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> Future[list[bool]]:
         """:meth:`get` on the tier's threads."""
@@ -202,11 +224,11 @@ class FileTier(Tier):
         if getattr(self, "_closed", False):
             raise TierError(f"file tier at {self.root} is closed")
 
-    async def _read_all(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool | None]:
+    async def _read_all(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool | CorruptBlock]:
         return list(await asyncio.gather(*(self._read(k, d) for k, d in zip(keys, dests))))
 
-    async def _read(self, key: bytes, dest: Buffer) -> bool | None:
-        """``True`` filled, ``False`` absent, ``None`` corrupt."""
+    async def _read(self, key: bytes, dest: Buffer) -> bool | CorruptBlock:
+        """``True`` filled, ``False`` absent, the error if corrupt."""
         path = self.path_of(key)
         try:
             async with aiofiles.open(path, "rb") as f:
@@ -215,8 +237,8 @@ class FileTier(Tier):
             return False
         try:
             decode_into(value, dest, self._fp, key)
-        except CorruptBlock:
-            return None
+        except CorruptBlock as exc:
+            return exc
         try:
             await aiofiles.os.wrap(os.utime)(path)  # recency that survives a restart
         except FileNotFoundError:
@@ -229,10 +251,10 @@ class FileTier(Tier):
 
     async def _write(self, key: bytes, value: bytes) -> bool:
         path = self.path_of(key)
-        await aiofiles.os.makedirs(os.path.dirname(path), exist_ok=True)
+        await aiofiles.os.makedirs(os.path.dirname(path), mode=DIR_MODE, exist_ok=True)
         tmp = f"{path[:-4]}.{uuid.uuid4().hex[:8]}.tmp"
         try:
-            async with aiofiles.open(tmp, "wb") as f:
+            async with aiofiles.open(tmp, "wb", opener=_private_opener) as f:
                 await f.write(value)
                 await f.flush()
                 await aiofiles.os.wrap(os.fsync)(f.fileno())
@@ -258,18 +280,20 @@ class FileTier(Tier):
 
         Restored with ``add_oldest``, newest first, so the oldest mtime is evicted first; under ``s3fifo``
         every file goes to the main queue (it has a history), in mtime order."""
-        os.makedirs(self.root, exist_ok=True)
         found: list[tuple[float, bytes, int]] = []
         removed = 0
         for sub in os.scandir(self.root):
             if not sub.is_dir():
                 continue
+            narrow(sub.path, DIR_MODE)  # an older build made them 0755
             for entry in os.scandir(sub.path):
                 if entry.name.endswith(".tmp"):
                     os.unlink(entry.path)
                     removed += 1
                 elif entry.name.endswith(".kvb") and len(entry.name) == 68:
                     st = entry.stat()
+                    if st.st_mode & 0o077:
+                        os.chmod(entry.path, FILE_MODE)
                     found.append((st.st_mtime, bytes.fromhex(entry.name[:64]), _footprint(st.st_size)))
         for _, key, size in sorted(found, reverse=True):
             self._lru.add_oldest(key, size)

@@ -9,10 +9,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiers_testlib import CODEC_NAMES, LAYOUTS, make_blocks
+from tiers_testlib import CODEC_NAMES, LAYOUTS, make_blocks, version_1_value
 
 from kvstore.codec import CODECS, CORRUPT_REASONS, HEADER_SIZE, decode_into, encode, shuffle, unshuffle
 from kvstore.errors import CorruptBlock
+
+KEY = bytes(range(32))
+OTHER_KEY = bytes(range(1, 33))
 
 
 @pytest.mark.parametrize("dtype", sorted(LAYOUTS))
@@ -20,10 +23,10 @@ from kvstore.errors import CorruptBlock
 def test_round_trip_bit_identical(dtype: str, codec: str) -> None:
     layout = LAYOUTS[dtype]
     for raw in make_blocks(layout, 3, seed=1):
-        value = encode(raw, codec, 3, layout.fingerprint, layout.itemsize)
+        value = encode(raw, codec, 3, layout.fingerprint, layout.itemsize, key=KEY)
         assert value[:4] == b"KVBK"
         dest = torch.zeros_like(raw)
-        decode_into(value, dest, layout.fingerprint)
+        decode_into(value, dest, layout.fingerprint, KEY)
         assert torch.equal(dest, raw)
 
 
@@ -35,7 +38,7 @@ def test_round_trip_special_values_and_odd_lengths(codec: str) -> None:
         for n in (0, 1, 3, 13, raw.numel()):
             part = raw[:n].clone()
             dest = torch.empty_like(part)
-            decode_into(encode(part, codec, 1, bytes(16), itemsize), dest, bytes(16))
+            decode_into(encode(part, codec, 1, bytes(16), itemsize, key=KEY), dest, bytes(16), KEY)
             assert torch.equal(dest, part)
 
 
@@ -57,7 +60,7 @@ def test_shuffle_groups_byte_planes() -> None:
 def _encoded(codec: str = "none") -> tuple[bytes, torch.Tensor, bytes]:
     layout = LAYOUTS["float16"]
     raw = make_blocks(layout, 1, seed=7)[0]
-    return encode(raw, codec, 1, layout.fingerprint, 2), raw, layout.fingerprint
+    return encode(raw, codec, 1, layout.fingerprint, 2, key=b"\xab" * 32), raw, layout.fingerprint
 
 
 def _reason(value: bytes, fp: bytes, size: int) -> str:
@@ -78,7 +81,7 @@ def test_every_single_byte_flip_is_caught_or_harmless(codec: str) -> None:
         bad[pos] ^= 0x10
         dest = torch.empty_like(raw)
         try:
-            decode_into(bytes(bad), dest, fp)
+            decode_into(bytes(bad), dest, fp, b"\xab" * 32)
         except CorruptBlock as exc:
             assert exc.reason in CORRUPT_REASONS
             continue
@@ -100,7 +103,7 @@ def test_header_reasons_are_specific() -> None:
     value, raw, fp = _encoded("zstd")
     n = raw.numel()
     assert _reason(b"XXXX" + value[4:], fp, n) == "bad magic"
-    assert _reason(value[:4] + struct.pack("<H", 2) + value[6:], fp, n) == "unknown version"
+    assert _reason(value[:4] + struct.pack("<H", 3) + value[6:], fp, n) == "unknown version"
     assert _reason(value[:6] + bytes([9]) + value[7:], fp, n) == "unknown codec"
     assert _reason(value, bytes(16), n) == "foreign fingerprint"
     assert _reason(value, fp, n - 2) == "length mismatch"
@@ -116,14 +119,41 @@ def test_header_reasons_are_specific() -> None:
 
 def test_unknown_codec_name_and_bad_fingerprint_rejected() -> None:
     with pytest.raises(ValueError, match="known codecs"):
-        encode(b"abc", "lz4", 1, bytes(16))
+        encode(b"abc", "lz4", 1, bytes(16), key=KEY)
     with pytest.raises(ValueError, match="16 bytes"):
-        encode(b"abc", "none", 1, b"short")
+        encode(b"abc", "none", 1, b"short", key=KEY)
+    with pytest.raises(ValueError, match="block key is 32 bytes"):
+        encode(b"abc", "none", 1, bytes(16), key=b"short")
     assert sorted(CODECS.by_name) == sorted(CODEC_NAMES)
 
 
 def test_decode_reads_zero_copy_buffers() -> None:
     value, raw, fp = _encoded("shuffle_zstd")
     dest = np.empty(raw.numel(), dtype=np.uint8)
-    decode_into(memoryview(bytearray(value)), dest, fp)
+    decode_into(memoryview(bytearray(value)), dest, fp, b"\xab" * 32)
     assert dest.tobytes() == raw.numpy().tobytes()
+
+
+@pytest.mark.parametrize("codec", CODEC_NAMES)
+def test_value_under_another_key_is_refused(codec: str) -> None:
+    """Issue 10 item 2: the checksum binds the key, so a valid value misplaced under another key is corrupt."""
+    layout = LAYOUTS["float16"]
+    raw = make_blocks(layout, 1, seed=3)[0]
+    value = encode(raw, codec, 1, layout.fingerprint, 2, key=KEY)
+    dest = torch.empty_like(raw)
+    with pytest.raises(CorruptBlock) as info:
+        decode_into(value, dest, layout.fingerprint, OTHER_KEY)
+    assert info.value.reason == "checksum mismatch" and "another key" in str(info.value)
+    assert info.value.key == OTHER_KEY
+    decode_into(value, dest, layout.fingerprint, KEY)
+    assert torch.equal(dest, raw)
+
+
+def test_version_1_values_are_refused_as_old_format() -> None:
+    """Version 1 (unbound checksum) cannot prove which key it belongs to: refused, reason "old format"."""
+    layout = LAYOUTS["float16"]
+    raw = make_blocks(layout, 1, seed=4)[0]
+    with pytest.raises(CorruptBlock) as info:
+        decode_into(version_1_value(raw, layout.fingerprint), torch.empty_like(raw), layout.fingerprint, KEY)
+    assert info.value.reason == "old format"
+    assert "version 1" in str(info.value)

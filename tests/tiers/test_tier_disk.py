@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiers_testlib import BIG, CODEC_NAMES, LAYOUTS, empty_blocks, make_blocks, make_keys
+from tiers_testlib import BIG, CODEC_NAMES, LAYOUTS, empty_blocks, make_blocks, make_keys, version_1_value
 
 from kvstore.codec import encode
 from kvstore.config.schema import DiskConfig
@@ -95,32 +95,39 @@ def test_restart_in_another_process_reads_bit_identical(tmp_path: Path, sync: st
     assert out.stdout.split() == ["ok", "20"]
 
 
-def _tamper(tier: DiskTier, key: bytes, fn) -> None:  # type: ignore[no-untyped-def]
+def _tamper(tier: DiskTier, key: bytes, fn, other: bytes) -> None:  # type: ignore[no-untyped-def]
+    """Replace ``key``'s value with ``fn(its value, the value stored under other)``."""
     with tier.env.begin(write=True) as txn:
-        value = bytes(txn.get(key, db=tier._blocks))
-        txn.put(key, fn(value), db=tier._blocks)
+        value, other_value = bytes(txn.get(key, db=tier._blocks)), bytes(txn.get(other, db=tier._blocks))
+        txn.put(key, fn(value, other_value), db=tier._blocks)
 
 
 _DAMAGE = {
-    "flip": lambda v: v[:100] + bytes([v[100] ^ 0x01]) + v[101:],
-    "truncate": lambda v: v[: len(v) // 2],
-    "foreign fingerprint": lambda v: encode(make_blocks(L, 1)[0], "none", 1, LAYOUTS["bfloat16"].fingerprint),
-    "unknown version": lambda v: v[:4] + struct.pack("<H", 99) + v[6:],
-    "bad magic": lambda v: b"JUNK" + v[4:],
+    "flip": lambda v, _: v[:100] + bytes([v[100] ^ 0x01]) + v[101:],
+    "truncate": lambda v, _: v[: len(v) // 2],
+    "foreign fingerprint": lambda v, _: encode(make_blocks(L, 1)[0], "none", 1, LAYOUTS["bfloat16"].fingerprint, key=bytes(32)),
+    "unknown version": lambda v, _: v[:4] + struct.pack("<H", 99) + v[6:],
+    "bad magic": lambda v, _: b"JUNK" + v[4:],
+    # Issue 10 item 2: another key's valid value, byte for byte.
+    "misplaced": lambda v, first: first,
+    "old format": lambda v, _: version_1_value(make_blocks(L, 1)[0], L.fingerprint),
 }
 
 
 @pytest.mark.parametrize("damage", sorted(_DAMAGE))
-def test_corrupt_value_is_a_counted_deleted_miss(tmp_path: Path, damage: str) -> None:
+def test_corrupt_value_is_a_counted_deleted_miss(tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
     tier = open_disk(tmp_path, codec="zstd")
     keys, blocks = make_keys(L, 3), make_blocks(L, 3)
     tier.put(keys, blocks)
-    _tamper(tier, keys[1], _DAMAGE[damage])
+    _tamper(tier, keys[1], _DAMAGE[damage], other=keys[0])
     dests = empty_blocks(L, 3)
     assert tier.get(keys, dests) == [True, False, True]
     s = tier.stats()
     assert (s.corrupt_dropped, s.misses, s.hits, s.num_blocks) == (1, 1, 2, 2)
     assert [(e.kind, e.key) for e in tier.drain_events()] == [("corrupt", keys[1])]
+    assert f"dropped a corrupt value in {tmp_path}/data.mdb: corrupt block {keys[1][:8].hex()}" in caplog.text
+    if damage in ("old format", "misplaced"):
+        assert {"old format": "old format", "misplaced": "checksum mismatch"}[damage] in caplog.text
     with tier.env.begin(db=tier._blocks) as txn:
         assert txn.get(keys[1]) is None
     assert tier.contains_prefix(keys) == 1

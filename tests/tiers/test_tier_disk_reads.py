@@ -30,7 +30,7 @@ def test_cold_get_is_bit_identical_and_catches_bit_rot(tmp_path: Path, codec: st
     tier = DiskTier(BIG, tmp_path, 8 << 20, codec=codec, readahead=readahead)
     assert tier.put(keys, blocks) == [True] * 12
     tier.close()
-    stored = encode(blocks[7], codec, 1, BIG.fingerprint, BIG.itemsize)
+    stored = encode(blocks[7], codec, 1, BIG.fingerprint, BIG.itemsize, key=keys[7])
     _flip_on_disk(tmp_path / "data.mdb", stored, HEADER_SIZE + (len(stored) - HEADER_SIZE) // 2)
     for name in ("data.mdb", "lock.mdb"):
         evict_file(tmp_path / name)  # the reopened tier reads from the disk, through the cold path

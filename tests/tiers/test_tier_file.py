@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiers_testlib import CODEC_NAMES, LAYOUTS, empty_blocks, make_blocks, make_keys
+from tiers_testlib import CODEC_NAMES, LAYOUTS, empty_blocks, make_blocks, make_keys, version_1_value
 
 from kvstore.codec import encode
 from kvstore.config.schema import FileConfig, HostConfig
@@ -44,7 +44,7 @@ def test_crash_debris_is_never_read_and_removed_on_open(tmp_path: Path) -> None:
     tier = FileTier(L, tmp_path, 1 << 20)
     keys, blocks = make_keys(L, 2), make_blocks(L, 2)
     tier.put(keys[:1], blocks[:1])
-    half = encode(blocks[1], "none", 1, L.fingerprint)[:100]
+    half = encode(blocks[1], "none", 1, L.fingerprint, key=keys[1])[:100]
     debris = tier.path_of(keys[1])[:-4] + ".deadbeef.tmp"
     os.makedirs(os.path.dirname(debris), exist_ok=True)
     Path(debris).write_bytes(half)  # a writer died before its rename
@@ -72,7 +72,7 @@ def test_failed_rename_leaves_no_block_under_its_name(tmp_path: Path, monkeypatc
     tier.close()
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "foreign", "magic"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "foreign", "magic", "misplaced", "old format"])
 def test_corrupt_file_is_a_counted_deleted_miss(tmp_path: Path, damage: str) -> None:
     tier = FileTier(L, tmp_path, 1 << 20, codec="shuffle_zstd")
     keys, blocks = make_keys(L, 2), make_blocks(L, 2)
@@ -82,8 +82,11 @@ def test_corrupt_file_is_a_counted_deleted_miss(tmp_path: Path, damage: str) -> 
     bad = {
         "flip": value[:60] + bytes([value[60] ^ 4]) + value[61:],
         "truncate": value[:-9],
-        "foreign": encode(blocks[0], "none", 1, LAYOUTS["float32"].fingerprint),
+        "foreign": encode(blocks[0], "none", 1, LAYOUTS["float32"].fingerprint, key=keys[0]),
         "magic": b"ZZZZ" + value[4:],
+        # Issue 10 item 2: a valid value of another key (here keys[1]'s file) must not be served as keys[0].
+        "misplaced": Path(tier.path_of(keys[1])).read_bytes(),
+        "old format": version_1_value(blocks[0], L.fingerprint),
     }[damage]
     path.write_bytes(bad)
     assert tier.get(keys, empty_blocks(L, 2)) == [False, True]

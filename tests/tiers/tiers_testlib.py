@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
+
 import numpy as np
 import torch
 
@@ -41,3 +44,34 @@ def empty_blocks(layout: KVLayout, n: int) -> list[torch.Tensor]:
 
 BIG = KVLayout(num_layers=2, num_kv_heads=2, head_dim=60, block_size=8, dtype="float16", model_id="big")
 """7680-byte blocks: values live in LMDB overflow pages, as real (64 KiB - 2 MiB) blocks do."""
+
+
+def version_1_value(raw: torch.Tensor, fp: bytes) -> bytes:
+    """A value exactly as the version-1 codec wrote it (codec none): CRC-32 over header[0:44] ‖ raw, no key."""
+    data = raw.numpy().tobytes()
+    prefix = struct.pack("<4sHBB16sQQI", b"KVBK", 1, 0, 2, fp, len(data), len(data), 0)
+    return prefix + zlib.crc32(data, zlib.crc32(prefix)).to_bytes(4, "little") + data
+
+
+def damage_leaf_of(data_file: str, key: bytes, page_size: int = 4096) -> int:
+    """Make every ``blocks`` leaf page of ``data_file`` that holds ``key`` unreadable to LMDB (its page flags
+    zeroed: "page of the wrong type"); returns how many pages were damaged.
+
+    A ``blocks`` leaf is told from an ``lru`` leaf by the node for ``key``: its value is on overflow pages
+    (node flag F_BIGDATA) or longer than an ``lru`` record (16 bytes). Stale copies of the page (copy-on-write
+    leftovers on the free list) are damaged too, which changes nothing LMDB reads."""
+    with open(data_file, "r+b") as f:
+        data = bytearray(f.read())
+        damaged = 0
+        for start in range(0, len(data) - page_size + 1, page_size):
+            page = data[start : start + page_size]
+            at = page.find(key)
+            if at < 24:
+                continue
+            lo, hi, flags = struct.unpack_from("<HHH", page, at - 8)
+            if flags & 0x01 or (lo | hi << 16) > 16:
+                struct.pack_into("<H", data, start + 10, 0)
+                damaged += 1
+        f.seek(0)
+        f.write(data)
+    return damaged

@@ -1,0 +1,89 @@
+"""An LMDB environment checked before it is mapped, and LMDB errors as kvstore errors naming the file.
+
+LMDB maps ``data.mdb`` and trusts it: a page it reaches past the end of a
+truncated file is a ``SIGBUS`` that kills the process with no message. So
+before :func:`lmdb.open` the two meta pages are read with plain ``read``
+calls and the file size is compared with what they promise::
+
+    page 0, page 1 (meta)   offset 16 in the page: uint32 magic 0xBEEFC0DE, uint32 version
+                            offset 40: uint32 page size (the free DB's md_pad)
+                            offset 136: uint64 last page number, offset 144: uint64 txn id
+
+LMDB uses the meta page with the larger transaction id; the file must hold
+``(last page + 1) * page size`` bytes. A shorter file, a file that is not an
+LMDB environment, or an error from LMDB itself becomes :class:`TierError`
+whose message names the file and the way out: ``kvstore repair``, which moves
+the damaged environment aside (kept for inspection) and starts an empty one.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from kvstore.errors import TierError
+
+META_MAGIC = 0xBEEFC0DE
+_META = struct.Struct("<II")  # magic, version at offset 16 of a meta page
+_META_OFFSET = 16
+_PSIZE_OFFSET = 40
+_LAST = struct.Struct("<QQ")  # last page number, txn id at offset 136
+_LAST_OFFSET = 136
+_META_BYTES = _LAST_OFFSET + _LAST.size
+DATA_FILE = "data.mdb"
+
+
+def repair_hint(path: str) -> str:
+    """What to do about a damaged environment at ``path`` (appended to every damage message)."""
+    return (f"to keep the damaged files for inspection and start with an empty cache, stop every kvstore process "
+            f"using it and run `kvstore repair --config <your config>` (moves {path} aside to "
+            f"{path}.damaged-<time>; add --salvage to copy the blocks that still verify into the new environment)")
+
+
+def damaged(path: str, what: str) -> TierError:
+    """:class:`TierError` saying ``what`` is wrong with the environment at ``path``, with the repair hint."""
+    return TierError(f"LMDB environment {os.path.join(path, DATA_FILE)} {what}; {repair_hint(path)}")
+
+
+def expected_size(data_file: str) -> int | None:
+    """Bytes ``data_file`` must have according to its newest meta page (``None``: empty or absent, a new
+    environment). Raises :class:`TierError` (via :func:`damaged`) if it is not an LMDB data file."""
+    path = os.path.dirname(data_file)
+    try:
+        fd = os.open(data_file, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise damaged(path, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return None
+        first = os.pread(fd, _META_BYTES, 0)
+        if len(first) < _META_BYTES or _META.unpack_from(first, _META_OFFSET)[0] != META_MAGIC:
+            raise damaged(path, f"is not an LMDB data file ({size} bytes, no LMDB meta page at the start)")
+        psize = struct.unpack_from("<I", first, _PSIZE_OFFSET)[0]
+        if psize < 512 or psize > 1 << 16 or psize & (psize - 1):
+            raise damaged(path, f"has a damaged meta page (page size {psize})")
+        second = os.pread(fd, _META_BYTES, psize)
+        if len(second) < _META_BYTES:
+            raise damaged(path, f"is truncated: {size} bytes, shorter than its two meta pages ({2 * psize} bytes)")
+        if _META.unpack_from(second, _META_OFFSET)[0] != META_MAGIC:
+            raise damaged(path, "has a damaged second meta page (bad magic)")
+        metas = [_LAST.unpack_from(page, _LAST_OFFSET) for page in (first, second)]
+        last_page, _ = max(metas, key=lambda m: m[1])  # LMDB picks the meta with the larger txn id
+        return (last_page + 1) * psize
+    finally:
+        os.close(fd)
+
+
+def check_environment(path: str) -> None:
+    """Refuse (``TierError``) an environment directory whose ``data.mdb`` is not LMDB or is shorter than its
+    meta pages say; mapping such a file would fault (``SIGBUS``) on the first page past its end. Changes nothing."""
+    data_file = os.path.join(path, DATA_FILE)
+    need = expected_size(data_file)
+    if need is None:
+        return
+    size = os.path.getsize(data_file)
+    if size < need:
+        raise damaged(path, f"is truncated: {size} bytes, its meta page says {need}")

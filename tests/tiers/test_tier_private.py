@@ -1,0 +1,139 @@
+"""Data at rest is owner-only, and one process at a time owns a data directory or segment (issue 10 items 6, 11)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiers_testlib import LAYOUTS, make_blocks, make_keys
+
+from kvstore.errors import TierError
+from kvstore.tiers import DiskTier, FileTier, HostTier
+from kvstore.tiers.arena import HostArena
+
+L = LAYOUTS["float16"]
+HERE = str(Path(__file__).parent)
+
+
+def mode(path: Path | str) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_lmdb_directory_0700_and_files_0600_even_when_found_wider(tmp_path: Path) -> None:
+    root = tmp_path / "new" / "lmdb"
+    tier = DiskTier(L, root, 8 << 20)
+    tier.put(make_keys(L, 2), make_blocks(L, 2))
+    tier.close()
+    assert mode(tmp_path / "new") == 0o700 and mode(root) == 0o700
+    assert {n: mode(root / n) for n in os.listdir(root)} == {"data.mdb": 0o600, "lock.mdb": 0o600, "kvstore.lock": 0o600}
+    # What an older build left (0755 directory, 0644 files) is narrowed on open.
+    os.chmod(root, 0o755)
+    for name in os.listdir(root):
+        os.chmod(root / name, 0o644)
+    DiskTier(L, root, 8 << 20).close()
+    assert mode(root) == 0o700 and all(mode(root / n) == 0o600 for n in os.listdir(root))
+
+
+def test_file_tier_directories_0700_and_files_0600(tmp_path: Path) -> None:
+    root = tmp_path / "files"
+    tier = FileTier(L, root, 1 << 20)
+    keys = make_keys(L, 2)
+    tier.put(keys, make_blocks(L, 2))
+    block = Path(tier.path_of(keys[0]))
+    assert mode(root) == 0o700 and mode(block.parent) == 0o700 and mode(block) == 0o600
+    tier.close()
+    os.chmod(block, 0o644)
+    os.chmod(block.parent, 0o755)
+    FileTier(L, root, 1 << 20).close()
+    assert mode(block) == 0o600 and mode(block.parent) == 0o700
+
+
+def test_shared_memory_segment_is_0600() -> None:
+    tier = HostTier(L, 4 * L.bytes_per_block, pin_memory="never", shared_memory=True)
+    try:
+        assert mode(f"/dev/shm/{tier.shm_name}") == 0o600
+    finally:
+        tier.close()
+
+
+_OPEN = """
+import sys
+sys.path.insert(0, sys.argv[3])
+from tiers_testlib import LAYOUTS
+from kvstore.errors import TierError
+from kvstore.tiers import DiskTier, FileTier
+cls = {"lmdb": DiskTier, "file": FileTier}[sys.argv[1]]
+try:
+    tier = cls(LAYOUTS["float16"], sys.argv[2], 8 << 20)
+except TierError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(3)
+print("opened", flush=True)
+if len(sys.argv) > 4:
+    sys.stdin.read()  # hold the tier until killed
+"""
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "file"])
+def test_second_process_on_a_data_directory_is_refused_naming_the_holder(tmp_path: Path, kind: str) -> None:
+    cls = {"lmdb": DiskTier, "file": FileTier}[kind]
+    setting = {"lmdb": "disk.path", "file": "file.path"}[kind]
+    tier = cls(L, tmp_path, 8 << 20)
+    other = subprocess.run([sys.executable, "-c", _OPEN, kind, str(tmp_path), HERE], capture_output=True, text=True)
+    assert other.returncode == 3, other.stderr
+    assert f"{setting} {tmp_path} is in use by another kvstore process, pid {os.getpid()} (" in other.stderr
+    with pytest.raises(TierError, match=f"pid {os.getpid()}"):  # a second instance in this process too
+        cls(L, tmp_path, 8 << 20)
+    tier.close()
+    again = subprocess.run([sys.executable, "-c", _OPEN, kind, str(tmp_path), HERE], capture_output=True, text=True)
+    assert again.returncode == 0 and again.stdout == "opened\n", again.stderr
+
+
+def test_lock_of_a_killed_process_does_not_block_a_restart(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", _OPEN, "lmdb", str(tmp_path), HERE, "hold"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "opened\n"
+    with pytest.raises(TierError, match=f"pid {holder.pid}"):
+        DiskTier(L, tmp_path, 8 << 20)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(10)
+    assert (tmp_path / "kvstore.lock").read_text() == f"{holder.pid}\n"  # the stale record is still there...
+    DiskTier(L, tmp_path, 8 << 20).close()  # ...and does not matter: the kernel dropped the lock
+
+
+_OWN_SEGMENT = """
+import sys
+from kvstore.tiers.arena import HostArena
+arena = HostArena.allocate(2, 4096, pin=False, shm_name=sys.argv[1], shared=True)
+print("owned", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_live_segment_is_never_removed_as_stale_and_a_dead_owners_is() -> None:
+    name = f"kvstore-test-{os.getpid()}"
+    owner = subprocess.Popen([sys.executable, "-c", _OWN_SEGMENT, name], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None and owner.stdout.readline() == "owned\n"
+        with pytest.raises(TierError, match=f"belongs to a running daemon, pid {owner.pid} "):
+            HostArena.remove_stale(name)
+        assert os.path.exists(f"/dev/shm/{name}")
+        with pytest.raises(TierError, match="already exists"):
+            HostArena.allocate(2, 4096, pin=False, shm_name=name, shared=True)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        assert os.path.exists(f"/dev/shm/{name}")  # kill -9 leaves it behind...
+        assert HostArena.remove_stale(name) is True  # ...and then it is provably stale
+        assert not os.path.exists(f"/dev/shm/{name}") and HostArena.remove_stale(name) is False
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        if os.path.exists(f"/dev/shm/{name}"):
+            os.unlink(f"/dev/shm/{name}")
