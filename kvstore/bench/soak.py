@@ -53,6 +53,8 @@ STATS_S = 1.0
 """Seconds between daemon STATS reads (disk fill, evictions, write failures)."""
 CLIENT_START_S = 120.0
 """Longest wait for the first clients to connect before the clock starts."""
+FREEZE_TRIES = 40
+"""Attempts at catching the clients holding a lease before the final kill."""
 PUTS_STOP_FILL = 0.7
 """Disk-tier fill at which clients stop putting, so nothing acknowledged is ever evicted."""
 
@@ -77,10 +79,10 @@ class SoakPlan:
         return self.minutes * 60
 
     def kills(self, rng: random.Random) -> list[Marker]:
-        """When to kill what: at least one daemon kill (one per ~45 s) and one client kill (one per <= 6 s)."""
+        """When to kill what: at least one daemon kill (one per ~45 s, none after 70%) and one client kill (one per <= 6 s)."""
         d = self.seconds
         n_daemon = max(1, round(d / 45))
-        out = [Marker(min(0.85 * d, max(0.15 * d, d * (i + 0.5 + rng.uniform(-0.25, 0.25)) / n_daemon)), "daemon")
+        out = [Marker(min(0.7 * d, max(0.15 * d, d * (i + 0.5 + rng.uniform(-0.25, 0.25)) / n_daemon)), "daemon")
                for i in range(n_daemon)]
         every = min(6.0, d / 3)
         t = 0.1 * d + rng.expovariate(1 / every)
@@ -269,19 +271,39 @@ class _Driver:
 
     # -------------------------------------------------------- final checks
     def lease_check(self) -> None:
-        """Kill every client at once, mid-operation; read leases and reserved slots now and after the deadline."""
+        """Kill every client at once while they hold leases; read leases and reserved slots now and after the deadline.
+
+        To kill them mid-operation rather than between requests, the clients are
+        frozen (SIGSTOP) at random moments until STATS shows them holding a
+        lease or a reservation (at most :data:`FREEZE_TRIES` tries), then killed.
+        """
+        clients = list(self.procs.clients.values())
+        check = LeaseCheck()
+        # after a late daemon restart the clients may still be reconnecting: wait until all of them are back
+        wait_until(lambda: (s := self.stats()) is not None and int(s["daemon"]["clients"]) > len(clients),
+                   CLIENT_START_S, 0.1)
+        time.sleep(0.5)
+        for attempt in range(1, FREEZE_TRIES + 1):
+            for proc in clients:
+                proc.send_signal(signal.SIGSTOP)
+            check.leases_at_kill, check.reserved_at_kill = self.held()
+            check.freeze_tries = attempt
+            if check.leases_at_kill > 0 or check.reserved_at_kill > 0:
+                break
+            for proc in clients:
+                proc.send_signal(signal.SIGCONT)
+            time.sleep(self.rng.uniform(0.0, 0.05))
         killed_at = time.monotonic()
-        for index in list(self.procs.clients):
-            self.procs.clients[index].kill()
+        for proc in clients:
+            proc.kill()
         for index in list(self.procs.clients):
             self.procs.kill_client(index)  # reaps
-        self.record.client_kills += len(self.procs.clients)
+        self.record.client_kills += len(clients)
         self.record.markers.append(Marker(self.now(), "client"))
-        self.read_stats()
         # "immediately": once the daemon has seen the connections end (the observer's is the one left)
         wait_until(lambda: (s := self.stats()) is not None and int(s["daemon"]["clients"]) <= 1, 5.0, 0.05)
-        check = LeaseCheck()
         check.leases_now, check.reserved_now = self.held()
+        check.seconds_to_now = time.monotonic() - killed_at
         deadline = killed_at + self.plan.lease_timeout_s + min(1.0, self.plan.lease_timeout_s / 4) + 0.5
         time.sleep(max(0.0, deadline - time.monotonic()))
         check.leases_after_deadline, check.reserved_after_deadline = self.held()

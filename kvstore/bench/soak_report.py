@@ -30,12 +30,19 @@ class Marker:
 class LeaseCheck:
     """Daemon STATS after every client was killed at once: ``leases`` and reserved host slots."""
 
+    leases_at_kill: int = -1
+    """Held by the frozen clients just before the kill (-1: no reading)."""
+    reserved_at_kill: int = -1
+    freeze_tries: int = 0
+    """Freezes it took to catch the clients holding something (or the limit)."""
     leases_now: int = -1
+    """Once the daemon has seen every killed client's connection end."""
     reserved_now: int = -1
+    seconds_to_now: float = math.nan
     leases_after_deadline: int = -1
+    """After the lease timeout (plus one reaper period) has passed since the kill."""
     reserved_after_deadline: int = -1
     seconds_to_deadline: float = math.nan
-    """How long after the kill the second reading was taken."""
 
 
 @dataclass
@@ -104,12 +111,16 @@ def report(results: Results, r: SoakRecord) -> None:
     results.add("daemon.rss_peak", max((s.vm_rss for s in r.rss), default=0) / MB, "MB", measure="VmRSS")
     results.add("daemon.rss_anon_peak", max((s.rss_anon for s in r.rss), default=0) / MB, "MB", measure="RssAnon")
     lc = r.leases
-    results.add("leases.after_client_death", lc.leases_now, "leases", when="immediately")
-    results.add("leases.after_client_death", lc.leases_after_deadline, "leases", when="after_deadline",
-                seconds=round(lc.seconds_to_deadline, 2))
-    results.add("host.reserved_after_client_death", lc.reserved_now, "slots", when="immediately")
-    results.add("host.reserved_after_client_death", lc.reserved_after_deadline, "slots", when="after_deadline",
-                seconds=round(lc.seconds_to_deadline, 2))
+    for when, leases, reserved, seconds in (
+            ("at_kill", lc.leases_at_kill, lc.reserved_at_kill, 0.0),
+            ("immediately", lc.leases_now, lc.reserved_now, lc.seconds_to_now),
+            ("after_deadline", lc.leases_after_deadline, lc.reserved_after_deadline, lc.seconds_to_deadline)):
+        results.add("leases.client_death", leases, "leases", when=when, seconds=round(seconds, 2))
+        results.add("host.reserved.client_death", reserved, "slots", when=when, seconds=round(seconds, 2))
+    results.note(f"Leases: every client was frozen (SIGSTOP) at random moments until STATS showed it holding a "
+                 f"lease or reservation ({lc.freeze_tries} tries), then killed -9 at once. 'immediately' is read "
+                 f"once the daemon saw the connections end; 'after_deadline' once the lease timeout passed. "
+                 f"-1 means the daemon did not answer STATS.")
     c = r.counts
     for name, value in (("puts", c.puts), ("puts_ok", c.puts_ok), ("gets", c.gets), ("hits", c.hits),
                         ("flushes", c.flushes), ("flush_failures", c.flush_failures), ("acked", c.acked)):
