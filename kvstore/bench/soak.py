@@ -177,9 +177,16 @@ class _Driver:
             raise RuntimeError(f"soak clients did not connect within {CLIENT_START_S:.0f} s; "
                                f"client 0 log:\n{self.procs.client_log_tail(0)}")
         self.t0 = time.monotonic()
-        self.main_phase()
-        self.record.duration_s = self.now()
-        self.lease_check()
+        stop = threading.Event()
+        sampler = threading.Thread(target=self.sample_rss, args=(stop,), name="soak-rss", daemon=True)
+        sampler.start()
+        try:
+            self.main_phase()
+            self.record.duration_s = self.now()
+            self.lease_check()
+        finally:
+            stop.set()
+            sampler.join()
         self.progress.step("leases checked")
         self.verify_after_crash()
         self.progress.step("acknowledged blocks checked")
@@ -190,16 +197,13 @@ class _Driver:
     # ---------------------------------------------------------- main phase
     def main_phase(self) -> None:
         events = self.plan.kills(self.rng)
-        next_sample = next_stats = 0.0
+        next_stats = 0.0
         shown = 0
         while (t := self.now()) < self.plan.seconds:
             while events and events[0].t <= t:
                 self.kill(events.pop(0).kind)
-            if t >= next_sample:
-                self.sample(t)
-                next_sample = t + SAMPLE_S
             if t >= next_stats:
-                self.read_stats()
+                self.read_stats(main_phase=True)
                 next_stats = t + STATS_S
             self.restart_exited()
             if int(t) > shown and shown < math.ceil(self.plan.seconds):
@@ -223,12 +227,13 @@ class _Driver:
             self.procs.start_client(index)
             self.record.client_restarts += 1
 
-    def sample(self, t: float) -> None:
-        assert self.procs.daemon is not None
-        pid = self.procs.daemon.proc.pid
-        rss = read_rss(pid)
-        if rss is not None:
-            self.record.rss.append(RssSample(t, pid, *rss))
+    def sample_rss(self, stop: threading.Event) -> None:
+        """Thread: append the current daemon's memory to the record every :data:`SAMPLE_S` until ``stop``."""
+        while not stop.wait(SAMPLE_S):
+            daemon = self.procs.daemon  # replaced (not changed) on a restart: a plain read is enough
+            rss = read_rss(daemon.proc.pid) if daemon is not None else None
+            if rss is not None:
+                self.record.rss.append(RssSample(self.now(), daemon.proc.pid, *rss))  # type: ignore[union-attr]
 
     def stats(self) -> dict[str, Any] | None:
         """The daemon's STATS, ``None`` while it does not answer."""
@@ -238,7 +243,8 @@ class _Driver:
         except KVStoreError:
             return None
 
-    def read_stats(self) -> None:
+    def read_stats(self, main_phase: bool = False) -> None:
+        """Track disk evictions and write failures; in the main phase, stop the puts near the disk cap."""
         snap = self.stats()
         if snap is None:
             return
@@ -249,7 +255,7 @@ class _Driver:
         self.record.disk_evictions = sum(self.evictions.values())
         self.record.write_failures = sum(self.write_failures.values())
         cap = int(disk.get("capacity_bytes", 0))
-        if self.record.puts_stopped_at_s is None and cap and int(disk.get("used_bytes", 0)) >= PUTS_STOP_FILL * cap:
+        if main_phase and self.record.puts_stopped_at_s is None and cap and int(disk.get("used_bytes", 0)) >= PUTS_STOP_FILL * cap:
             (self.procs.directory / STOP_PUTS).touch()
             self.record.puts_stopped_at_s = self.now()
 
@@ -286,6 +292,7 @@ class _Driver:
         for attempt in range(1, FREEZE_TRIES + 1):
             for proc in clients:
                 proc.send_signal(signal.SIGSTOP)
+            time.sleep(0.05)  # let the daemon answer what the frozen clients had sent
             check.leases_at_kill, check.reserved_at_kill = self.held()
             check.freeze_tries = attempt
             if check.leases_at_kill > 0 or check.reserved_at_kill > 0:

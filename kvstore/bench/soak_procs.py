@@ -32,19 +32,21 @@ class RssSample:
     """Resident set: private memory plus touched shared memory (the host arena) and file pages (LMDB's map)."""
     rss_anon: int
     """Private anonymous memory only: the heap, where a leak shows."""
+    rss_file: int
+    """File-backed pages mapped in: mostly LMDB's map of ``data.mdb`` (bounded by the disk cap)."""
 
 
-def read_rss(pid: int) -> tuple[int, int] | None:
-    """``(VmRSS, RssAnon)`` of ``pid`` in bytes, ``None`` when it is gone."""
+def read_rss(pid: int) -> tuple[int, int, int] | None:
+    """``(VmRSS, RssAnon, RssFile)`` of ``pid`` in bytes, ``None`` when it is gone."""
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return None
     kib = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)
-           if k in ("VmRSS", "RssAnon")}
+           if k in ("VmRSS", "RssAnon", "RssFile")}
     if "VmRSS" not in kib:
         return None  # a zombie
-    return kib["VmRSS"] * 1024, kib.get("RssAnon", 0) * 1024
+    return kib["VmRSS"] * 1024, kib.get("RssAnon", 0) * 1024, kib.get("RssFile", 0) * 1024
 
 
 @dataclass

@@ -22,11 +22,12 @@ from kvstore.bench.soak_report import growth_mb_per_min
 from test_suites_quick import _check_schema
 
 FIGURES = {
-    "acked.lost", "served.wrong", "acked.checked", "daemon.rss_growth", "daemon.rss_anon_growth", "daemon.rss_peak",
-    "daemon.rss_anon_peak", "leases.client_death", "host.reserved.client_death", "client.puts", "client.puts_ok",
-    "client.gets", "client.hits", "client.flushes", "client.flush_failures", "client.acked", "client.block_ops_per_s",
-    "kills.client", "kills.daemon", "restarts.client", "restarts.daemon", "crashes.client", "crashes.daemon",
-    "disk.evictions", "daemon.write_failures", "daemon.exit_code", "duration",
+    "acked.lost", "served.wrong", "acked.checked", "daemon.rss_growth", "daemon.rss_anon_growth",
+    "daemon.rss_file_growth", "daemon.rss_peak", "daemon.rss_anon_peak", "leases.client_death",
+    "host.reserved.client_death", "client.puts", "client.puts_ok", "client.gets", "client.hits", "client.flushes",
+    "client.flush_failures", "client.acked", "client.block_ops_per_s", "kills.client", "kills.daemon",
+    "restarts.client", "restarts.daemon", "crashes.client", "crashes.daemon", "disk.evictions",
+    "daemon.write_failures", "daemon.exit_code", "duration",
 }
 
 
@@ -143,7 +144,7 @@ def test_growth_fit_ignores_warmup_and_restart_drops() -> None:
         for i in range(121):
             t = t0 + i * 0.5
             warm = 100e6 if i < 4 else 0.0  # the first 2 s: below the cut
-            samples.append(RssSample(t, pid, int(base + (t - t0) / 60 * 2e6 - warm), 0))
+            samples.append(RssSample(t, pid, int(base + (t - t0) / 60 * 2e6 - warm), 0, 0))
     assert abs(growth_mb_per_min(samples, "vm_rss") - 2.0) < 1e-6
     assert growth_mb_per_min(samples[:3], "vm_rss") != growth_mb_per_min(samples[:3], "vm_rss")  # NaN: too few
 
@@ -158,3 +159,26 @@ def test_every_plan_kills_the_daemon_and_a_client_inside_the_run() -> None:
             assert all(0 < m.t < plan.seconds for m in kills)
             assert kills == sorted(kills, key=lambda m: m.t)
             assert all(m.t <= 0.7 * plan.seconds for m in kills if m.kind == "daemon")
+
+
+def test_help_documents_the_soak_flags_and_bad_values_are_refused(capsys) -> None:  # noqa: ANN001 - pytest fixture
+    import pytest
+
+    from kvstore.cli.main import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["bench", "soak", "--minutes", "0.25", "--clients", "3"])
+    assert args.minutes == 0.25 and args.clients == 3
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "soak: length of the run with kills, in minutes, fractions allowed" in help_text
+    assert "soak: client processes" in help_text and "soak reliability:" in help_text
+    for flag, value, message in (("--minutes", "0", "'0' must be a finite number above 0"),
+                                 ("--minutes", "inf", "'inf' must be a finite number above 0"),
+                                 ("--minutes", "two", "'two' is not a number"),
+                                 ("--clients", "1.5", "'1.5' is not an integer"),
+                                 ("--clients", "-1", "'-1' must be a finite number above 0")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", "soak", flag, value])
+        assert f"argument {flag}: {message}" in capsys.readouterr().err
