@@ -79,7 +79,8 @@ class SoakPlan:
         return self.minutes * 60
 
     def kills(self, rng: random.Random) -> list[Marker]:
-        """When to kill what: at least one daemon kill (one per ~45 s, none after 70%) and one client kill (one per <= 6 s)."""
+        """When to kill what: at least one daemon kill (one per ~45 s, none after 70% of the run) and at least
+        one client kill (one per <= 6 s on average)."""
         d = self.seconds
         n_daemon = max(1, round(d / 45))
         out = [Marker(min(0.7 * d, max(0.15 * d, d * (i + 0.5 + rng.uniform(-0.25, 0.25)) / n_daemon)), "daemon")
@@ -255,7 +256,8 @@ class _Driver:
         self.record.disk_evictions = sum(self.evictions.values())
         self.record.write_failures = sum(self.write_failures.values())
         cap = int(disk.get("capacity_bytes", 0))
-        if main_phase and self.record.puts_stopped_at_s is None and cap and int(disk.get("used_bytes", 0)) >= PUTS_STOP_FILL * cap:
+        full = cap and int(disk.get("used_bytes", 0)) >= PUTS_STOP_FILL * cap
+        if main_phase and full and self.record.puts_stopped_at_s is None:
             (self.procs.directory / STOP_PUTS).touch()
             self.record.puts_stopped_at_s = self.now()
 
@@ -264,7 +266,8 @@ class _Driver:
         for index, rc in self.procs.exited_clients():
             self.record.client_crashes += 1
             if self.record.client_crashes <= 2:
-                self.results.note(f"client {index} exited by itself (status {rc}):\n{self.procs.client_log_tail(index)}")
+                self.results.note(f"client {index} exited by itself (status {rc}):\n"
+                                  f"{self.procs.client_log_tail(index)}")
             self.procs.start_client(index)
             self.record.client_restarts += 1
         daemon = self.procs.daemon
