@@ -93,13 +93,13 @@ class SoakPlan:
             t += rng.expovariate(1 / every)
         return sorted(out + (clients[1:] or clients), key=lambda m: m.t)
 
-    def config(self, root: Path) -> dict[str, Any]:
-        """The daemon's YAML config, everything under ``root``."""
+    def config(self, root: Path, data: Path) -> dict[str, Any]:
+        """The daemon's YAML config: socket under ``root``, LMDB environment under ``data``."""
         bpb = SoakPlan.bytes_per_block()
         return {
             "model": dict(MODEL),
             "host": {"capacity": self.host_slots * bpb},
-            "disk": {"path": str(root / "lmdb"), "max_size": f"{self.disk_mib}MiB", "sync": "interval"},
+            "disk": {"path": str(data / "lmdb"), "max_size": f"{self.disk_mib}MiB", "sync": "interval"},
             "daemon": {"socket_path": str(root / "d.sock"), "lease_timeout_s": self.lease_timeout_s},
             "metrics": {"enabled": False},
             "logging": {"level": "WARNING"},
@@ -122,15 +122,21 @@ def run(options: SuiteOptions, progress: Progress) -> SoakResults:
     results = SoakResults(options, {**asdict(plan), "model": MODEL, "bytes_per_block": SoakPlan.bytes_per_block(),
                                     "puts_stop_fill": PUTS_STOP_FILL}, record)
     root = Path(tempfile.mkdtemp(prefix="kvsoak", dir="/tmp"))  # short: AF_UNIX paths are limited to ~107 bytes
+    data = root
+    if options.data_dir is not None:
+        options.data_dir.mkdir(parents=True, exist_ok=True)
+        data = Path(tempfile.mkdtemp(prefix="kvsoak-data-", dir=options.data_dir))
     config = root / "daemon.yaml"
-    config.write_text(yaml.safe_dump(plan.config(root)))
+    config.write_text(yaml.safe_dump(plan.config(root, data)))
     procs = SoakProcs(config, root, options.seed)
-    try:
-        with _sigterm_interrupts():
+    with _sigterm_interrupts():
+        try:
             _Driver(plan, procs, record, progress, results).run()
-    finally:
-        procs.kill_all()
-        shutil.rmtree(root, ignore_errors=True)
+        finally:
+            with _signals_deferred():  # a Ctrl-C or SIGTERM now is handled after the cleanup, not in its middle
+                procs.kill_all()
+                shutil.rmtree(root, ignore_errors=True)
+                shutil.rmtree(data, ignore_errors=True)
     report(results, record)
     return results
 
@@ -150,6 +156,16 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the block runs; they are delivered when it ends."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class _Driver:

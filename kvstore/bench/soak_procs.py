@@ -101,10 +101,13 @@ class SoakProcs:
         assert self.daemon is not None
         self.daemon.proc.send_signal(signal.SIGTERM)
         try:
-            return self.daemon.proc.wait(timeout_s)
+            rc = self.daemon.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             _kill(self.daemon.proc)
             return None
+        if self.daemon.proc.stdout is not None:
+            self.daemon.proc.stdout.close()
+        return rc
 
     def daemon_log_tail(self, n: int = 2000) -> str:
         """The end of the newest daemon log."""

@@ -60,7 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--trace-limit", type=int, default=None, metavar="N",
                    help="replay only the first N trace requests (default: all; 300 with --quick)")
     p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
-                   help="directory on the disk to measure (tiers, plan); default OUT; a temporary subdirectory is removed afterwards")
+                   help="directory on the disk to measure (tiers, plan; soak: its LMDB data); default OUT (soak: /tmp); "
+                   "a temporary subdirectory is removed afterwards")
     p.add_argument("--minutes", type=_positive(float), default=None, metavar="N",
                    help="soak: length of the run with kills, in minutes, fractions allowed (default 2; 0.1 with --quick)")
     p.add_argument("--clients", type=_positive(int), default=None, metavar="N",

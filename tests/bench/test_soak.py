@@ -67,8 +67,10 @@ def test_short_soak_loses_nothing_and_serves_nothing_wrong(tmp_path: Path) -> No
 
 def test_sigterm_stops_the_soak_and_removes_its_children_and_files(tmp_path: Path) -> None:
     before = _soak_dirs()
+    data = tmp_path / "data"
     proc = subprocess.Popen([sys.executable, "-m", "kvstore", "bench", "soak", "--minutes", "5", "--clients", "1",
-                             "--no-progress", "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "--no-progress", "--out", str(tmp_path / "out"), "--data-dir", str(data)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
         journals: list[Path] = []
@@ -80,6 +82,7 @@ def test_sigterm_stops_the_soak_and_removes_its_children_and_files(tmp_path: Pat
         run_dir = str(journals[0].parent)
         children = _pids_mentioning(run_dir)
         assert children, "the daemon and the client run with the run directory on their command lines"
+        assert [p.name for p in data.iterdir()][0].startswith("kvsoak-data-"), "LMDB goes under --data-dir"
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)
     finally:
@@ -87,7 +90,7 @@ def test_sigterm_stops_the_soak_and_removes_its_children_and_files(tmp_path: Pat
             proc.kill()
             proc.wait()
     assert rc == 130, proc.stderr.read().decode()[-2000:] if proc.stderr else rc
-    assert not Path(run_dir).exists()
+    assert not Path(run_dir).exists() and list(data.iterdir()) == []
     assert not [pid for pid in children if Path(f"/proc/{pid}").exists() and _state(pid) != "Z"]
 
 
