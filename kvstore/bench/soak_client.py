@@ -26,10 +26,12 @@ from kvstore.config import load_config
 from kvstore.daemon.client import DaemonUnavailable
 from kvstore.errors import KVStoreError
 
-try:  # the daemon tier is moving from kvstore.tiers to kvstore.daemon
-    from kvstore.daemon.remote import DaemonTier  # type: ignore[import-not-found,unused-ignore]
+# The daemon tier moves from kvstore/tiers/remote.py to kvstore/daemon/tier.py on another branch; this finds it
+# on either side of that merge (drop the fallback once both are in main).
+try:
+    from kvstore.daemon.tier import DaemonTier  # type: ignore[import-not-found, unused-ignore]
 except ImportError:
-    from kvstore.tiers.remote import DaemonTier
+    from kvstore.tiers.remote import DaemonTier  # type: ignore[import-not-found, no-redef, unused-ignore]
 
 BATCH = 16
 """Blocks per put and per read-back."""
