@@ -21,6 +21,7 @@ SUITES: dict[str, str] = {
     "hitrate": "kvstore.bench.hitrate",
     "e2e": "kvstore.bench.e2e",
     "plan": "kvstore.bench.plan",
+    "soak": "kvstore.bench.soak",
 }
 """Suite name -> module implementing ``run(options, progress)``."""
 
@@ -31,5 +32,6 @@ SUITE_HELP: dict[str, str] = {
     "hitrate": "replayed workloads: tiered hit rate against GPU-only LRU and Belady's optimum",
     "e2e": "engine TTFT and throughput: full recompute, GPU prefix cache, tiered",
     "plan": "capacity plan of model presets from the bandwidths measured in the same run",
+    "soak": "reliability: daemon + client processes under kill -9; lost/wrong blocks, memory growth, leases",
 }
 """One line per suite for ``--help``."""

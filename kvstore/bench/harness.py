@@ -54,6 +54,10 @@ class SuiteOptions:
     """Directory on the disk to measure (``tiers``); default: ``out_dir/data``."""
     command: str = ""
     """The command line that produced the run, recorded in the JSON."""
+    minutes: float | None = None
+    """Length of the ``soak`` run's main phase; ``None``: the suite's default (fractions allowed)."""
+    clients: int | None = None
+    """Client processes of the ``soak`` run; ``None``: the suite's default."""
 
 
 @dataclass(frozen=True)

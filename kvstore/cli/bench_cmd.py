@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -21,9 +22,23 @@ def _bench(args: argparse.Namespace) -> int:
         out = base / name if (args.suite == "all" or args.out is None) else base
         options = SuiteOptions(out_dir=out, quick=args.quick, seed=args.seed,
                                trace=args.trace, trace_limit=args.trace_limit, data_dir=args.data_dir,
+                               minutes=args.minutes, clients=args.clients,
                                command="kvstore " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "kvstore bench")
         run_suite(name, options, show_progress=not args.no_progress)
     return 0
+
+
+def _positive(kind: type[int] | type[float]):  # noqa: ANN202 - an argparse type callable
+    """An argparse ``type`` accepting numbers of ``kind`` above 0, with an error naming the bad value."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number above 0")
+        return value
+    return parse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,6 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--trace-limit", type=int, default=None, metavar="N",
                    help="replay only the first N trace requests (default: all; 300 with --quick)")
     p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
-                   help="directory on the disk to measure (tiers, plan); default OUT; a temporary subdirectory is removed afterwards")
+                   help="directory on the disk to measure (tiers, plan; soak: its LMDB data); default OUT (soak: /tmp); "
+                   "a temporary subdirectory is removed afterwards")
+    p.add_argument("--minutes", type=_positive(float), default=None, metavar="N",
+                   help="soak: length of the run with kills, in minutes, fractions allowed (default 2; 0.1 with --quick)")
+    p.add_argument("--clients", type=_positive(int), default=None, metavar="N",
+                   help="soak: client processes putting, flushing and reading (default 4; 2 with --quick)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=_bench)

@@ -53,7 +53,7 @@ def _check_schema(doc: dict, suite: str, out: Path) -> None:
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
-@pytest.mark.parametrize("suite", list(SUITES))
+@pytest.mark.parametrize("suite", [s for s in SUITES if s != "soak"])  # soak: tests/bench/test_soak.py
 def test_suite_quick_writes_results_and_plot(suite: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "kvstore", "bench", suite, "--quick", "--no-progress",
