@@ -26,12 +26,7 @@ from kvstore.config import load_config
 from kvstore.daemon.client import DaemonUnavailable
 from kvstore.errors import KVStoreError
 
-# The daemon tier moves from kvstore/tiers/remote.py to kvstore/daemon/tier.py on another branch; this finds it
-# on either side of that merge (drop the fallback once both are in main).
-try:
-    from kvstore.daemon.tier import DaemonTier  # type: ignore[import-not-found, unused-ignore]
-except ImportError:
-    from kvstore.tiers.remote import DaemonTier  # type: ignore[import-not-found, no-redef, unused-ignore]
+from kvstore.daemon.tier import DaemonTier
 
 BATCH = 16
 """Blocks per put and per read-back."""
