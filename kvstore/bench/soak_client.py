@@ -24,9 +24,8 @@ import torch
 from kvstore.bench.soak_blocks import Journal, OpCounts, block_bytes, block_key, journal_path, read_journals
 from kvstore.config import load_config
 from kvstore.daemon.client import DaemonUnavailable
-from kvstore.errors import KVStoreError
-
 from kvstore.daemon.tier import DaemonTier
+from kvstore.errors import KVStoreError
 
 BATCH = 16
 """Blocks per put and per read-back."""
