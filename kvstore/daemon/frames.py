@@ -32,6 +32,9 @@ KEY_BYTES = 32
 MAX_KEYS = 16384
 """Most keys in one request (512 KiB of keys); larger batches are split by the client."""
 MAX_TOKEN_BYTES = 1024
+PRELOGIN_FRAME_BYTES = 4096
+"""Largest frame accepted before login (a HELLO needs far less): an unauthenticated peer
+cannot make the daemon buffer more than this per connection."""
 MAX_NAME_BYTES = 256
 OBSERVER_FINGERPRINT = bytes(16)
 """HELLO fingerprint of a client that only reads STATS (``kvstore stats``) and so needs no layout."""
