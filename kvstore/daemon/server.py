@@ -17,23 +17,33 @@ import asyncio
 import itertools
 import logging
 import os
+import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from kvstore.config.schema import KVStoreConfig
+from kvstore.daemon.admission import ConnectionLimits, LoginThrottle, Transport, peer_of
 from kvstore.daemon.backend import DaemonBackend
+from kvstore.daemon.frames import ErrorCode, Op, encode_frame
+from kvstore.daemon.messages import encode_error
 from kvstore.daemon.http import HttpEndpoints
 from kvstore.daemon.leases import LeaseTable
 from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
-from kvstore.daemon.session import Session, SessionContext, Transport
+from kvstore.daemon.session import Session, SessionContext
 from kvstore.daemon.socketfile import bind_private, clear_stale, default_shm_name
+from kvstore.daemon.tenancy import Tenant, TenantCounters
+from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Tier
 from kvstore.tiers.host import HostTier
 
 log = logging.getLogger(__name__)
 DRAIN_TIMEOUT_S = 10.0
+LOG_INTERVAL_S = 10.0
+"""Repeated conditions a peer can cause at will (refusals, errors, accept failures) log once per this."""
+FD_HEADROOM = 256
+"""File descriptors kept beyond ``max_connections`` for the tiers, the listeners and the executor."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,11 @@ class DaemonServer:
         self._servers: list[asyncio.AbstractServer] = []
         self._http: HttpEndpoints | None = None
         self._ids = itertools.count(1)
+        d = cfg.daemon
+        self._limits = ConnectionLimits(d.max_connections, d.max_connections_per_peer)
+        self._throttle = LoginThrottle(d.max_login_failures, d.login_lockout_s)
+        self._events = RateLimitedLog(log, LOG_INTERVAL_S)
+        self._tenant_counters: dict[str, TenantCounters] = {}
         self._stop = asyncio.Event()
         self._stopping = False
         self.backend: DaemonBackend | None = None
@@ -75,7 +90,13 @@ class DaemonServer:
         host = HostTier(self.layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory,
                         shared_memory=True, shm_name=shm_name, auto_evict=True)
         self.backend = DaemonBackend(self.layout, host, self._lower_tier(), LeaseTable(d.lease_timeout_s))
-        ctx = SessionContext(d, self.layout, self.backend, self.metrics, self._executor, shm_name, self.stats)
+        asyncio.get_running_loop().set_exception_handler(self._loop_error)
+        _raise_fd_limit(d.max_connections + FD_HEADROOM)
+        tenants = {token: Tenant.from_salt(salt) for token, salt in d.tenant_salts.items()}
+        counters = {t.label: TenantCounters() for t in tenants.values()}
+        ctx = SessionContext(d, self.layout, self.backend, self.metrics, self._executor, shm_name, self.stats,
+                             self._throttle, self._events, tenants, counters)
+        self._tenant_counters = counters
         self._servers.append(await bind_private(
             d.socket_path, lambda p: asyncio.start_unix_server(lambda r, w: self._accept(r, w, "unix", ctx), p)
         ))
@@ -116,12 +137,31 @@ class DaemonServer:
         if self._stopping:
             writer.close()
             return
-        session = Session(next(self._ids), transport, ctx)
+        peer = peer_of(writer, transport)
+        why = self._limits.admit(peer)
+        if why is None and transport == "tcp" and self._throttle.locked_for(peer):
+            self._limits.leave(peer)
+            why = f"too many failed logins from {peer.ident}; refused for another {self._throttle.locked_for(peer):.0f} s"
+        if why is not None:  # refused at once: one small error frame, never a read
+            self._events.warning(f"refused:{transport}", "refused a %s connection from %s: %s", transport, peer.ident, why)
+            self.metrics.error("REFUSED")
+            writer.write(encode_frame(Op.ERROR, 0, encode_error(ErrorCode.UNAVAILABLE, f"connection refused: {why}")))
+            writer.close()
+            return
+        session = Session(next(self._ids), peer, ctx)
         self._sessions.add(session)
         try:
             await session.serve(reader, writer)
         finally:
             self._sessions.discard(session)
+            self._limits.leave(peer)
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """Event-loop errors (an ``accept`` failing with EMFILE repeats every second): once per interval."""
+        exc = context.get("exception")
+        message = str(context.get("message", "event loop error"))
+        topic = f"loop:{message}:{type(exc).__name__}"
+        self._events.error(topic, "event loop: %s: %s", message, exc if exc is not None else "")
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -148,6 +188,8 @@ class DaemonServer:
             "uptime_s": round(time.time() - self.started_at, 3),
             "clients": self.metrics.clients,
             "connections": self.metrics.connections,
+            "connections_refused": self._limits.refused,
+            "tenants": {label: c.as_dict() for label, c in self._tenant_counters.items()},
             "requests": dict(self.metrics.requests),
             "errors": dict(self.metrics.errors),
             "socket_path": self.info.socket_path if self.info else None,
@@ -202,3 +244,19 @@ class DaemonServer:
             await loop.run_in_executor(self._executor, self.backend.close)
         self._executor.shutdown(wait=True)
         log.info("stopped")
+
+
+def _raise_fd_limit(wanted: int) -> None:
+    """Raise the soft open-files limit toward ``wanted`` (at most the hard limit); warn when it stays short,
+    since accepted connections past it fail with EMFILE before the connection caps can refuse them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, target, exc)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        log.warning("open-files limit %d is below daemon.max_connections + %d = %d: lower max_connections or raise "
+                    "the limit (ulimit -n)", soft, FD_HEADROOM, wanted)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from daemonlib import LAYOUT, Daemon, block_for, cleanup, empty_blocks, keys_for, short_tmpdir, start_daemon, write_config
 from kvstore.daemon import messages as m
+from kvstore.daemon.auth import login_proof
 from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.frames import HEADER, HEADER_SIZE, MAGIC, PROTOCOL_VERSION, ErrorCode, Op, encode_frame
 from kvstore.tiers.remote import DaemonTier
@@ -77,8 +78,8 @@ def expect_error(s: socket.socket, code: ErrorCode, closed: bool) -> None:
     assert (read_reply(s) is None) == closed
 
 
-def handshake(s: socket.socket, token: str | None = None) -> None:
-    s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, token, "raw", False))))
+def handshake(s: socket.socket) -> None:
+    s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, None, "raw", False))))
     reply = read_reply(s)
     assert reply is not None and reply[0] == Op.HELLO | 0x8000
 
@@ -154,10 +155,16 @@ def test_tcp_without_token_gets_nothing(daemon: Daemon) -> None:
     with raw_tcp(daemon) as s:
         s.sendall(encode_frame(Op.GET_INLINE, 1, m.encode_keys(key)))
         expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
-    for token in (None, "wrong"):
-        with raw_tcp(daemon) as s:
-            s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, token, "intruder", True))))
-            expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
+    with raw_tcp(daemon) as s:  # no token at all
+        s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, None, "intruder", True))))
+        expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
+    with raw_tcp(daemon) as s:  # a wrong token's proof
+        s.sendall(encode_frame(Op.CHALLENGE, 1))
+        reply = read_reply(s)
+        assert reply is not None and reply[0] == Op.CHALLENGE | 0x8000
+        proof = login_proof("wrong", reply[1], "tcp", LAYOUT.fingerprint, True, "intruder")
+        s.sendall(encode_frame(Op.HELLO, 2, m.encode_hello(m.Hello(LAYOUT.fingerprint, proof, "intruder", True))))
+        expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
 
 
 def test_tcp_with_token_moves_bytes_inline(daemon: Daemon) -> None:
