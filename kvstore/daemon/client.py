@@ -140,14 +140,13 @@ class DaemonClient:
                 proof = login_proof(self.token, nonce, transport, self._fingerprint(), self.use_shm, self.client_name)
             payload = m.encode_hello(m.Hello(self._fingerprint(), proof, self.client_name, self.use_shm))
             hello = m.decode_hello_reply(self._roundtrip(Op.HELLO, payload))
-        except (OSError, ProtocolError) as exc:
+        except (OSError, ProtocolError, DaemonError) as exc:
             self._drop()
-            self._next_attempt = time.monotonic() + self._backoff
+            if isinstance(exc, DaemonError) and exc.code != ErrorCode.UNAVAILABLE:
+                raise  # a refused login: retrying cannot help
+            self._next_attempt = time.monotonic() + self._backoff  # unreachable, or refused for now (a cap)
             self._backoff = min(self._backoff * 2, self.backoff_max_s)
             raise DaemonUnavailable(f"cannot reach the daemon at {self.address}: {exc}") from None
-        except DaemonError:
-            self._drop()
-            raise
         if self.arena is not None:
             self.arena.close()
             self.arena = None
@@ -269,7 +268,7 @@ class DaemonClient:
         """Read one reply frame and check it answers request ``rid``."""
         header = decode_header(self._recv(HEADER_SIZE), MAX_REPLY_BYTES)
         body = self._recv(header.length)
-        if header.request_id != rid:
+        if header.request_id != rid and not (header.op == Op.ERROR and header.request_id == 0):  # 0: refused at accept
             raise ProtocolError(ErrorCode.BAD_FRAME, f"{op.name}: reply to request {header.request_id}, expected {rid}")
         return header, body
 
