@@ -260,11 +260,13 @@ class Session:
     def _dispatch(self, msg: m.Request) -> bytes:
         """Run one request against the backend (on an executor thread); returns the reply payload."""
         b, me = self.ctx.backend, self.conn_id
-        count = self._counters() if self.tenant is not None else TenantCounters()
-        count.requests += 1
+        count = self._counters() if self.tenant is not None else None
+        if count is not None:
+            count.add(requests=1)
         if isinstance(msg, m.PutInline):
             stored = b.put_inline(self._keys(msg.keys), msg.blocks)
-            count.blocks_stored += sum(stored)
+            if count is not None:
+                count.add(blocks_stored=sum(stored))
             return m.encode_flags(stored)
         if isinstance(msg, m.EmptyRequest):
             b.flush()
@@ -273,15 +275,16 @@ class Session:
         keys, op = self._keys(msg.keys), msg.op
         if op == Op.EXISTS_PREFIX:
             n = b.exists_prefix(keys)
-            count.keys_probed += len(keys)
+            if count is not None:
+                count.add(keys_probed=len(keys))
             return m.encode_count(n)
         if op == Op.GET_SHM:
             return m.encode_slots([(0, None) if s is None else (1, s) for s in b.lease_get(me, keys)])
         if op == Op.GET_INLINE:
             blocks = self._read_inline(keys)
             found = sum(x is not None for x in blocks)
-            count.blocks_found += found
-            count.blocks_missed += len(blocks) - found
+            if count is not None:
+                count.add(blocks_found=found, blocks_missed=len(blocks) - found)
             return m.encode_blocks(blocks)
         if op == Op.PUT_SHM_RESERVE:
             return m.encode_slots([(int(st), s) for st, s in b.reserve(me, keys)])
@@ -290,7 +293,8 @@ class Session:
         if op == Op.RELEASE:
             return m.encode_count(b.release(me, keys))
         n = b.delete(keys)
-        count.blocks_deleted += n
+        if count is not None:
+            count.add(blocks_deleted=n)
         return m.encode_count(n)
 
     def _read_inline(self, keys: Sequence[bytes]) -> list[bytes | None]:

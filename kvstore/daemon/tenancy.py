@@ -16,15 +16,20 @@ daemon misconfigured to share a namespace keeps tenants' keys apart).
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 
 _PERSON = b"kvstore-tenant"
 
 
 @dataclass
 class TenantCounters:
-    """What one tenant did (all a tenant's STATS shows of the daemon's counters)."""
+    """What one tenant did (all a tenant's STATS shows of the daemon's counters).
+
+    Requests of one tenant run on several executor threads at once, so counts change only through
+    :meth:`add`, under the lock.
+    """
 
     requests: int = 0
     keys_probed: int = 0
@@ -32,10 +37,18 @@ class TenantCounters:
     blocks_missed: int = 0
     blocks_stored: int = 0
     blocks_deleted: int = 0
+    _mu: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas: int) -> None:
+        """Add ``deltas`` (counter name -> amount) atomically."""
+        with self._mu:
+            for name, n in deltas.items():
+                setattr(self, name, getattr(self, name) + n)
 
     def as_dict(self) -> dict[str, int]:
-        """The counters as a plain dict (for JSON)."""
-        return asdict(self)
+        """The counters as a plain dict (for JSON). Changes nothing."""
+        with self._mu:
+            return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
 
 
 @dataclass(frozen=True)
