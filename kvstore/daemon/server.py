@@ -144,7 +144,7 @@ class DaemonServer:
             why = f"too many failed logins from {peer.ident}; refused for another {self._throttle.locked_for(peer):.0f} s"
         if why is not None:  # refused at once: one small error frame, never a read
             self._events.warning(f"refused:{transport}", "refused a %s connection from %s: %s", transport, peer.ident, why)
-            self.metrics.error("REFUSED")
+            self.metrics.error(ErrorCode.UNAVAILABLE.name)
             writer.write(encode_frame(Op.ERROR, 0, encode_error(ErrorCode.UNAVAILABLE, f"connection refused: {why}")))
             writer.close()
             return

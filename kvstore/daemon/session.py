@@ -100,7 +100,6 @@ class Session:
         except (ConnectionError, asyncio.IncompleteReadError):
             log.debug("client %d (%s) vanished mid-request", self.conn_id, self.transport)
         except SessionTimeout as exc:
-            met.error("TIMEOUT")
             self.ctx.events.warning("timeout", "client %d (%s): %s; closing", self.conn_id, self.peer.ident, exc)
         finally:
             met.clients -= 1
