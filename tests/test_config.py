@@ -152,3 +152,26 @@ def test_cli_check_shows_env_override(repo: Path) -> None:
     res = _cli("config", "check", str(repo / "configs/default.yaml"), env=env)
     assert res.returncode == 0
     assert yaml.safe_load(res.stdout)["disk"]["codec"] == "zstd"
+
+
+def test_frame_bound_too_small_for_one_block_is_refused(tmp_path: Path) -> None:
+    # issue 10 item 13: max_frame_bytes 16 used to be accepted, and then every login failed.
+    p = tmp_path / "tiny-frames.yaml"
+    p.write_text("daemon:\n  max_frame_bytes: 16\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(p, environ={})
+    least = KVStoreConfig().daemon.min_frame_bytes(KVStoreConfig().model.layout())
+    text = str(info.value)
+    assert "tiny-frames.yaml" in text and "daemon.max_frame_bytes is 16 bytes" in text and f"is {least}" in text
+    ok = tmp_path / "just-enough.yaml"
+    ok.write_text(f"daemon:\n  max_frame_bytes: {least}\n")
+    assert int(load_config(ok, environ={}).daemon.max_frame_bytes) == least
+    # the bound follows the model: a larger block needs a larger frame
+    big = parse_config({"model": {"num_layers": 64}, "daemon": {"max_frame_bytes": "64MiB"}})
+    with pytest.raises(ConfigError, match=r"daemon.max_frame_bytes is 65536 bytes; the minimum"):
+        parse_config({"model": big.model.model_dump(), "daemon": {"max_frame_bytes": 65536}})
+
+
+def test_connection_caps_must_be_consistent() -> None:
+    with pytest.raises(ConfigError, match=r"max_connections_per_peer \(10\) exceeds max_connections \(4\)"):
+        parse_config({"daemon": {"max_connections": 4, "max_connections_per_peer": 10}})

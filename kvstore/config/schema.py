@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvstore.config.units import PositiveSize, Size
+from kvstore.daemon.frames import KEY_BYTES, PRELOGIN_FRAME_BYTES
 from kvstore.layout import KVLayout
 
 
@@ -157,17 +158,49 @@ class DaemonConfig(Section):
     token: str | None = None
     """Shared secret clients must present; required when TCP is enabled."""
     tenant_salts: dict[str, str] = Field(default_factory=dict)
-    """Map from client token to tenant salt: the daemon, not the client, decides the salt."""
+    """Map from client token to tenant salt. A client that logs in with one of these tokens is that
+    tenant: the daemon namespaces every key it sends by the tenant (it can never reach another tenant's
+    blocks, nor those of untenanted local clients), serves it inline only (no shared memory), and shows
+    it only its own counters in STATS. The salt is also sent to the client for its key chain."""
     lease_timeout_s: float = Field(30.0, gt=0, le=86_400)
     """Slot leases of a vanished client are released after this many seconds."""
     max_frame_bytes: PositiveSize = "64MiB"  # type: ignore[assignment]
-    """Largest accepted protocol frame; longer ones are refused before allocation."""
+    """Largest accepted protocol frame after login (requests and inline replies); longer ones are refused
+    before allocation. Before login a frame may carry at most 4 KiB. At least one block plus 4 KiB."""
+    max_keys_per_request: int = Field(16384, ge=1, le=16384)
+    """Most block keys one request may carry (every keys request and PUT_INLINE); more is refused
+    with an error naming the message type, the count and this limit."""
+    login_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """A connection that has not completed its login this many seconds after connecting is closed."""
+    read_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Once a frame has begun to arrive, all of it must arrive within this many seconds."""
+    idle_timeout_s: float = Field(900.0, gt=0, le=604_800)
+    """A logged-in connection silent this long between requests is closed (clients reconnect on their
+    next request)."""
+    max_connections: int = Field(1000, ge=2, le=1_000_000)
+    """Most open client connections in all. TCP connections may use at most 7/8 of them, so a flood of
+    remote connections always leaves room for local (Unix socket) clients; excess ones are closed at once."""
+    max_connections_per_peer: int = Field(64, ge=1, le=1_000_000)
+    """Most open connections from one peer (one IP address over TCP, one user id over the Unix socket)."""
+    max_login_failures: int = Field(5, ge=1, le=1_000_000)
+    """Failed logins one peer may make within ``login_lockout_s``; after that its connections are refused
+    at once until the window has passed."""
+    login_lockout_s: float = Field(60.0, gt=0, le=86_400)
+    """Window over which failed logins are counted, and how long a peer that exceeded them is refused."""
 
     @model_validator(mode="after")
     def _tcp_needs_token(self) -> "DaemonConfig":
         if self.tcp_host is not None and not self.token:
             raise ValueError("tcp_host is set but token is empty: TCP clients must present a shared-secret token")
+        if self.max_connections_per_peer > self.max_connections:
+            raise ValueError(f"max_connections_per_peer ({self.max_connections_per_peer}) exceeds "
+                             f"max_connections ({self.max_connections})")
         return self
+
+    def min_frame_bytes(self, layout: KVLayout) -> int:
+        """Smallest ``max_frame_bytes`` that keeps the daemon usable for ``layout``: one inline block
+        with its key and count, and never less than a login frame."""
+        return max(PRELOGIN_FRAME_BYTES, 4 + KEY_BYTES + layout.bytes_per_block + 64)
 
 
 class MetricsConfig(Section):
@@ -226,4 +259,17 @@ class KVStoreConfig(Section):
             raise ValueError("tiers: choose one disk tier, 'lmdb' or 'file', not both")
         if "host" in t and t[0] != "host":
             raise ValueError(f"tiers: 'host' must come first (fastest first), got {t}")
+        return self
+
+    @model_validator(mode="after")
+    def _frame_fits_a_block(self) -> "KVStoreConfig":
+        # A frame bound below one block plus headers passes field validation but makes every
+        # request fail, so it is checked here, where the model layout is known.
+        least = self.daemon.min_frame_bytes(self.model.layout())
+        if int(self.daemon.max_frame_bytes) < least:
+            raise ValueError(
+                f"daemon.max_frame_bytes is {int(self.daemon.max_frame_bytes)} bytes; the minimum for this model "
+                f"({self.model.layout().bytes_per_block} bytes per block) is {least}: one block, its key and the "
+                "frame overhead, and at least a login frame"
+            )
         return self

@@ -13,14 +13,16 @@ memory: slots and leases from an older generation mean nothing.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 import time
 from collections.abc import Sequence
 
 from kvstore.daemon import messages as m
+from kvstore.daemon.auth import login_proof
 from kvstore.daemon.frames import (
-    HEADER_SIZE, MAX_KEYS, MAX_REPLY_BYTES, OBSERVER_FINGERPRINT, REPLY_BIT, DaemonError, ErrorCode, Op, ProtocolError, decode_header,
+    HEADER_SIZE, MAX_KEYS, MAX_NAME_BYTES, MAX_REPLY_BYTES, OBSERVER_FINGERPRINT, REPLY_BIT, DaemonError, ErrorCode, Op, ProtocolError, decode_header,
     encode_frame,
 )
 from kvstore.errors import KVStoreError, NotDurable
@@ -31,6 +33,8 @@ log = logging.getLogger(__name__)
 
 MAX_UNREAD = 32
 """Deferred replies read at the latest after this many (keeps the socket's receive buffer small)."""
+IDLE_CHECK_S = 1.0
+"""A connection unused this long is checked for a close by the daemon (idle timeout) before reuse."""
 
 
 class DaemonUnavailable(KVStoreError):
@@ -56,6 +60,8 @@ class DaemonClient:
         if (socket_path is None) == (tcp is None):
             raise ValueError("give exactly one of socket_path and tcp")
         self.layout = layout
+        # The name as the daemon will decode it (the proof covers it, so both sides must agree).
+        client_name = client_name.encode()[:MAX_NAME_BYTES].decode("utf-8", "ignore")
         self.socket_path, self.tcp, self.token, self.client_name = socket_path, tcp, token, client_name
         self.use_shm = use_shm and socket_path is not None
         self.timeout_s = timeout_s
@@ -69,6 +75,12 @@ class DaemonClient:
         self._unread: list[tuple[int, Op]] = []  # requests sent with send_nowait, replies not read yet
         self._backoff = backoff_initial_s
         self._next_attempt = 0.0
+        self._last_used = 0.0
+
+    @property
+    def max_keys(self) -> int:
+        """Most keys the daemon takes in one request (what it said at login; :data:`MAX_KEYS` before)."""
+        return self.hello.max_keys if self.hello is not None else MAX_KEYS
 
     @property
     def address(self) -> str:
@@ -112,22 +124,29 @@ class DaemonClient:
 
     def _ensure(self) -> m.HelloReply:
         if self._sock is not None and self.hello is not None:
-            return self.hello
+            if time.monotonic() - self._last_used < IDLE_CHECK_S or not self._closed_by_daemon():
+                return self.hello
+            log.info("the daemon at %s closed the idle connection; reconnecting", self.address)
+            self._drop()
         now = time.monotonic()
         if now < self._next_attempt:
             raise DaemonUnavailable(f"daemon at {self.address} is down; next reconnect in {self._next_attempt - now:.2f} s")
         try:
             self._sock = self._open()
-            payload = m.encode_hello(m.Hello(self._fingerprint(), self.token, self.client_name, self.use_shm))
+            proof = None
+            if self.token:  # challenge-response: the token itself never crosses the wire
+                nonce = m.decode_challenge(self._roundtrip(Op.CHALLENGE, b""))
+                transport = "unix" if self.socket_path is not None else "tcp"
+                proof = login_proof(self.token, nonce, transport, self._fingerprint(), self.use_shm, self.client_name)
+            payload = m.encode_hello(m.Hello(self._fingerprint(), proof, self.client_name, self.use_shm))
             hello = m.decode_hello_reply(self._roundtrip(Op.HELLO, payload))
-        except (OSError, ProtocolError) as exc:
+        except (OSError, ProtocolError, DaemonError) as exc:
             self._drop()
-            self._next_attempt = time.monotonic() + self._backoff
+            if isinstance(exc, DaemonError) and exc.code != ErrorCode.UNAVAILABLE:
+                raise  # a refused login: retrying cannot help
+            self._next_attempt = time.monotonic() + self._backoff  # unreachable, or refused for now (a cap)
             self._backoff = min(self._backoff * 2, self.backoff_max_s)
             raise DaemonUnavailable(f"cannot reach the daemon at {self.address}: {exc}") from None
-        except DaemonError:
-            self._drop()
-            raise
         if self.arena is not None:
             self.arena.close()
             self.arena = None
@@ -138,6 +157,15 @@ class DaemonClient:
         self._backoff = self.backoff_initial_s
         log.info("connected to the daemon at %s (generation %d, shm %s)", self.address, self.generation, hello.shm_name)
         return hello
+
+    def _closed_by_daemon(self) -> bool:
+        """Whether the daemon closed the socket (readable with nothing to read). Changes nothing."""
+        assert self._sock is not None
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            return bool(readable) and not self._unread and self._sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def _fingerprint(self) -> bytes:
         return OBSERVER_FINGERPRINT if self.layout is None else self.layout.fingerprint
@@ -197,6 +225,7 @@ class DaemonClient:
                 assert self._sock is not None
                 rid = self._new_id()
                 self._sock.sendall(encode_frame(op, rid, payload))
+                self._last_used = time.monotonic()
                 self._unread.append((rid, op))
                 if len(self._unread) >= MAX_UNREAD:
                     self._read_unread()
@@ -219,6 +248,7 @@ class DaemonClient:
 
     def _roundtrip(self, op: Op, payload: bytes) -> bytes:
         assert self._sock is not None
+        self._last_used = time.monotonic()
         rid = self._new_id()
         self._sock.sendall(encode_frame(op, rid, payload))
         if self._unread:
@@ -237,7 +267,7 @@ class DaemonClient:
         """Read one reply frame and check it answers request ``rid``."""
         header = decode_header(self._recv(HEADER_SIZE), MAX_REPLY_BYTES)
         body = self._recv(header.length)
-        if header.request_id != rid:
+        if header.request_id != rid and not (header.op == Op.ERROR and header.request_id == 0):  # 0: refused at accept
             raise ProtocolError(ErrorCode.BAD_FRAME, f"{op.name}: reply to request {header.request_id}, expected {rid}")
         return header, body
 
@@ -255,10 +285,12 @@ class DaemonClient:
 
     # ------------------------------------------------------ typed requests
     def exists_prefix(self, keys: Sequence[bytes]) -> int:
-        """EXISTS_PREFIX over any number of keys (split into batches of :data:`MAX_KEYS`)."""
+        """EXISTS_PREFIX over any number of keys (split into batches of :attr:`max_keys`)."""
         n = 0
-        for start in range(0, len(keys), MAX_KEYS):
-            chunk = list(keys[start : start + MAX_KEYS])
+        self.ensure()
+        step = self.max_keys
+        for start in range(0, len(keys), step):
+            chunk = list(keys[start : start + step])
             got = m.decode_count(self.request(Op.EXISTS_PREFIX, m.encode_keys(chunk)), Op.EXISTS_PREFIX)
             n += got
             if got < len(chunk):
@@ -266,9 +298,10 @@ class DaemonClient:
         return n
 
     def keys_request(self, op: Op, keys: Sequence[bytes]) -> bytes:
-        """Send a keys-only request (at most :data:`MAX_KEYS` keys) and return the raw reply payload."""
-        if len(keys) > MAX_KEYS:
-            raise ValueError(f"{op.name}: {len(keys)} keys in one request, limit is {MAX_KEYS}")
+        """Send a keys-only request (at most :attr:`max_keys` keys) and return the raw reply payload."""
+        self.ensure()
+        if len(keys) > self.max_keys:
+            raise ValueError(f"{op.name}: {len(keys)} keys in one request, limit is {self.max_keys}")
         return self.request(op, m.encode_keys(list(keys)))
 
     def flush(self) -> None:

@@ -24,14 +24,17 @@ from enum import IntEnum
 from kvstore.errors import KVStoreError
 
 MAGIC = b"KVSD"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: challenge-response login (CHALLENGE, HELLO carries an HMAC proof, not the token); HELLO reply has max_keys."""
 HEADER = struct.Struct("<4sHHII")
 HEADER_SIZE = HEADER.size
 REPLY_BIT = 0x8000
 KEY_BYTES = 32
 MAX_KEYS = 16384
 """Most keys in one request (512 KiB of keys); larger batches are split by the client."""
-MAX_TOKEN_BYTES = 1024
+PRELOGIN_FRAME_BYTES = 4096
+"""Largest frame accepted before login (a HELLO needs far less): an unauthenticated peer
+cannot make the daemon buffer more than this per connection."""
 MAX_NAME_BYTES = 256
 OBSERVER_FINGERPRINT = bytes(16)
 """HELLO fingerprint of a client that only reads STATS (``kvstore stats``) and so needs no layout."""
@@ -53,6 +56,8 @@ class Op(IntEnum):
     DELETE = 9
     FLUSH = 10
     STATS = 11
+    CHALLENGE = 12
+    """Before HELLO: ask for the connection's login nonce (see :mod:`kvstore.daemon.auth`)."""
     ERROR = 0x7FFF
     """Reply-only: the request failed; payload is an :class:`ErrorCode` and a message."""
 

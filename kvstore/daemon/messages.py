@@ -2,9 +2,11 @@
 
 Payloads (little-endian; ``keys`` = ``u32 count`` then ``count`` 32-byte keys)::
 
-    HELLO            fingerprint[16] want_shm:u8 token_len:u16 token name_len:u16 name
+    CHALLENGE        (empty)                    reply  nonce[32]
+    HELLO            fingerprint[16] want_shm:u8 proof_len:u16 proof name_len:u16 name
+                     (proof: 0 bytes, or 32 = HMAC-SHA256 of the CHALLENGE nonce, see ``auth``)
       reply          has_salt:u8 salt_len:u16 salt shm_len:u16 shm_name bytes_per_block:u32
-                     num_slots:u32 lease_timeout_ms:u32 max_frame_bytes:u32
+                     num_slots:u32 lease_timeout_ms:u32 max_frame_bytes:u32 max_keys:u32
     EXISTS_PREFIX    keys                       reply  count:u32
     GET_SHM          keys                       reply  count:u32 (found:u8 slot:u32)*count
     GET_INLINE       keys                       reply  count:u32 found:u8*count block*found
@@ -31,17 +33,18 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Union
 
-from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, MAX_NAME_BYTES, MAX_TOKEN_BYTES, ErrorCode, Op, ProtocolError
+from kvstore.daemon.auth import NONCE_BYTES, PROOF_BYTES
+from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, MAX_NAME_BYTES, ErrorCode, Op, ProtocolError
 from kvstore.errors import NotDurable
 
 _U32 = struct.Struct("<I")
 _SLOT = struct.Struct("<BI")
 _HELLO = struct.Struct("<16sBH")
-_HELLO_TAIL = struct.Struct("<IIII")
+_HELLO_TAIL = struct.Struct("<IIIII")
 KEY_OPS = frozenset(
     {Op.EXISTS_PREFIX, Op.GET_SHM, Op.GET_INLINE, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT, Op.RELEASE, Op.DELETE}
 )
-EMPTY_OPS = frozenset({Op.FLUSH, Op.STATS})
+EMPTY_OPS = frozenset({Op.FLUSH, Op.STATS, Op.CHALLENGE})
 
 
 class PutState(IntEnum):
@@ -59,10 +62,12 @@ class PutState(IntEnum):
 
 @dataclass(frozen=True)
 class Hello:
-    """First request of a connection."""
+    """The login request (after CHALLENGE when it carries a proof)."""
 
     fingerprint: bytes
-    token: str | None
+    proof: bytes | None
+    """HMAC of the connection's nonce with the client's token (:func:`kvstore.daemon.auth.login_proof`);
+    ``None``: no token (allowed only for local clients, which get the untenanted namespace)."""
     client_name: str
     want_shm: bool
 
@@ -85,7 +90,7 @@ class PutInline:
 
 @dataclass(frozen=True)
 class EmptyRequest:
-    """FLUSH or STATS."""
+    """FLUSH, STATS or CHALLENGE."""
 
     op: Op
 
@@ -103,6 +108,8 @@ class HelloReply:
     num_slots: int
     lease_timeout_s: float
     max_frame_bytes: int
+    max_keys: int
+    """Most keys the daemon accepts in one request (``daemon.max_keys_per_request``)."""
 
 
 # ------------------------------------------------------------------ helpers
@@ -145,9 +152,9 @@ def _text(raw: memoryview, op: Op, field: str, limit: int) -> str:
 # ----------------------------------------------------------------- requests
 def encode_hello(msg: Hello) -> bytes:
     """Payload of a HELLO request."""
-    token = (msg.token or "").encode()
+    proof = msg.proof or b""
     name = msg.client_name.encode()[:MAX_NAME_BYTES]
-    return _HELLO.pack(msg.fingerprint, int(msg.want_shm), len(token)) + token + struct.pack("<H", len(name)) + name
+    return _HELLO.pack(msg.fingerprint, int(msg.want_shm), len(proof)) + proof + struct.pack("<H", len(name)) + name
 
 
 def encode_put_inline(keys: list[bytes], blocks: list[bytes | memoryview]) -> bytes:
@@ -163,15 +170,16 @@ def decode_request(op_num: int, payload: bytes | memoryview, block_bytes: int) -
     op = Op(op_num)
     if op == Op.HELLO:
         _need(len(view) >= _HELLO.size + 2, op, f"payload of {len(view)} bytes is shorter than {_HELLO.size + 2}")
-        fp, want_shm, tlen = _HELLO.unpack_from(view)
-        _need(len(view) >= _HELLO.size + tlen + 2, op, f"token length {tlen} overruns the payload")
-        token = _text(view[_HELLO.size : _HELLO.size + tlen], op, "token", MAX_TOKEN_BYTES)
-        at = _HELLO.size + tlen
+        fp, want_shm, plen = _HELLO.unpack_from(view)
+        _need(plen in (0, PROOF_BYTES), op, f"proof is {plen} bytes, expected 0 or {PROOF_BYTES}")
+        _need(len(view) >= _HELLO.size + plen + 2, op, f"proof length {plen} overruns the payload")
+        proof = bytes(view[_HELLO.size : _HELLO.size + plen])
+        at = _HELLO.size + plen
         (nlen,) = struct.unpack_from("<H", view, at)
         _need(len(view) == at + 2 + nlen, op, f"client name length {nlen} does not match the payload")
         name = _text(view[at + 2 :], op, "client name", MAX_NAME_BYTES)
         _need(want_shm in (0, 1), op, f"want_shm flag is {want_shm}, expected 0 or 1")
-        return Hello(bytes(fp), token or None, name, bool(want_shm))
+        return Hello(bytes(fp), proof or None, name, bool(want_shm))
     if op in KEY_OPS:
         n = _count(view, op, KEY_BYTES)
         return KeysRequest(op, _keys(view, op, n))
@@ -190,7 +198,7 @@ def encode_hello_reply(r: HelloReply) -> bytes:
     salt = r.salt or b""
     shm = (r.shm_name or "").encode()
     head = struct.pack("<BH", int(r.salt is not None), len(salt)) + salt + struct.pack("<H", len(shm)) + shm
-    return head + _HELLO_TAIL.pack(r.bytes_per_block, r.num_slots, int(r.lease_timeout_s * 1000), min(r.max_frame_bytes, 2**32 - 1))
+    return head + _HELLO_TAIL.pack(r.bytes_per_block, r.num_slots, int(r.lease_timeout_s * 1000), min(r.max_frame_bytes, 2**32 - 1), r.max_keys)
 
 
 def decode_hello_reply(payload: bytes) -> HelloReply:
@@ -201,10 +209,16 @@ def decode_hello_reply(payload: bytes) -> HelloReply:
         salt = bytes(v[3 : 3 + slen])
         (mlen,) = struct.unpack_from("<H", v, 3 + slen)
         shm = bytes(v[5 + slen : 5 + slen + mlen]).decode()
-        bpb, slots, lease_ms, max_frame = _HELLO_TAIL.unpack_from(v, 5 + slen + mlen)
+        bpb, slots, lease_ms, max_frame, max_keys = _HELLO_TAIL.unpack_from(v, 5 + slen + mlen)
     except (struct.error, UnicodeDecodeError) as exc:
         raise ProtocolError(ErrorCode.BAD_FRAME, f"HELLO reply is malformed: {exc}") from None
-    return HelloReply(salt if has_salt else None, shm or None, bpb, slots, lease_ms / 1000, max_frame)
+    return HelloReply(salt if has_salt else None, shm or None, bpb, slots, lease_ms / 1000, max_frame, max_keys)
+
+
+def decode_challenge(payload: bytes) -> bytes:
+    """The nonce of a CHALLENGE reply (raises :class:`ProtocolError` unless it is exactly 32 bytes)."""
+    _need(len(payload) == NONCE_BYTES, Op.CHALLENGE, f"reply is {len(payload)} bytes, expected {NONCE_BYTES}")
+    return bytes(payload)
 
 
 def encode_slots(entries: list[tuple[int, int | None]]) -> bytes:

@@ -21,25 +21,35 @@ import asyncio
 import itertools
 import logging
 import os
+import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from kvstore.config.schema import KVStoreConfig
+from kvstore.daemon.admission import ConnectionLimits, LoginThrottle, Transport, peer_of
 from kvstore.daemon.backend import DaemonBackend
+from kvstore.daemon.frames import ErrorCode, Op, encode_frame
+from kvstore.daemon.messages import encode_error
 from kvstore.daemon.http import HttpEndpoints
 from kvstore.daemon.leases import LeaseTable
 from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
 from kvstore.daemon.peer import PeerProcess
-from kvstore.daemon.session import Session, SessionContext, Transport
+from kvstore.daemon.session import Session, SessionContext
 from kvstore.daemon.socketfile import bind_private, clear_stale, default_shm_name
+from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import NotDurable
+from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Tier
 from kvstore.tiers.host import HostTier
 
 log = logging.getLogger(__name__)
 DRAIN_TIMEOUT_S = 10.0
+LOG_INTERVAL_S = 10.0
+"""Repeated conditions a peer can cause at will (refusals, errors, accept failures) log once per this."""
+FD_HEADROOM = 256
+"""File descriptors kept beyond ``max_connections`` for the tiers, the listeners and the executor."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,11 @@ class DaemonServer:
         self._servers: list[asyncio.AbstractServer] = []
         self._http: HttpEndpoints | None = None
         self._ids = itertools.count(1)
+        d = cfg.daemon
+        self._limits = ConnectionLimits(d.max_connections, d.max_connections_per_peer)
+        self._throttle = LoginThrottle(d.max_login_failures, d.login_lockout_s)
+        self._events = RateLimitedLog(log, LOG_INTERVAL_S)
+        self._tenant_counters: dict[str, TenantCounters] = {}
         self._stop = asyncio.Event()
         self._stopping = False
         self.backend: DaemonBackend | None = None
@@ -89,7 +104,13 @@ class DaemonServer:
             raise
         durable = lower is not None and lower.name == "lmdb" and cfg.disk.sync == "always"
         self.backend = DaemonBackend(self.layout, host, lower, LeaseTable(d.lease_timeout_s), durable_puts=durable)
-        ctx = SessionContext(d, self.layout, self.backend, self.metrics, self._executor, shm_name, self.stats)
+        asyncio.get_running_loop().set_exception_handler(self._loop_error)
+        _raise_fd_limit(d.max_connections + FD_HEADROOM)
+        tenants = {token: Tenant.from_salt(salt) for token, salt in d.tenant_salts.items()}
+        counters = {t.label: TenantCounters() for t in tenants.values()}
+        ctx = SessionContext(d, self.layout, self.backend, self.metrics, self._executor, shm_name, self.stats,
+                             self._throttle, self._events, tenants, counters)
+        self._tenant_counters = counters
         self._servers.append(await bind_private(
             d.socket_path, lambda p: asyncio.start_unix_server(lambda r, w: self._accept(r, w, "unix", ctx), p)
         ))
@@ -130,29 +151,48 @@ class DaemonServer:
         if self._stopping:
             writer.close()
             return
-        session = Session(next(self._ids), transport, ctx)
-        peer = PeerProcess.of_socket(writer.get_extra_info("socket")) if transport == "unix" else None
+        peer = peer_of(writer, transport)
+        why = self._limits.admit(peer)
+        if why is None and transport == "tcp" and self._throttle.locked_for(peer):
+            self._limits.leave(peer)
+            why = f"too many failed logins from {peer.ident}; refused for another {self._throttle.locked_for(peer):.0f} s"
+        if why is not None:  # refused at once: one small error frame, never a read
+            self._events.warning(f"refused:{transport}", "refused a %s connection from %s: %s", transport, peer.ident, why)
+            self.metrics.error(ErrorCode.UNAVAILABLE.name)
+            writer.write(encode_frame(Op.ERROR, 0, encode_error(ErrorCode.UNAVAILABLE, f"connection refused: {why}")))
+            writer.close()
+            return
+        session = Session(next(self._ids), peer, ctx)
+        process = PeerProcess.of_socket(writer.get_extra_info("socket")) if transport == "unix" else None
         self._sessions.add(session)
         try:
             await session.serve(reader, writer)
         finally:
             self._sessions.discard(session)
-            if peer is not None:
-                self._spawn(self._release_when_gone(session.conn_id, peer))
+            self._limits.leave(peer)
+            if process is not None:
+                self._spawn(self._release_when_gone(session.conn_id, process))
 
-    async def _release_when_gone(self, owner: int, peer: PeerProcess) -> None:
+    async def _release_when_gone(self, owner: int, process: PeerProcess) -> None:
         """After ``owner``'s connection ended: if it still holds leases, end them as soon as its process exits
         (a live but silent process keeps them until their deadline)."""
         assert self.backend is not None
         try:
-            if self.backend.leases.owned_by(owner) and await peer.wait_gone(self.cfg.daemon.lease_timeout_s) \
+            if self.backend.leases.owned_by(owner) and await process.wait_gone(self.cfg.daemon.lease_timeout_s) \
                     and not self._stopping:  # stopping: the tiers are being closed, leases die with them
                 loop = asyncio.get_running_loop()
                 n = await loop.run_in_executor(self._executor, self.backend.release_owner, owner)
                 if n:
-                    log.info("client %d (pid %d) exited: released its %d host slot leases", owner, peer.pid, n)
+                    log.info("client %d (pid %d) exited: released its %d host slot leases", owner, process.pid, n)
         finally:
-            peer.close()
+            process.close()
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """Event-loop errors (an ``accept`` failing with EMFILE repeats every second): once per interval."""
+        exc = context.get("exception")
+        message = str(context.get("message", "event loop error"))
+        topic = f"loop:{message}:{type(exc).__name__}"
+        self._events.error(topic, "event loop: %s: %s", message, exc if exc is not None else "")
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -179,6 +219,8 @@ class DaemonServer:
             "uptime_s": round(time.time() - self.started_at, 3),
             "clients": self.metrics.clients,
             "connections": self.metrics.connections,
+            "connections_refused": self._limits.refused,
+            "tenants": {label: c.as_dict() for label, c in self._tenant_counters.items()},
             "requests": dict(self.metrics.requests),
             "errors": dict(self.metrics.errors),
             "socket_path": self.info.socket_path if self.info else None,
@@ -241,3 +283,19 @@ class DaemonServer:
                 log.error("closing the tiers failed: %s", exc)
         self._executor.shutdown(wait=True)
         log.info("stopped")
+
+
+def _raise_fd_limit(wanted: int) -> None:
+    """Raise the soft open-files limit toward ``wanted`` (at most the hard limit); warn when it stays short,
+    since accepted connections past it fail with EMFILE before the connection caps can refuse them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, target, exc)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        log.warning("open-files limit %d is below daemon.max_connections + %d = %d: lower max_connections or raise "
+                    "the limit (ulimit -n)", soft, FD_HEADROOM, wanted)

@@ -1,45 +1,60 @@
-"""One client connection of the daemon: handshake, then request by request until it closes.
+"""One client connection of the daemon: login, then request by request until it closes.
 
 ::
 
     read 16-byte header ─► decode_header (magic, version, length bound; fatal)
+                           bound: 4 KiB before login, daemon.max_frame_bytes after
     read payload       ─► decode_request (op, counts, lengths; error reply, go on)
-    first request must be HELLO: token, layout fingerprint; reply with salt + shm
-    dispatch           ─► backend call on the executor ─► reply frame
+    login              ─► CHALLENGE (nonce) then HELLO (HMAC proof of a token, layout fingerprint);
+                           the token decides the tenant; reply with salt + shm
+    dispatch           ─► keys mapped into the tenant's namespace ─► backend call on the executor ─► reply
 
-A fatal error (bad header, failed handshake) gets one error reply, then the
-connection is closed. A client vanishing (EOF mid-header or mid-payload, a
+Time limits: the login must finish within ``login_timeout_s`` of connecting;
+after it, a connection may be silent ``idle_timeout_s`` between requests and a
+frame that has begun must arrive within ``read_timeout_s``. A fatal error (bad
+header, failed login, a timeout) gets one error reply (timeouts: none), then
+the connection is closed. A client vanishing (EOF mid-header or mid-payload, a
 reset) just ends the session; its leases end at their deadlines.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from kvstore.config.schema import DaemonConfig
 from kvstore.daemon import messages as m
+from kvstore.daemon.admission import LoginThrottle, Peer
+from kvstore.daemon.auth import new_nonce, token_for_proof
 from kvstore.daemon.backend import DaemonBackend
-from kvstore.daemon.frames import HEADER_SIZE, OBSERVER_FINGERPRINT, REPLY_BIT, ErrorCode, Op, ProtocolError, decode_header, encode_frame
+from kvstore.daemon.frames import (
+    HEADER_SIZE, OBSERVER_FINGERPRINT, PRELOGIN_FRAME_BYTES, REPLY_BIT, ErrorCode, Op, ProtocolError, decode_header,
+    encode_frame,
+)
 from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import KVStoreError, NotDurable
 from kvstore.layout import KVLayout
+from kvstore.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
-Transport = Literal["unix", "tcp"]
 SHM_OPS = frozenset({Op.GET_SHM, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT})
+
+
+class SessionTimeout(Exception):
+    """The peer was too slow (login, a frame, or idle); the message says which limit."""
 
 
 @dataclass
 class SessionContext:
-    """What every session shares: config, storage, metrics, the executor, and the stats callback."""
+    """What every session shares: config, storage, metrics, the executor, the stats callback, and the
+    login and tenant ledgers (owned by the server, touched only on the event loop)."""
 
     daemon: DaemonConfig
     layout: KVLayout
@@ -48,51 +63,85 @@ class SessionContext:
     executor: Executor
     shm_name: str
     stats: Callable[[], Awaitable[dict[str, Any]]]
+    throttle: LoginThrottle
+    events: RateLimitedLog
+    """Logs what a hostile peer can repeat at will (refusals, errors, timeouts) once per interval."""
+    tenants: dict[str, Tenant]
+    """Token -> tenant, from ``daemon.tenant_salts``."""
+    tenant_counters: dict[str, TenantCounters]
+    """Tenant label -> its counters."""
 
 
 class Session:
     """Serves one connection; :attr:`busy` is true while a request is being executed."""
 
-    def __init__(self, conn_id: int, transport: Transport, ctx: SessionContext) -> None:
-        self.conn_id, self.transport, self.ctx = conn_id, transport, ctx
+    def __init__(self, conn_id: int, peer: Peer, ctx: SessionContext) -> None:
+        self.conn_id, self.peer, self.ctx = conn_id, peer, ctx
+        self.transport = peer.transport
         self.hello: m.Hello | None = None
+        self.nonce: bytes | None = None
+        self.tenant: Tenant | None = None
         self.shm = False
         self.observer = False
         self.busy = False
         self.writer: asyncio.StreamWriter | None = None
         self.flush_mark = 0  # FLUSH reports write failures after this mark: since start, then since the last FLUSH
+        self._login_deadline = 0.0
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Run the request loop until the peer closes, breaks the protocol fatally, or the daemon stops."""
+        """Run the request loop until the peer closes, breaks the protocol fatally, times out, or the daemon stops."""
         self.writer = writer
         met = self.ctx.metrics
         met.clients += 1
         met.connections += 1
+        self._login_deadline = asyncio.get_running_loop().time() + self.ctx.daemon.login_timeout_s
         try:
             while await self._one(reader, writer):
                 pass
         except (ConnectionError, asyncio.IncompleteReadError):
             log.debug("client %d (%s) vanished mid-request", self.conn_id, self.transport)
+        except SessionTimeout as exc:
+            self.ctx.events.warning("timeout", "client %d (%s): %s; closing", self.conn_id, self.peer.ident, exc)
         finally:
             met.clients -= 1
             writer.close()
-            log.info("client %d (%s, %s) disconnected", self.conn_id, self.transport, self._name())
+            if self.hello is not None:
+                log.info("client %d (%s, %s) disconnected", self.conn_id, self.transport, self._name())
+
+    async def _read(self, reader: asyncio.StreamReader, n: int, between_requests: bool) -> bytes:
+        """``n`` bytes, within the time limit that applies now (raises :class:`SessionTimeout`)."""
+        cfg = self.ctx.daemon
+        if self.hello is None:
+            limit, what = self._login_deadline - asyncio.get_running_loop().time(), (
+                f"no login within daemon.login_timeout_s = {cfg.login_timeout_s:g} s")
+        elif between_requests:
+            limit, what = cfg.idle_timeout_s, f"idle for daemon.idle_timeout_s = {cfg.idle_timeout_s:g} s"
+        else:
+            limit, what = cfg.read_timeout_s, f"a frame took longer than daemon.read_timeout_s = {cfg.read_timeout_s:g} s"
+        try:
+            async with asyncio.timeout(max(0.0, limit)):
+                return await reader.readexactly(n)
+        except TimeoutError:
+            raise SessionTimeout(what) from None
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Read, run and answer one request; ``False`` ends the session."""
         try:
-            raw = await reader.readexactly(HEADER_SIZE)
+            raw = await self._read(reader, HEADER_SIZE, between_requests=True)
         except asyncio.IncompleteReadError as exc:
             if exc.partial:
                 log.debug("client %d closed mid-header (%d bytes)", self.conn_id, len(exc.partial))
             return False
         request_id = int.from_bytes(raw[8:12], "little") if len(raw) >= 12 else 0
+        limit = int(self.ctx.daemon.max_frame_bytes) if self.hello is not None else PRELOGIN_FRAME_BYTES
         try:
-            header = decode_header(raw, int(self.ctx.daemon.max_frame_bytes))
+            header = decode_header(raw, limit)
         except ProtocolError as exc:
+            if self.hello is None and exc.code == ErrorCode.TOO_LARGE:
+                exc = ProtocolError(exc.code, f"{exc.message} before login", fatal=True)
             await self._error(writer, request_id, exc)
             return False
-        payload = await reader.readexactly(header.length)
+        payload = await self._read(reader, header.length, between_requests=False)
         self.ctx.metrics.bytes_in += HEADER_SIZE + header.length
         start = time.perf_counter()
         self.busy = True
@@ -112,25 +161,61 @@ class Session:
 
     async def _handle(self, op_num: int, payload: bytes) -> bytes:
         msg = m.decode_request(op_num, payload, self.ctx.layout.bytes_per_block)
+        is_challenge = isinstance(msg, m.EmptyRequest) and msg.op == Op.CHALLENGE
         if self.hello is None:
+            if is_challenge:
+                if self.nonce is not None:
+                    raise ProtocolError(ErrorCode.NOT_ALLOWED, "CHALLENGE: asked twice on one connection", fatal=True)
+                self.nonce = new_nonce()
+                return self.nonce
             if not isinstance(msg, m.Hello):
                 raise ProtocolError(ErrorCode.UNAUTHORIZED, f"{Op(op_num).name} before HELLO", fatal=True)
             return self._handshake(msg)
-        if isinstance(msg, m.Hello):
-            raise ProtocolError(ErrorCode.NOT_ALLOWED, "HELLO: the connection is already handshaken")
+        if isinstance(msg, m.Hello) or is_challenge:
+            raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{Op(op_num).name}: the connection is already logged in")
         op = Op.PUT_INLINE if isinstance(msg, m.PutInline) else msg.op
         if self.observer and op != Op.STATS:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{op.name}: an observer connection (zero fingerprint) may only ask STATS")
         if op in SHM_OPS and not self.shm:
-            raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{op.name}: shared memory is only for local clients that asked for it")
+            raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{op.name}: shared memory is only for untenanted local clients that asked for it")
+        if isinstance(msg, (m.KeysRequest, m.PutInline)):
+            self._check_size(op, len(msg.keys))
         return await self._run(self._dispatch, msg)
+
+    def _check_size(self, op: Op, n: int) -> None:
+        """Refuse a request over the key limit, or a GET_INLINE whose reply could exceed the frame bound,
+        before any work or allocation for it."""
+        cfg = self.ctx.daemon
+        if n > cfg.max_keys_per_request:
+            raise ProtocolError(ErrorCode.TOO_LARGE,
+                                f"{op.name}: {n} keys, limit is {cfg.max_keys_per_request} (daemon.max_keys_per_request)")
+        worst = 4 + n * (1 + self.ctx.layout.bytes_per_block)
+        if op == Op.GET_INLINE and worst > int(cfg.max_frame_bytes):
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"GET_INLINE: {n} keys need a reply of up to {worst} bytes, "
+                                f"limit is {int(cfg.max_frame_bytes)} (daemon.max_frame_bytes)")
+
+    def _login_failed(self, why: str) -> ProtocolError:
+        self.ctx.throttle.failed(self.peer)
+        return ProtocolError(ErrorCode.UNAUTHORIZED, f"HELLO: {why}", fatal=True)
 
     def _handshake(self, hello: m.Hello) -> bytes:
         cfg, layout = self.ctx.daemon, self.ctx.layout
-        known = [t for t in [cfg.token, *cfg.tenant_salts] if t]
-        token_ok = hello.token is not None and any(hmac.compare_digest(hello.token.encode(), t.encode()) for t in known)
-        if (self.transport == "tcp" or hello.token is not None) and not token_ok:
-            raise ProtocolError(ErrorCode.UNAUTHORIZED, "HELLO: missing or wrong token", fatal=True)
+        locked = self.ctx.throttle.locked_for(self.peer)
+        if locked and (self.transport == "tcp" or hello.proof is not None):
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, f"HELLO: too many failed logins from {self.peer.ident}; "
+                                f"refused for another {locked:.0f} s", fatal=True)
+        token = None
+        if hello.proof is not None:
+            nonce, self.nonce = self.nonce, None  # one login attempt per nonce
+            if nonce is None:
+                raise self._login_failed("a token proof needs a CHALLENGE first")
+            known = [t for t in [cfg.token, *cfg.tenant_salts] if t]
+            token = token_for_proof(hello.proof, known, nonce, self.transport, hello.fingerprint, hello.want_shm,
+                                    hello.client_name)
+            if token is None:
+                raise self._login_failed("wrong token (the proof matches no token this daemon knows)")
+        elif self.transport == "tcp":
+            raise self._login_failed("TCP clients must log in with a token (CHALLENGE, then a proof)")
         self.observer = hello.fingerprint == OBSERVER_FINGERPRINT
         if hello.fingerprint != layout.fingerprint and not self.observer:
             raise ProtocolError(
@@ -140,27 +225,49 @@ class Session:
                 fatal=True,
             )
         self.hello = hello
-        self.shm = hello.want_shm and self.transport == "unix" and not self.observer
-        salt = cfg.tenant_salts.get(hello.token) if hello.token else None
-        log.info("client %d (%s, %s) connected, shm=%s, tenant salt %s",
-                 self.conn_id, self.transport, self._name(), self.shm, "set" if salt else "none")
+        self.tenant = self.ctx.tenants.get(token) if token else None
+        # A tenant never maps the shared arena: it holds every namespace's blocks.
+        self.shm = hello.want_shm and self.transport == "unix" and not self.observer and self.tenant is None
+        salt = cfg.tenant_salts.get(token) if token else None
+        log.info("client %d (%s, %s) connected, shm=%s, tenant %s", self.conn_id, self.peer.ident, self._name(),
+                 self.shm, self.tenant.label if self.tenant else "none")
         host = self.ctx.backend.host
         return m.encode_hello_reply(m.HelloReply(
             salt.encode() if salt else None, self.ctx.shm_name if self.shm else None,
             layout.bytes_per_block, host.num_slots, cfg.lease_timeout_s, int(cfg.max_frame_bytes),
+            cfg.max_keys_per_request,
         ))
 
     async def _run(self, fn: Callable[[m.Request], bytes], msg: m.Request) -> bytes:
         if isinstance(msg, m.EmptyRequest) and msg.op == Op.STATS:
+            if self.tenant is not None:  # a tenant sees its own counters, nothing of anyone else
+                return m.encode_json({
+                    "tenant": {"label": self.tenant.label, **self._counters().as_dict()},
+                    "daemon": {"model_id": self.ctx.layout.model_id, "bytes_per_block": self.ctx.layout.bytes_per_block},
+                })
             return m.encode_json(await self.ctx.stats())
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.ctx.executor, fn, msg)
 
+    def _counters(self) -> TenantCounters:
+        assert self.tenant is not None
+        return self.ctx.tenant_counters.setdefault(self.tenant.label, TenantCounters())
+
+    def _keys(self, keys: Sequence[bytes]) -> Sequence[bytes]:
+        """The backend's keys for what the client sent: the tenant's namespace, or as sent when untenanted."""
+        return keys if self.tenant is None else self.tenant.keys(keys)
+
     def _dispatch(self, msg: m.Request) -> bytes:
         """Run one request against the backend (on an executor thread); returns the reply payload."""
         b, me = self.ctx.backend, self.conn_id
+        count = self._counters() if self.tenant is not None else None
+        if count is not None:
+            count.add(requests=1)
         if isinstance(msg, m.PutInline):
-            return m.encode_flags(b.put_inline(msg.keys, msg.blocks))
+            stored = b.put_inline(self._keys(msg.keys), msg.blocks)
+            if count is not None:
+                count.add(blocks_stored=sum(stored))
+            return m.encode_flags(stored)
         if isinstance(msg, m.EmptyRequest):
             try:
                 self.flush_mark = b.flush(self.flush_mark)
@@ -169,24 +276,42 @@ class Session:
                 raise ProtocolError(ErrorCode.NOT_DURABLE, m.encode_not_durable(exc)) from None
             return b""
         assert isinstance(msg, m.KeysRequest)
-        keys, op = msg.keys, msg.op
+        keys, op = self._keys(msg.keys), msg.op
         if op == Op.EXISTS_PREFIX:
-            return m.encode_count(b.exists_prefix(keys))
+            n = b.exists_prefix(keys)
+            if count is not None:
+                count.add(keys_probed=len(keys))
+            return m.encode_count(n)
         if op == Op.GET_SHM:
             return m.encode_slots([(0, None) if s is None else (1, s) for s in b.lease_get(me, keys)])
         if op == Op.GET_INLINE:
-            return m.encode_blocks(b.read_inline(keys))
+            blocks = self._read_inline(keys)
+            found = sum(x is not None for x in blocks)
+            if count is not None:
+                count.add(blocks_found=found, blocks_missed=len(blocks) - found)
+            return m.encode_blocks(blocks)
         if op == Op.PUT_SHM_RESERVE:
             return m.encode_slots([(int(st), s) for st, s in b.reserve(me, keys)])
         if op == Op.PUT_SHM_COMMIT:
             return m.encode_flags(b.commit(me, keys))
         if op == Op.RELEASE:
             return m.encode_count(b.release(me, keys))
-        return m.encode_count(b.delete(keys))
+        n = b.delete(keys)
+        if count is not None:
+            count.add(blocks_deleted=n)
+        return m.encode_count(n)
+
+    def _read_inline(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """GET_INLINE's blocks, positional, with each distinct key read once (a key repeated
+        thousands of times costs one read; the reply size was bounded by :meth:`_check_size`)."""
+        distinct = list(dict.fromkeys(keys))
+        got = dict(zip(distinct, self.ctx.backend.read_inline(distinct)))
+        return [got[k] for k in keys]
 
     async def _error(self, writer: asyncio.StreamWriter, request_id: int, exc: ProtocolError) -> None:
         self.ctx.metrics.error(exc.code.name)
-        log.warning("client %d (%s): %s%s", self.conn_id, self.transport, exc, " (closing)" if exc.fatal else "")
+        self.ctx.events.warning(f"error:{exc.code.name}", "client %d (%s): %s%s", self.conn_id, self.peer.ident, exc,
+                                " (closing)" if exc.fatal else "")
         try:
             await self._send(writer, encode_frame(Op.ERROR, request_id, m.encode_error(exc.code, exc.message)))
         except ConnectionError:
@@ -194,7 +319,11 @@ class Session:
 
     async def _send(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
         writer.write(frame)
-        await writer.drain()
+        try:
+            async with asyncio.timeout(self.ctx.daemon.read_timeout_s):  # a peer that never reads pins the reply
+                await writer.drain()
+        except TimeoutError:
+            raise SessionTimeout(f"the reply was not read within daemon.read_timeout_s = {self.ctx.daemon.read_timeout_s:g} s") from None
         self.ctx.metrics.bytes_out += len(frame)
 
     def _name(self) -> str:

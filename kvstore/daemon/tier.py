@@ -119,8 +119,10 @@ class DaemonTier(Tier):
     def delete(self, keys: Sequence[bytes]) -> int:
         """Ask the daemon to remove ``keys`` from its tiers; returns how many it removed."""
         n = 0
-        for start in range(0, len(keys), MAX_KEYS):
-            n += m.decode_count(self.client.keys_request(Op.DELETE, keys[start : start + MAX_KEYS]), Op.DELETE)
+        self.client.ensure()
+        step = self.client.max_keys
+        for start in range(0, len(keys), step):
+            n += m.decode_count(self.client.keys_request(Op.DELETE, keys[start : start + step]), Op.DELETE)
         return n
 
     def flush(self) -> None:
@@ -170,7 +172,7 @@ class DaemonTier(Tier):
             hello = self.client.ensure()
         except DaemonUnavailable:
             return MAX_KEYS  # the first batch fails fast and the call degrades
-        n = max(1, min(MAX_KEYS, hello.num_slots // 4))
+        n = max(1, min(hello.max_keys, hello.num_slots // 4))
         if hello.shm_name is None:
             n = min(n, max(1, (hello.max_frame_bytes - 64) // (self.bpb + KEY_BYTES + 1)))
         return n

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,9 @@ import torch
 import yaml
 
 from kvstore.config import load_config
+from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient
+from kvstore.daemon.frames import HEADER, HEADER_SIZE, ErrorCode, Op
 from kvstore.layout import KVLayout
 from kvstore.daemon.tier import DaemonTier
 
@@ -137,3 +140,53 @@ def shm_exists(name: str) -> bool:
 def signal_name(rc: int) -> str:
     """Readable exit status."""
     return signal.Signals(-rc).name if rc < 0 else str(rc)
+
+
+def raw_unix(d: Daemon) -> socket.socket:
+    """A plain socket connected to the daemon's Unix socket (nothing sent)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(d.socket_path)
+    return s
+
+
+def raw_tcp(d: Daemon, source: str | None = None) -> socket.socket:
+    """A plain socket connected to the daemon's TCP port, from ``source`` (a loopback address) if given."""
+    assert d.tcp is not None
+    host, port = d.tcp.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0) if source else None)
+
+
+def read_reply(s: socket.socket) -> tuple[int, bytes] | None:
+    """``(op, payload)`` of the next frame, or ``None`` if the daemon closed the connection."""
+    buf = b""
+    while len(buf) < HEADER_SIZE:
+        chunk = s.recv(HEADER_SIZE - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    _, _, op, _, length = HEADER.unpack(buf)
+    body = b""
+    while len(body) < length:
+        chunk = s.recv(length - len(body))
+        if not chunk:
+            return None
+        body += chunk
+    return op, body
+
+
+def expect_error(s: socket.socket, code: ErrorCode, closed: bool) -> str:
+    """Read an error reply with ``code`` (and then EOF when ``closed``); returns its message."""
+    reply = read_reply(s)
+    assert reply is not None and reply[0] == Op.ERROR, reply
+    got, message = m.decode_error(reply[1])
+    assert got == code, message
+    assert (read_reply(s) is None) == closed
+    return message
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -11,19 +11,17 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemonlib import LAYOUT, Daemon, block_for, cleanup, empty_blocks, keys_for, short_tmpdir, start_daemon, write_config
+from daemonlib import (
+    LAYOUT, Daemon, block_for, cleanup, empty_blocks, expect_error, free_port, keys_for, raw_tcp, raw_unix, read_reply, short_tmpdir,
+    start_daemon, write_config,
+)
 from kvstore.daemon import messages as m
+from kvstore.daemon.auth import login_proof
 from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.frames import HEADER, HEADER_SIZE, MAGIC, PROTOCOL_VERSION, ErrorCode, Op, encode_frame
+from kvstore.daemon.frames import HEADER, MAGIC, PROTOCOL_VERSION, ErrorCode, Op, encode_frame
 from kvstore.daemon.tier import DaemonTier
 
 TOKEN = "s3cret-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -39,46 +37,8 @@ def daemon() -> Iterator[Daemon]:
         cleanup(d, root)
 
 
-def raw_unix(d: Daemon) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
-    s.connect(d.socket_path)
-    return s
-
-
-def raw_tcp(d: Daemon) -> socket.socket:
-    assert d.tcp is not None
-    host, port = d.tcp.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=10)
-
-
-def read_reply(s: socket.socket) -> tuple[int, bytes] | None:
-    """``(op, payload)`` of the next frame, or ``None`` if the daemon closed the connection."""
-    buf = b""
-    while len(buf) < HEADER_SIZE:
-        chunk = s.recv(HEADER_SIZE - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    _, _, op, _, length = HEADER.unpack(buf)
-    body = b""
-    while len(body) < length:
-        chunk = s.recv(length - len(body))
-        if not chunk:
-            return None
-        body += chunk
-    return op, body
-
-
-def expect_error(s: socket.socket, code: ErrorCode, closed: bool) -> None:
-    reply = read_reply(s)
-    assert reply is not None and reply[0] == Op.ERROR, reply
-    assert m.decode_error(reply[1])[0] == code
-    assert (read_reply(s) is None) == closed
-
-
-def handshake(s: socket.socket, token: str | None = None) -> None:
-    s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, token, "raw", False))))
+def handshake(s: socket.socket) -> None:
+    s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, None, "raw", False))))
     reply = read_reply(s)
     assert reply is not None and reply[0] == Op.HELLO | 0x8000
 
@@ -154,10 +114,16 @@ def test_tcp_without_token_gets_nothing(daemon: Daemon) -> None:
     with raw_tcp(daemon) as s:
         s.sendall(encode_frame(Op.GET_INLINE, 1, m.encode_keys(key)))
         expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
-    for token in (None, "wrong"):
-        with raw_tcp(daemon) as s:
-            s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, token, "intruder", True))))
-            expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
+    with raw_tcp(daemon) as s:  # no token at all
+        s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, None, "intruder", True))))
+        expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
+    with raw_tcp(daemon) as s:  # a wrong token's proof
+        s.sendall(encode_frame(Op.CHALLENGE, 1))
+        reply = read_reply(s)
+        assert reply is not None and reply[0] == Op.CHALLENGE | 0x8000
+        proof = login_proof("wrong", reply[1], "tcp", LAYOUT.fingerprint, True, "intruder")
+        s.sendall(encode_frame(Op.HELLO, 2, m.encode_hello(m.Hello(LAYOUT.fingerprint, proof, "intruder", True))))
+        expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
 
 
 def test_tcp_with_token_moves_bytes_inline(daemon: Daemon) -> None:

@@ -68,11 +68,18 @@ def test_put_inline_round_trip_and_exact_length() -> None:
 
 
 def test_hello_round_trip_and_reply() -> None:
-    hello = m.Hello(b"f" * 16, "secret", "engine 1", True)
+    hello = m.Hello(b"f" * 16, b"p" * 32, "engine 1", True)
     assert parse(encode_frame(Op.HELLO, 1, m.encode_hello(hello))) == hello
-    reply = m.HelloReply(b"tenant-a", "kvstore-x", BPB, 64, 2.5, 1 << 20)
+    anonymous = m.Hello(b"f" * 16, None, "", False)
+    assert parse(encode_frame(Op.HELLO, 1, m.encode_hello(anonymous))) == anonymous
+    with pytest.raises(ProtocolError, match="HELLO: proof is 5 bytes, expected 0 or 32"):
+        parse(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(b"f" * 16, b"short", "", False))))
+    reply = m.HelloReply(b"tenant-a", "kvstore-x", BPB, 64, 2.5, 1 << 20, 512)
     assert m.decode_hello_reply(m.encode_hello_reply(reply)) == reply
-    assert m.decode_hello_reply(m.encode_hello_reply(m.HelloReply(None, None, BPB, 1, 1.0, 10))).salt is None
+    assert m.decode_hello_reply(m.encode_hello_reply(m.HelloReply(None, None, BPB, 1, 1.0, 10, 1))).salt is None
+    assert m.decode_challenge(b"n" * 32) == b"n" * 32
+    with pytest.raises(ProtocolError, match="CHALLENGE: reply is 3 bytes, expected 32"):
+        m.decode_challenge(b"abc")
 
 
 def test_header_errors_are_fatal_and_named() -> None:
