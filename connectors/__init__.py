@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from connectors.base import KVConnector, Lease, PrefixMatch
+from connectors.base import TIER_NAMES, KVConnector, Lease, PrefixMatch
 from connectors.embedded import EmbeddedConnector
 from kvstore.config.schema import KVStoreConfig
 
@@ -16,4 +16,4 @@ def build_connector(config: KVStoreConfig) -> KVConnector:
     return SidecarConnector(config)
 
 
-__all__ = ["EmbeddedConnector", "KVConnector", "Lease", "PrefixMatch", "build_connector"]
+__all__ = ["TIER_NAMES", "EmbeddedConnector", "KVConnector", "Lease", "PrefixMatch", "build_connector"]
