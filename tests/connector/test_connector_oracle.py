@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from connlib import GREEDY, capture_logits, make_llm, prompt
+from connlib import GREEDY, capture_logits, embedded, make_llm, prompt
 
 PROMPT = prompt(1, 45)  # 11 full blocks of 4 and one partial
 
@@ -27,10 +27,11 @@ def reference() -> tuple[list[int], torch.Tensor]:
 
 def _second_run(llm, offload: tuple[str, ...] = ()):  # noqa: ANN001, ANN202
     first = llm.generate([PROMPT], GREEDY)[0]
-    llm.connector.flush()
+    conn = embedded(llm)
+    conn.flush()
     for tier in offload:
-        llm.connector.offload(tier)
-    store = llm.connector.store  # internals, only to check them
+        conn.offload(tier)
+    store = conn.store  # internals, only to check them
     store.check_integrity()
     logits = capture_logits(llm)
     second = llm.generate([PROMPT], GREEDY)[0]
