@@ -65,8 +65,8 @@ def _modes(scratch: Path) -> dict[str, KVStoreConfig | None]:
     return {
         "recompute": None,
         "gpu_prefix": KVStoreConfig(tiers=[]),
-        "tiered": KVStoreConfig(tiers=["host", "lmdb"], host=HostConfig(capacity=1 << 30),  # type: ignore[arg-type]
-                                disk=DiskConfig(path=str(scratch / "lmdb"), max_size=2 << 30)),  # type: ignore[arg-type]
+        "tiered": KVStoreConfig(tiers=["host", "lmdb"], host=HostConfig(capacity=1 << 30),
+                                disk=DiskConfig(path=str(scratch / "lmdb"), max_size=2 << 30)),
     }
 
 

@@ -24,7 +24,6 @@ from connlib import BLOCK, GREEDY, capture_logits, engine_config, kv_config, mak
 from dictconn import DictConnector, DictLease
 from engine import LLM
 from engine.connector_manager import ConnectorBlockManager
-from engine.sequence import Sequence
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 
@@ -120,22 +119,21 @@ def test_dict_connector_drives_the_engine_to_the_oracle(reference) -> None:  # n
 
 
 def test_block_manager_over_dict_connector_holds_and_returns_lease_blocks() -> None:
-    pool = GPUBlockPool(KVLayout(2, 2, 16, BLOCK, "float32"), 32, device="cpu")
     conn = DictConnector()
-    mgr = ConnectorBlockManager(pool, conn)
+    llm = LLM(config=engine_config(32), connector=conn)
+    mgr, pool = llm.block_manager, llm.pool
+    assert isinstance(mgr, ConnectorBlockManager)
     tokens = list(range(4 * BLOCK + 2))
     blocks = conn.allocate(5)
     assert conn.commit(tokens, blocks) == 4  # the token form of commit, built on commit_keys
     conn.free(blocks)
-    seq = Sequence("r", tokens, GREEDY)
+    seq = llm.add_request(tokens, GREEDY)  # queued, not stepped: the test admits it by hand
     mgr.admit(seq)
     assert seq.num_cached_tokens == 4 * BLOCK and seq.block_table == blocks[:4]
     assert [pool.ref_count(b) for b in blocks[:4]] == [2, 2, 2, 2]  # the cache's and the lease's
     assert seq.metrics.cached_tokens_by_tier == {"gpu": 16, "host": 0, "disk": 0}
     mgr.free(seq)
     assert [pool.ref_count(b) for b in blocks[:4]] == [1, 1, 1, 1] and pool.ref_count(blocks[4]) == 0
-
-
 
 # ----------------------------------------------------- the embedded adaptation
 def _embedded(root: Path) -> tuple[EmbeddedConnector, GPUBlockPool]:
