@@ -41,7 +41,7 @@ from kvstore.bench.rawio import drop_page_cache
 
 if TYPE_CHECKING:
     from engine.llm import LLM
-    from engine.sequence import Sequence
+    from engine.sequence import SequenceMetrics
     from kvstore.config.schema import KVStoreConfig
 
 PROBE_PREFIX = 4096
@@ -118,7 +118,7 @@ def _measure(llm: LLM, kv_config: KVStoreConfig | None, rounds: list[list[list[i
         seqs = [llm.add_request(p, params) for p in batch]
         while llm.has_unfinished():
             llm.step()
-        ttfts += [_ttft(s) for s in seqs]
+        ttfts += [_ttft(s.metrics) for s in seqs]
         generated += sum(len(s.output_token_ids) for s in seqs)
     wall = time.perf_counter() - t0
     prefix, suffixes = probe
@@ -146,15 +146,14 @@ def _probe(llm: LLM, prompt: list[int]) -> float:
     seq = llm.add_request(prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     while llm.has_unfinished():
         llm.step()
-    return _ttft(seq)
+    return _ttft(seq.metrics)
 
 
-def _ttft(seq: Sequence) -> float:
+def _ttft(metrics: SequenceMetrics) -> float:
     """Seconds from a finished request's arrival to its first token."""
-    first = seq.metrics.first_token_time
-    if first is None:
-        raise RuntimeError(f"request {seq.request_id!r} finished without a first token")
-    return first - seq.metrics.arrival_time
+    if metrics.first_token_time is None:
+        raise RuntimeError("a finished benchmark request has no first-token time")
+    return metrics.first_token_time - metrics.arrival_time
 
 
 def run(options: SuiteOptions, progress: Progress) -> Results:
