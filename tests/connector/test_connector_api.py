@@ -202,3 +202,11 @@ def test_embedded_connector_refuses_foreign_matches_and_leases(tmp_path: Path) -
     finally:
         conn.close()
         other.close()
+
+
+@pytest.mark.parametrize("path", ["kvstore/demo.py", "kvstore/bench/e2e.py"])
+def test_demo_and_benchmark_use_the_api_not_the_store(path: str) -> None:
+    tree = ast.parse((REPO / path).read_text(), path)
+    reach = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("store", "h")]
+    assert reach == [], f"{path} reaches into the store at lines {reach}"
+    assert not {m for m in _imported_modules(REPO / path) if m.startswith(("kvstore.store", "kvstore.prefetch"))}
