@@ -1,17 +1,80 @@
-"""``EmbeddedConnector``: the tiered store in the engine's own process."""
+"""``EmbeddedConnector``: the tiered store in the engine's own process.
+
+The store's match and prefetch lease are its own types; this module adapts
+them to the connector API's :class:`~connectors.base.PrefixMatch` (the
+store's match rides along as the opaque handle) and
+:class:`~connectors.base.Lease` (:class:`EmbeddedLease` wraps the store's
+prefetch job), so nothing outside ``connectors/`` sees store internals and
+the store core imports nothing from here.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from connectors.base import KVConnector
+from connectors.base import KVConnector, Lease, PrefixMatch
 from kvstore.config.schema import KVStoreConfig
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt, block_keys
 from kvstore.layout import KVLayout
-from kvstore.prefetch import Lease
-from kvstore.store import PrefixMatch, TieredStore
+from kvstore.store import TieredStore
+
+
+class _StoreLease(Protocol):
+    """What :class:`EmbeddedLease` uses of the lease ``TieredStore.acquire`` returns."""
+
+    @property
+    def block_ids(self) -> list[int]: ...
+    @property
+    def shortfall(self) -> str | None: ...
+    @property
+    def load_wait_s(self) -> float: ...
+    def resolve(self) -> int: ...
+    def wait_layer(self, layer: int) -> None: ...
+    def wait(self) -> None: ...
+    def tokens_by_tier(self) -> dict[str, int]: ...
+
+
+@dataclass(frozen=True)
+class _MatchHandle:
+    """:attr:`PrefixMatch.handle` of an embedded match: the store's own match and the connector that made it."""
+
+    owner: EmbeddedConnector
+    store_match: Any
+
+
+class EmbeddedLease(Lease):
+    """A store prefetch lease seen through the connector API (every call goes to the store's lease)."""
+
+    def __init__(self, owner: EmbeddedConnector, inner: _StoreLease) -> None:
+        self._owner = owner
+        self._inner = inner
+
+    @property
+    def block_ids(self) -> list[int]:
+        return self._inner.block_ids
+
+    @property
+    def shortfall(self) -> str | None:
+        return self._inner.shortfall
+
+    @property
+    def load_wait_s(self) -> float:
+        return self._inner.load_wait_s
+
+    def resolve(self) -> int:
+        return self._inner.resolve()
+
+    def wait_layer(self, layer: int) -> None:
+        self._inner.wait_layer(layer)
+
+    def wait(self) -> None:
+        self._inner.wait()
+
+    def tokens_by_tier(self) -> dict[str, int]:
+        return self._inner.tokens_by_tier()
 
 
 class EmbeddedConnector(KVConnector):
@@ -38,7 +101,7 @@ class EmbeddedConnector(KVConnector):
 
     @property
     def store(self) -> TieredStore:
-        """The underlying store (after :meth:`register`)."""
+        """The underlying store (after :meth:`register`), for tests that check its internals; engines use the API."""
         if self._store is None:
             raise RuntimeError("connector used before register(pool)")
         return self._store
@@ -56,16 +119,26 @@ class EmbeddedConnector(KVConnector):
         return block_keys(tokens, self.layout, self.effective_salt(salt), parent=parent)
 
     def lookup(self, tokens: Sequence[int], salt: Salt = None) -> PrefixMatch:
-        return self.store.lookup(tokens, self.effective_salt(salt))
-
-    def lookup_keys(self, keys: Sequence[bytes], prompt_tokens: int | None = None) -> PrefixMatch:
-        return self.store.lookup_keys(keys, prompt_tokens)
+        m = self.store.lookup(tokens, self.effective_salt(salt))
+        return PrefixMatch(tuple(m.keys), tuple(m.tiers), m.block_size, m.prompt_tokens,
+                           handle=_MatchHandle(self, m))
 
     def acquire(self, match: PrefixMatch) -> Lease:
-        return self.store.acquire(match)
+        handle = match.handle
+        if not isinstance(handle, _MatchHandle):
+            raise TypeError(f"acquire: the match's handle is {type(handle).__name__}, not an embedded "
+                            f"connector's; pass the PrefixMatch this connector's lookup returned")
+        if handle.owner is not self:
+            raise ValueError("acquire: the match was made by another connector")
+        return EmbeddedLease(self, self.store.acquire(handle.store_match))
 
     def release(self, lease: Lease) -> None:
-        self.store.release(lease)
+        if not isinstance(lease, EmbeddedLease):
+            raise TypeError(f"release: expected the EmbeddedLease this connector's acquire returned, "
+                            f"got {type(lease).__name__}")
+        if lease._owner is not self:
+            raise ValueError("release: the lease was acquired from another connector")
+        self.store.release(lease._inner)  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------- blocks
     def allocate(self, n: int) -> list[int]:
@@ -74,18 +147,18 @@ class EmbeddedConnector(KVConnector):
     def free(self, block_ids: Sequence[int]) -> None:
         self.store.free(block_ids)
 
-    def commit(self, tokens: Sequence[int], block_ids: Sequence[int], salt: Salt = None) -> int:
-        keys = self.keys(tokens, salt)
-        n = len(keys)
-        return self.store.commit(keys, list(block_ids)[:n], list(tokens)[: n * self.layout.block_size],
-                                 self.effective_salt(salt))
-
     def commit_keys(self, keys: Sequence[bytes], block_ids: Sequence[int], tokens: Sequence[int] | None = None,
                     salt: Salt = None) -> int:
         return self.store.commit(keys, block_ids, tokens, self.effective_salt(salt))
 
     def save(self, keys: Sequence[bytes]) -> int:
         return self.store.save(keys)
+
+    def offload(self, tier: str) -> int:
+        return self.store.offload(tier)
+
+    def flush(self) -> None:
+        self.store.flush()
 
     # ------------------------------------------------------------------ misc
     def stats(self) -> dict[str, Any]:

@@ -4,7 +4,10 @@ The store is the same :class:`~kvstore.store.TieredStore` the embedded
 connector uses, with one lower tier: a :class:`~kvstore.daemon.tier.DaemonTier`
 (the daemon's shared-memory host tier in front of its disk tier). Lookups
 probe the daemon beyond the in-process index, so an engine finds what another
-engine (or its own previous run) left there.
+engine (or its own previous run) left there. In the connector API the
+daemon's tiers count as ``"disk"``; the daemon manages them, so
+``offload("host")`` moves nothing here and ``offload("gpu")`` moves unused
+GPU blocks into the daemon.
 
 Tenant salt: when the daemon assigns one to this client's token
 (``daemon.tenant_salts``), every key is computed with it and a salt passed by

@@ -24,12 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from connectors.base import KVConnector
+from connectors.base import KVConnector, Lease
 from engine.block_manager import BlockManager
 from engine.sequence import SequenceState
 from kvstore.errors import IntegrityError, OutOfBlocks
 from kvstore.gpu_pool import GPUBlockPool
-from kvstore.prefetch import Lease
 
 PreemptionMode = Literal["recompute", "swap"]
 

@@ -78,7 +78,7 @@ def run_demo(cfg: KVStoreConfig, users: int, turns: int, gpu_blocks: int, max_to
                 computed=sum(o.metrics.num_prefill_tokens_computed for o in outs),
             ))
             # Between turns the users "think": the engine serves others, and their blocks cool down a tier.
-            connector.store.offload("gpu") if t % 2 == 0 else connector.store.offload("host")
+            connector.offload("gpu" if t % 2 == 0 else "host")
     finally:
         bar.close()
         connector.close()

@@ -16,7 +16,7 @@ separate probe measures the TTFT of a 4k-token prefix plus 64 new tokens:
 the first time (``cached_in=none``: all computed, the recompute reference
 for the probe's ratios, in the same engine), then with new 64-token
 suffixes while the prefix is on the GPU, and in ``tiered`` mode after
-``TieredStore.offload`` moved it to host RAM only, then to disk only (page
+the connector's ``offload`` moved it to host RAM only, then to disk only (page
 cache dropped when running as root). The issue's target case is host vs
 recompute.
 
@@ -30,15 +30,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kvstore.bench.harness import Progress, Results, SuiteOptions, scratch_dir
 from kvstore.bench.plots import grid, grouped_bars, save
 from kvstore.bench.rawio import drop_page_cache
+
+if TYPE_CHECKING:
+    from engine.llm import LLM
+    from engine.sequence import SequenceMetrics
+    from kvstore.config.schema import KVStoreConfig
 
 PROBE_PREFIX = 4096
 PROBE_NEW = 64
@@ -54,19 +58,15 @@ def _arch(quick: bool) -> Any:
     return dataclasses.replace(base, max_position_embeddings=8192)
 
 
-def _factories(scratch: Path) -> dict[str, Callable[..., Any] | None]:
-    """Block manager factory per mode (``None`` = the engine's plain manager, no caching)."""
-    from connectors.embedded import EmbeddedConnector
-    from engine.connector_manager import ConnectorBlockManager
+def _modes(scratch: Path) -> dict[str, KVStoreConfig | None]:
+    """The kvstore config per mode (``None`` = the engine's plain manager, no caching)."""
     from kvstore.config.schema import DiskConfig, HostConfig, KVStoreConfig
 
-    gpu_only = KVStoreConfig(tiers=[])
-    tiered = KVStoreConfig(tiers=["host", "lmdb"], host=HostConfig(capacity=1 << 30),  # type: ignore[arg-type]
-                           disk=DiskConfig(path=str(scratch / "lmdb"), max_size=2 << 30))  # type: ignore[arg-type]
     return {
         "recompute": None,
-        "gpu_prefix": lambda pool: ConnectorBlockManager(pool, EmbeddedConnector(gpu_only)),
-        "tiered": lambda pool: ConnectorBlockManager(pool, EmbeddedConnector(tiered)),
+        "gpu_prefix": KVStoreConfig(tiers=[]),
+        "tiered": KVStoreConfig(tiers=["host", "lmdb"], host=HostConfig(capacity=1 << 30),
+                                disk=DiskConfig(path=str(scratch / "lmdb"), max_size=2 << 30)),
     }
 
 
@@ -85,16 +85,30 @@ def _chat_rounds(rng: np.random.Generator, sessions: int, rounds: int, system: i
     return out
 
 
-def _run_mode(factory: Callable[..., Any] | None, quick: bool, rounds: list[list[list[int]]],
+def _run_mode(kv_config: KVStoreConfig | None, quick: bool, rounds: list[list[list[int]]],
               probe: tuple[list[int], list[list[int]]], max_tokens: int, seed: int) -> dict[str, Any]:
+    """One mode's chat rounds and prefix probes (``kv_config`` ``None``: no connector)."""
+    from connectors.embedded import EmbeddedConnector
     from engine.engine_config import EngineConfig
     from engine.llm import LLM
     from engine.sampling_params import SamplingParams
 
     cfg = EngineConfig(block_size=16, num_gpu_blocks=2048 if quick else 4096, max_num_batched_tokens=2048,
                        dtype="float32", seed=seed)
-    kwargs = {} if factory is None else {"block_manager_factory": factory}
-    llm = LLM(config=cfg, arch=_arch(quick), **kwargs)
+    connector = EmbeddedConnector(kv_config) if kv_config is not None else None
+    llm = LLM(config=cfg, arch=_arch(quick), connector=connector)
+    try:
+        return _measure(llm, kv_config, rounds, probe, max_tokens)
+    finally:
+        if connector is not None:
+            connector.close()
+
+
+def _measure(llm: LLM, kv_config: KVStoreConfig | None, rounds: list[list[list[int]]],
+             probe: tuple[list[int], list[list[int]]], max_tokens: int) -> dict[str, Any]:
+    """Run the rounds, then probe the 4k prefix computed, from the GPU and (tiered) from host and disk."""
+    from engine.sampling_params import SamplingParams
+
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     _probe(llm, list(range(1, 40)))  # untimed: first-call costs of torch and the engine
     ttfts: list[float] = []
@@ -104,20 +118,20 @@ def _run_mode(factory: Callable[..., Any] | None, quick: bool, rounds: list[list
         seqs = [llm.add_request(p, params) for p in batch]
         while llm.has_unfinished():
             llm.step()
-        ttfts += [s.metrics.first_token_time - s.metrics.arrival_time for s in seqs]
+        ttfts += [_ttft(s.metrics) for s in seqs]
         generated += sum(len(s.output_token_ids) for s in seqs)
     wall = time.perf_counter() - t0
     prefix, suffixes = probe
     # Each probe is the 4k prefix plus PROBE_NEW new tokens never seen before, so the new part is computed.
     probe_ttft = {"none": _probe(llm, prefix + suffixes[0])}  # first sight of the prefix: computed in every mode
-    store = getattr(getattr(llm.block_manager, "connector", None), "store", None)
-    if store is not None:
+    connector = llm.connector
+    if connector is not None and kv_config is not None:
         probe_ttft["gpu"] = _probe(llm, prefix + suffixes[1])
-        if store.h.host is not None:
-            store.offload("gpu")  # the prefix now lives in host RAM only
+        if "host" in kv_config.tiers:
+            connector.offload("gpu")  # the prefix now lives in host RAM only
             probe_ttft["host"] = _probe(llm, prefix + suffixes[2])
-            store.offload("gpu")
-            store.offload("host")  # ... and now on disk only
+            connector.offload("gpu")
+            connector.offload("host")  # ... and now on disk only
             drop_page_cache()  # cold disk when allowed (root); otherwise the page cache may still hold it
             probe_ttft["disk"] = _probe(llm, prefix + suffixes[3])
     prompt_tokens = sum(len(p) for b in rounds for p in b)
@@ -125,14 +139,21 @@ def _run_mode(factory: Callable[..., Any] | None, quick: bool, rounds: list[list
             "probe_ttft": probe_ttft}
 
 
-def _probe(llm: Any, prompt: list[int]) -> float:
+def _probe(llm: LLM, prompt: list[int]) -> float:
     """TTFT in seconds of one request for ``prompt`` run alone."""
     from engine.sampling_params import SamplingParams
 
     seq = llm.add_request(prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     while llm.has_unfinished():
         llm.step()
-    return seq.metrics.first_token_time - seq.metrics.arrival_time
+    return _ttft(seq.metrics)
+
+
+def _ttft(metrics: SequenceMetrics) -> float:
+    """Seconds from a finished request's arrival to its first token."""
+    if metrics.first_token_time is None:
+        raise RuntimeError("a finished benchmark request has no first-token time")
+    return metrics.first_token_time - metrics.arrival_time
 
 
 def run(options: SuiteOptions, progress: Progress) -> Results:
@@ -149,10 +170,10 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
              [rng.integers(0, vocab, size=PROBE_NEW).tolist() for _ in range(4)])
     measured: dict[str, dict[str, Any]] = {}
     with scratch_dir(options) as scratch:
-        factories = _factories(scratch)
-        progress.grow(len(factories))
-        for mode, factory in factories.items():
-            measured[mode] = _run_mode(factory, options.quick, rounds, probe, max_tokens, options.seed)
+        modes = _modes(scratch)
+        progress.grow(len(modes))
+        for mode, kv_config in modes.items():
+            measured[mode] = _run_mode(kv_config, options.quick, rounds, probe, max_tokens, options.seed)
             progress.step(mode)
     for mode, m in measured.items():
         results.add("ttft.p50", float(np.percentile(m["ttft"], 50)) * 1e3, "ms", mode=mode)

@@ -48,6 +48,12 @@ def make_llm(root: Path | None = None, gpu_blocks: int = 64, preemption: str = "
     return LLM(config=engine_config(gpu_blocks), connector=conn, preemption=preemption)  # type: ignore[arg-type]
 
 
+def embedded(llm: LLM) -> EmbeddedConnector:
+    """The engine's embedded connector (tests reach its store to check internals)."""
+    assert isinstance(llm.connector, EmbeddedConnector), llm.connector
+    return llm.connector
+
+
 def capture_logits(llm: LLM) -> dict[str, torch.Tensor]:
     """Record the logits each request's first sampled token was drawn from."""
     seen: dict[str, torch.Tensor] = {}

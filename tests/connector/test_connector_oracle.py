@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from connlib import GREEDY, capture_logits, make_llm, prompt
+from connlib import GREEDY, capture_logits, embedded, make_llm, prompt
 
 PROMPT = prompt(1, 45)  # 11 full blocks of 4 and one partial
 
@@ -27,10 +27,11 @@ def reference() -> tuple[list[int], torch.Tensor]:
 
 def _second_run(llm, offload: tuple[str, ...] = ()):  # noqa: ANN001, ANN202
     first = llm.generate([PROMPT], GREEDY)[0]
-    store = llm.connector.store
-    store.flush()
+    conn = embedded(llm)
+    conn.flush()
     for tier in offload:
-        store.offload(tier)
+        conn.offload(tier)
+    store = conn.store  # internals, only to check them
     store.check_integrity()
     logits = capture_logits(llm)
     second = llm.generate([PROMPT], GREEDY)[0]
@@ -80,7 +81,7 @@ def test_prefix_from_disk_after_restart(tmp_path: Path, reference) -> None:  # n
         from connlib import GREEDY, make_llm, prompt
         llm = make_llm(Path({str(tmp_path)!r}), codec="zstd")
         out = llm.generate([prompt(1, 45)], GREEDY)[0]
-        llm.connector.store.flush()
+        llm.connector.flush()
         print(out.token_ids)
         import os; os._exit(0)  # no close(): what was flushed must be enough
     """)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from connlib import GREEDY, make_llm, prompt
+from connlib import GREEDY, embedded, make_llm, prompt
 
 SYSTEM = prompt(7, 24)
 
@@ -43,8 +43,7 @@ def test_workload_larger_than_gpu_and_host(tmp_path: Path) -> None:
     # GPU 40 blocks, host 12 blocks; the conversations need far more (about 5 x 18 blocks by the last turn).
     llm = make_llm(tmp_path, gpu_blocks=40, host_blocks=12, write="write_back")
     got = _run_chat(llm, questions)
-    store = llm.connector.store
-    store.check_integrity()
+    embedded(llm).store.check_integrity()  # internals
     by_tier = {"gpu": 0, "host": 0, "disk": 0}
     for u in range(len(questions)):
         for t in range(3):
@@ -57,7 +56,7 @@ def test_workload_larger_than_gpu_and_host(tmp_path: Path) -> None:
             for k, v in m.cached_tokens_by_tier.items():
                 by_tier[k] += v
     assert by_tier["gpu"] > 0 and by_tier["host"] + by_tier["disk"] > 0, by_tier
-    st = store.stats()
+    st = embedded(llm).stats()
     assert st["gpu"]["evictions"] > 0 and st["disk"]["num_blocks"] > 0
 
 
@@ -75,8 +74,8 @@ def test_swap_preemption_reloads_instead_of_recomputing(tmp_path: Path) -> None:
         m = o.metrics
         assert m.num_cached_tokens > 0
         assert m.num_prefill_tokens_computed <= m.num_prompt_tokens + m.num_preemptions * 4
-    llm.connector.store.check_integrity()
-    assert llm.connector.store.stats()["host"]["spilled_blocks"] > 0  # the swap-out wrote to the host tier
+    embedded(llm).store.check_integrity()  # internals
+    assert embedded(llm).stats()["host"]["spilled_blocks"] > 0  # the swap-out wrote to the host tier
     # The plain engine on the same tiny pool recomputes everything after a preemption: far more prefill.
     plain = make_llm(None, gpu_blocks=26)
     outs_r = plain.generate(prompts, params)
