@@ -43,3 +43,17 @@ def default_model_path(distribution: str = DISTRIBUTION) -> Path:
     raise ModelNotInstalledError(
         f"package {distribution} is installed but {GGUF_NAME} is missing from it: reinstall with "
         f"`{INSTALL_HINT} --force-reinstall`")
+
+
+def resolve_model(name: str | None) -> Path | str | None:
+    """What ``LLM(model=...)`` takes for a command-line model name.
+
+    ``"default"`` is the default model's GGUF file (raises
+    :class:`ModelNotInstalledError` when absent), ``"builtin"`` or ``None``
+    the built-in tiny random model (``None``), anything else a path.
+    """
+    if name == "default":
+        return default_model_path()
+    if name in (None, "builtin"):
+        return None
+    return name

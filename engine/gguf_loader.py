@@ -55,6 +55,14 @@ def is_gguf_path(path: str | Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
+def checkpoint_config(model: str | Path, gguf: GGUFFile | None = None) -> ModelConfig:
+    """The shape of the checkpoint at ``model``: a GGUF file's metadata (``gguf`` when already opened) or a
+    checkpoint directory's ``config.json``. Reads no weights."""
+    if gguf is None and is_gguf_path(model):
+        gguf = GGUFFile(model)
+    return config_from_gguf(gguf) if gguf is not None else ModelConfig.from_pretrained(model)
+
+
 def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     """The model shape from ``llama.*`` metadata; tied embeddings when the file has no ``output.weight``.
 

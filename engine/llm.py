@@ -14,7 +14,7 @@ from engine.config import ModelConfig
 from engine.connector_manager import ConnectorBlockManager, PreemptionMode
 from engine.engine_config import EngineConfig
 from engine.gguf_file import GGUFFile
-from engine.gguf_loader import config_from_gguf, is_gguf_path, load_gguf_weights
+from engine.gguf_loader import checkpoint_config, is_gguf_path, load_gguf_weights
 from engine.gguf_tokenizer import chat_template_from_gguf, tokenizer_from_gguf
 from engine.kernels import select_backend
 from engine.model_id import checkpoint_identity
@@ -68,7 +68,7 @@ class LLM:
         if model is not None:
             if model_config is not None:
                 raise ValueError("pass either a checkpoint directory or a model_config, not both")
-            model_config = config_from_gguf(gguf) if gguf is not None else ModelConfig.from_pretrained(model)
+            model_config = checkpoint_config(model, gguf)
         cfg = model_config or ModelConfig.tiny()
         layout = KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.config.block_size, dtype_name,
                           model_id=model_id or (checkpoint_identity(model) if model is not None
