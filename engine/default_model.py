@@ -22,13 +22,14 @@ class ModelNotInstalledError(CheckpointError):
     """The default model's package is not installed; the message says how to install it."""
 
 
-def default_model_path(distribution: str = DISTRIBUTION) -> Path:
-    """Path of the default model's GGUF file in the installed ``distribution``.
+def default_model_path(distribution: str | None = None) -> Path:
+    """Path of the default model's GGUF file in the installed ``distribution`` (default :data:`DISTRIBUTION`).
 
     Reads nothing but the package's file list; downloads nothing. Raises
     :class:`ModelNotInstalledError` with the install command when the package
     or its GGUF file is absent.
     """
+    distribution = distribution or DISTRIBUTION
     try:
         dist = metadata.distribution(distribution)
     except metadata.PackageNotFoundError:

@@ -3,6 +3,7 @@ transformers on the same weights and against the ``gguf`` package's own reader."
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from engine.gguf_loader import unpermute_rows  # noqa: E402
 from engine.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
 from engine.model import dense_logits  # noqa: E402
 from engine.model_id import checkpoint_identity  # noqa: E402
+from kvstore.cli import demo_cmd  # noqa: E402
+from kvstore.demo import QUESTIONS  # noqa: E402
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -246,3 +249,20 @@ def test_other_architectures_and_tokenizers_are_refused(tmp_path: Path) -> None:
         tokenizer_from_gguf(GGUFFile(tmp_path / "spm.gguf"))
     with pytest.raises(CheckpointError, match=r"pre.gguf: tokenizer.ggml.pre 'qwen2' is not supported"):
         tokenizer_from_gguf(GGUFFile(tmp_path / "pre.gguf"))
+
+
+def test_demo_renders_each_conversation_through_the_chat_template(checkpoint, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    _, path = checkpoint
+    parser = argparse.ArgumentParser(prog="kvstore")
+    demo_cmd.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["demo", "--model", str(path), "--users", "2", "--turns", "2", "--max-tokens", "3",
+                              "--disk-path", str(tmp_path / "lmdb"), "--no-progress"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert f"turn 1, user 0: {QUESTIONS[0]}\n" in out and f"turn 2, user 1: {QUESTIONS[2]}\n" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"])]
+    prompt_tokens = {int(r[0]): int(r[1]) for r in rows}
+    cached_turn2 = sum(int(x) for x in rows[1][3:6])
+    # Turn 2 re-sends turn 1's rendered conversation, so its prefix is served from the cache.
+    assert prompt_tokens[2] > prompt_tokens[1] and cached_turn2 > 0
