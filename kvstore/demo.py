@@ -55,7 +55,7 @@ def run_demo(cfg: KVStoreConfig, users: int, turns: int, gpu_blocks: int, max_to
 
     connector = EmbeddedConnector(cfg)
     llm = LLM(model, config=EngineConfig(block_size=cfg.model.block_size, num_gpu_blocks=gpu_blocks,
-                                  max_num_batched_tokens=256, max_num_seqs=users),
+                                         max_num_batched_tokens=256, max_num_seqs=users),
               connector=connector)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     histories = [SYSTEM_PROMPT for _ in range(users)]
