@@ -50,7 +50,7 @@ def checkpoint_identity(directory: str | Path) -> str:
     return f"{root.resolve().name}@{h.hexdigest()}"
 
 
-def _hash_samples(f: BinaryIO, h: "hashlib._Hash", start: int, span: int) -> None:
+def _hash_samples(f: BinaryIO, h: hashlib.blake2b, start: int, span: int) -> None:
     """Feed ``SAMPLES`` reads of ``SAMPLE_BYTES`` evenly spaced over ``[start, start + span)`` into ``h``."""
     for i in range(SAMPLES if span else 0):
         f.seek(start + span * i // SAMPLES)
