@@ -9,9 +9,13 @@ from pathlib import Path
 
 from engine.block_manager import BlockManager
 from connectors.base import KVConnector
+from engine.chat_template import ChatTemplate
 from engine.config import ModelArch
 from engine.connector_manager import ConnectorBlockManager, PreemptionMode
 from engine.engine_config import EngineConfig
+from engine.gguf_file import GGUFFile
+from engine.gguf_loader import checkpoint_config, is_gguf_path, load_gguf_weights
+from engine.gguf_tokenizer import chat_template_from_gguf, tokenizer_from_gguf
 from engine.kernels import select_backend
 from engine.model_id import checkpoint_identity
 from engine.outputs import RequestOutput
@@ -32,9 +36,12 @@ class LLM:
     """A Llama-family model served from kvstore's GPU block pool with continuous batching.
 
     ``model`` is a local Hugging Face checkpoint directory (``config.json`` and
-    ``*.safetensors``; ``tokenizer.json`` when present), or ``None`` for the
-    built-in model: ``arch`` (default :meth:`ModelArch.tiny`) with
-    random weights from ``config.seed``.
+    ``*.safetensors``; ``tokenizer.json`` when present), a llama.cpp ``.gguf``
+    file (weights dequantized to ``config.dtype``; tokenizer and chat template
+    from its metadata; see :func:`engine.default_model.default_model_path` for
+    the default one), or ``None`` for the built-in model: ``arch``
+    (default :meth:`ModelArch.tiny`) with random weights from ``config.seed``.
+    ``chat_template`` is the checkpoint's, or ``None`` when it has none.
 
     The KV cache lives in a kvstore :class:`GPUBlockPool`: ``pool`` shares an
     existing one (its layout must match the model and ``config.block_size``;
@@ -57,20 +64,27 @@ class LLM:
         self.config = config or EngineConfig()
         device = self.config.torch_device()
         dtype_name = self.config.kv_dtype_name()
+        gguf = GGUFFile(model) if model is not None and is_gguf_path(model) else None
         if model is not None:
             if arch is not None:
-                raise ValueError("pass either a checkpoint directory or an arch, not both")
-            arch = ModelArch.from_pretrained(model)
+                raise ValueError("pass either a checkpoint or an arch, not both")
+            arch = checkpoint_config(model, gguf)
         cfg = arch or ModelArch.tiny()
         layout = KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.config.block_size, dtype_name,
                           model_id=model_id or (checkpoint_identity(model) if model is not None
                                                 else f"builtin-random-seed{self.config.seed}"))
         self.model = build_model(cfg, layout.torch_dtype, device)
-        if model is not None:
-            load_safetensors(self.model, model)
+        self.chat_template: ChatTemplate | None = None
+        if gguf is not None:
+            load_gguf_weights(self.model, gguf)
+            self.tokenizer: ByteTokenizer | HFTokenizer = HFTokenizer(backend=tokenizer_from_gguf(gguf))
+            self.chat_template = chat_template_from_gguf(gguf)
         else:
-            init_random(self.model, self.config.seed)
-        self.tokenizer: ByteTokenizer | HFTokenizer = load_tokenizer(model, cfg.vocab_size)
+            if model is not None:
+                load_safetensors(self.model, model)
+            else:
+                init_random(self.model, self.config.seed)
+            self.tokenizer = load_tokenizer(model, cfg.vocab_size)
         self.eos_token_ids = cfg.eos_token_ids or (
             (ByteTokenizer.EOS,) if isinstance(self.tokenizer, ByteTokenizer) else ())
         if pool is not None and (pool.layout.block_shape != layout.block_shape or pool.layout.dtype != layout.dtype

@@ -8,7 +8,7 @@ vocabulary of at least 258 can be driven by text with no files at all.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Tokenizer(Protocol):
@@ -44,12 +44,16 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A ``tokenizer.json`` loaded with the ``tokenizers`` library (imported only here)."""
+    """A ``tokenizers`` library tokenizer: a ``tokenizer.json`` file, or one built in memory (``backend``)."""
 
-    def __init__(self, path: str | Path) -> None:
-        from tokenizers import Tokenizer as _Tokenizer
+    def __init__(self, path: str | Path | None = None, *, backend: Any = None) -> None:
+        if (path is None) == (backend is None):
+            raise ValueError("HFTokenizer takes either a tokenizer.json path or a backend tokenizer")
+        if backend is None:
+            from tokenizers import Tokenizer as _Tokenizer
 
-        self._tok = _Tokenizer.from_file(str(path))
+            backend = _Tokenizer.from_file(str(path))
+        self._tok = backend
 
     @property
     def vocab_size(self) -> int:

@@ -1,4 +1,4 @@
-"""A multi-turn chat workload on the built-in tiny model, served through kvstore's tiers.
+"""A multi-turn chat workload on the default model (or the built-in tiny one), served through kvstore's tiers.
 
 Several users share a system prompt and talk for several turns; each turn's
 prompt is the whole conversation so far. The GPU pool and host tier are kept
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -38,29 +39,38 @@ class TurnReport:
     ttft_ms_mean: float
     cached: dict[str, int]
     computed: int
+    answers: tuple[tuple[str, str], ...] = ()
+    """``(question, answer)`` per user."""
 
 
 def run_demo(cfg: KVStoreConfig, users: int, turns: int, gpu_blocks: int, max_tokens: int,
-             progress: bool = True) -> list[TurnReport]:
-    """Run the workload with an embedded connector built from ``cfg``; returns one report per turn."""
+             progress: bool = True, model: str | Path | None = None) -> list[TurnReport]:
+    """Run the workload on ``model`` (``LLM``'s argument; ``None`` is the tiny random model) with an embedded
+    connector built from ``cfg``; returns one report per turn. A model with a chat template gets each
+    conversation rendered through it."""
     from connectors import EmbeddedConnector
     from engine import LLM, EngineConfig, SamplingParams
+    from engine.chat_template import Message
     from engine.outputs import RequestOutput
 
     connector = EmbeddedConnector(cfg)
-    llm = LLM(config=EngineConfig(block_size=cfg.model.block_size, num_gpu_blocks=gpu_blocks,
-                                  max_num_batched_tokens=256, max_num_seqs=users),
+    llm = LLM(model, config=EngineConfig(block_size=cfg.model.block_size, num_gpu_blocks=gpu_blocks,
+                                         max_num_batched_tokens=256, max_num_seqs=users),
               connector=connector)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     histories = [SYSTEM_PROMPT for _ in range(users)]
+    chats: list[list[Message]] = [[{"role": "system", "content": SYSTEM_PROMPT}] for _ in range(users)]
     reports: list[TurnReport] = []
     bar = tqdm(total=users * turns, desc="demo requests", unit="req", disable=not progress)
     try:
         for t in range(turns):
             seqs = []
+            questions = [QUESTIONS[(u + t) % len(QUESTIONS)] for u in range(users)]
             for u in range(users):
-                histories[u] += f"\nUser {u}: {QUESTIONS[(u + t) % len(QUESTIONS)]}\nAssistant:"
-                seqs.append(llm.add_request(histories[u], params))
+                histories[u] += f"\nUser {u}: {questions[u]}\nAssistant:"
+                chats[u].append({"role": "user", "content": questions[u]})
+                prompt = llm.chat_template.render(chats[u]) if llm.chat_template is not None else histories[u]
+                seqs.append(llm.add_request(prompt, params))
             done = 0
             while llm.has_unfinished():
                 finished = llm.step()
@@ -69,6 +79,7 @@ def run_demo(cfg: KVStoreConfig, users: int, turns: int, gpu_blocks: int, max_to
             outs = [RequestOutput.from_sequence(s) for s in seqs]
             for u, out in enumerate(outs):
                 histories[u] += out.text
+                chats[u].append({"role": "assistant", "content": out.text})
             cached = {k: sum(o.metrics.cached_tokens_by_tier[k] for o in outs) for k in ("gpu", "host", "disk")}
             reports.append(TurnReport(
                 turn=t + 1,
@@ -76,6 +87,7 @@ def run_demo(cfg: KVStoreConfig, users: int, turns: int, gpu_blocks: int, max_to
                 ttft_ms_mean=1000 * statistics.mean(o.metrics.time_to_first_token or 0.0 for o in outs),
                 cached=cached,
                 computed=sum(o.metrics.num_prefill_tokens_computed for o in outs),
+                answers=tuple(zip(questions, (o.text.strip() for o in outs))),
             ))
             # Between turns the users "think": the engine serves others, and their blocks cool down a tier.
             connector.offload("gpu" if t % 2 == 0 else "host")
@@ -93,3 +105,8 @@ def format_reports(reports: list[TurnReport]) -> str:
         lines.append(f"{r.turn:>4} {r.prompt_tokens:>10} {r.ttft_ms_mean:>8.1f} {r.cached['gpu']:>8} "
                      f"{r.cached['host']:>8} {r.cached['disk']:>8} {r.computed:>8}")
     return "\n".join(lines)
+
+
+def format_answers(reports: list[TurnReport]) -> str:
+    """Each turn's questions and the model's answers."""
+    return "\n".join(f"turn {r.turn}, user {u}: {q}\n    {a}" for r in reports for u, (q, a) in enumerate(r.answers))

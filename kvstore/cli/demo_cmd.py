@@ -4,36 +4,44 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from kvstore.config import ConfigError, load_config, parse_config
 
 
 def _run(args: argparse.Namespace) -> int:
+    from engine import CheckpointError
+    from engine.default_model import resolve_model
+
     try:
+        model = resolve_model(args.model)
         cfg = load_config(args.config)
         data = cfg.model_dump()
-        data["host"]["capacity"] = args.host_blocks * _block_bytes(cfg.model.block_size)
+        data["host"]["capacity"] = args.host_blocks * _block_bytes(model, cfg.model.block_size)
         if args.disk_path:
             data["disk"]["path"] = args.disk_path
         cfg = parse_config(data, args.config or "<defaults>", environ={})
-    except ConfigError as exc:
+    except (ConfigError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from kvstore.demo import format_reports, run_demo
+    from kvstore.demo import format_answers, format_reports, run_demo
 
     print(f"kvstore demo: {args.users} users x {args.turns} turns, GPU pool {args.gpu_blocks} blocks, "
           f"host tier {args.host_blocks} blocks, tiers {cfg.tiers}, disk at {cfg.disk.path}")
-    reports = run_demo(cfg, args.users, args.turns, args.gpu_blocks, args.max_tokens, progress=not args.no_progress)
+    reports = run_demo(cfg, args.users, args.turns, args.gpu_blocks, args.max_tokens, progress=not args.no_progress,
+                       model=model)
+    print(format_answers(reports))
     print(format_reports(reports))
     print("Between turns the demo moves idle blocks one tier down (GPU -> host, then host -> disk), so later "
           "turns show hits from every tier. Run it again: turn 1 is then served from disk.")
     return 0
 
 
-def _block_bytes(block_size: int) -> int:
+def _block_bytes(model: str | Path | None, block_size: int) -> int:
     from engine.config import ModelArch
+    from engine.gguf_loader import checkpoint_config
 
-    m = ModelArch.tiny()
+    m = checkpoint_config(model) if model is not None else ModelArch.tiny()
     return m.num_layers * 2 * block_size * m.num_kv_heads * m.head_dim * 4  # fp32 on the CPU
 
 
@@ -53,16 +61,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "demo",
         help="run a multi-turn chat workload through the tiers and print where cached tokens came from",
-        description="Run several users' multi-turn chats (shared system prompt) on the built-in tiny model with "
-        "kvstore as its KV cache, and print per turn: time to first token and tokens served from the GPU pool, "
-        "the host tier and the disk tier, and tokens computed.",
+        description="Run several users' multi-turn chats (shared system prompt) on SmolLM2-135M-Instruct (or "
+        "--model) with kvstore as its KV cache, and print the answers and per turn: time to first token and "
+        "tokens served from the GPU pool, the host tier and the disk tier, and tokens computed.",
     )
     p.add_argument("--config", default=None, metavar="PATH", help="YAML config for tiers and policies (default: built-in)")
+    p.add_argument("--model", default="default", metavar="PATH",
+                   help="'default' (SmolLM2-135M-Instruct), a .gguf file, a checkpoint directory, or 'builtin' "
+                   "(the tiny random model) (default: default)")
     p.add_argument("--users", type=_positive, default=4, help="concurrent conversations (default 4)")
     p.add_argument("--turns", type=_positive, default=4, help="turns per conversation (default 4)")
     p.add_argument("--gpu-blocks", type=_positive, default=96, help="GPU pool size in blocks (default 96: small on purpose)")
     p.add_argument("--host-blocks", type=_positive, default=48, help="host tier size in blocks (default 48: small on purpose)")
-    p.add_argument("--max-tokens", type=_positive, default=16, help="tokens generated per turn (default 16)")
+    p.add_argument("--max-tokens", type=_positive, default=32, help="tokens generated per turn (default 32)")
     p.add_argument("--disk-path", default=None, help="LMDB directory (default: the config's disk.path)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=_run)

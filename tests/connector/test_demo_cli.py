@@ -9,7 +9,7 @@ from pathlib import Path
 
 def _demo(cwd: Path) -> str:
     res = subprocess.run(
-        [sys.executable, "-m", "kvstore", "demo", "--users", "2", "--turns", "3", "--max-tokens", "4", "--no-progress"],
+        [sys.executable, "-m", "kvstore", "demo", "--model", "builtin", "--users", "2", "--turns", "3", "--max-tokens", "4", "--no-progress"],
         capture_output=True, text=True, cwd=cwd, timeout=300,
     )
     assert res.returncode == 0, res.stderr

@@ -45,7 +45,7 @@ def _serve(conn: socket.socket, seen: list[Op]) -> None:
             op = Op(header.op)
             seen.append(op)
             if op == Op.HELLO:
-                reply = m.encode_hello_reply(m.HelloReply(None, None, LAYOUT.bytes_per_block, 8, 2.0, 1 << 20))
+                reply = m.encode_hello_reply(m.HelloReply(None, None, LAYOUT.bytes_per_block, 8, 2.0, 1 << 20, 64))
                 conn.sendall(encode_frame(op | REPLY_BIT, header.request_id, reply))
             elif op == Op.RELEASE:
                 code, message = next(errors)

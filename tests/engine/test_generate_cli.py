@@ -48,3 +48,10 @@ def test_every_flag_has_help() -> None:
     generate_cmd.register(sub)
     gen = sub.choices["generate"]
     assert all(action.help for action in gen._actions)
+
+
+def test_text_output_labels_each_prompt(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["--model", "builtin", "--max-tokens", "3", "--ignore-eos", "--block-size", "4", "hi", "x"]) == 0
+    expect = LLM(config=EngineConfig(block_size=4)).generate(["hi", "x"], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert capsys.readouterr().out == "".join(f"[{i}] {p}\n{o.text.strip()}\n\n"
+                                              for i, (p, o) in enumerate(zip(["hi", "x"], expect), start=1))
