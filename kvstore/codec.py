@@ -99,7 +99,7 @@ class NoneCodec:
 
     def encode_payload(self, raw: np.ndarray, level: int, itemsize: int) -> memoryview:
         """The raw bytes themselves (no copy; :func:`encode` joins them behind the header)."""
-        return memoryview(raw)
+        return raw.data
 
     def decode_payload(self, payload: memoryview, out: np.ndarray, itemsize: int) -> None:
         """Copy ``payload`` into ``out`` (lengths were checked by the caller)."""
@@ -137,13 +137,13 @@ class ZstdCodec:
 
     def encode_payload(self, raw: np.ndarray, level: int, itemsize: int) -> bytes:
         """Compress ``raw`` at ``level``."""
-        return self._compressor(level).compress(self._prepare(raw, itemsize))
+        return self._compressor(level).compress(self._prepare(raw, itemsize).data)
 
     def _inflate_into(self, payload: memoryview, out: np.ndarray) -> None:
         # Stream straight into the destination: no intermediate bytes object.
         try:
             reader = self._decompressor().stream_reader(payload, read_across_frames=False)
-            view = memoryview(out)
+            view = out.data
             filled = 0
             while filled < out.size:
                 n = reader.readinto(view[filled:])
@@ -263,7 +263,7 @@ def as_u8(buf: Any) -> np.ndarray:
 
 
 def _checksum(key: bytes, header_prefix: bytes | memoryview, raw: np.ndarray) -> int:
-    return zlib.crc32(raw, zlib.crc32(header_prefix, zlib.crc32(key)))
+    return zlib.crc32(raw.data, zlib.crc32(header_prefix, zlib.crc32(key)))
 
 
 def _check_key(key: bytes) -> bytes:

@@ -177,7 +177,7 @@ class RadixIndex:
         bs = self.layout.block_size
         toks: list[int] | None = None
         if tokens is not None:
-            toks = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)  # type: ignore[union-attr]
+            toks = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
             if len(toks) < n * bs:
                 raise ValueError(f"insert: {len(toks)} tokens cannot hold {n} blocks of {bs}")
             toks = toks[: n * bs]

@@ -128,7 +128,7 @@ class TieredStore:
         only for the blocks beyond the index match, to probe the lower tiers
         (which may hold blocks another process or an earlier run wrote).
         """
-        toks = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)  # type: ignore[union-attr]
+        toks = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
         bs = self.layout.block_size
         n_full = len(toks) // bs
         h = self.h

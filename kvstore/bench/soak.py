@@ -110,7 +110,7 @@ class SoakPlan:
         """Bytes of one block of :data:`MODEL`."""
         from kvstore.config.schema import ModelConfig
 
-        return ModelConfig(**MODEL).layout().bytes_per_block  # type: ignore[arg-type]
+        return ModelConfig(**MODEL).layout().bytes_per_block
 
 
 def run(options: SuiteOptions, progress: Progress) -> SoakResults:

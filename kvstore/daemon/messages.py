@@ -31,6 +31,7 @@ import re
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+from collections.abc import Sequence
 from typing import Any, Union
 
 from kvstore.daemon.auth import NONCE_BYTES, PROOF_BYTES
@@ -249,7 +250,7 @@ def decode_flags(payload: bytes, op: Op) -> list[bool]:
     return [b == 1 for b in v[4 : 4 + n]]
 
 
-def encode_blocks(blocks: list[bytes | memoryview | None]) -> bytes:
+def encode_blocks(blocks: Sequence[bytes | memoryview | None]) -> bytes:
     """GET_INLINE reply: found flags, then the found blocks in order."""
     return encode_flags([b is not None for b in blocks]) + b"".join(bytes(b) for b in blocks if b is not None)
 

@@ -118,10 +118,9 @@ class Session:
             limit, what = cfg.idle_timeout_s, f"idle for daemon.idle_timeout_s = {cfg.idle_timeout_s:g} s"
         else:
             limit, what = cfg.read_timeout_s, f"a frame took longer than daemon.read_timeout_s = {cfg.read_timeout_s:g} s"
-        try:
-            async with asyncio.timeout(max(0.0, limit)):
-                return await reader.readexactly(n)
-        except TimeoutError:
+        try:  # wait_for, not asyncio.timeout: Python 3.10 is supported (its asyncio.TimeoutError is not TimeoutError)
+            return await asyncio.wait_for(reader.readexactly(n), max(0.0, limit))
+        except asyncio.TimeoutError:
             raise SessionTimeout(what) from None
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -319,10 +318,9 @@ class Session:
 
     async def _send(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
         writer.write(frame)
-        try:
-            async with asyncio.timeout(self.ctx.daemon.read_timeout_s):  # a peer that never reads pins the reply
-                await writer.drain()
-        except TimeoutError:
+        try:  # a peer that never reads would pin the reply
+            await asyncio.wait_for(writer.drain(), self.ctx.daemon.read_timeout_s)
+        except asyncio.TimeoutError:
             raise SessionTimeout(f"the reply was not read within daemon.read_timeout_s = {self.ctx.daemon.read_timeout_s:g} s") from None
         self.ctx.metrics.bytes_out += len(frame)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -161,7 +162,8 @@ class DaemonTier(Tier):
                 snap.corrupt_dropped += int(t.get("corrupt_dropped", 0))
         disk = remote.get("disk")
         host = remote.get("host")
-        snap.num_blocks = int((disk if isinstance(disk, dict) else host or {}).get("num_blocks", 0))  # type: ignore[union-attr]
+        counts: dict[str, Any] = disk if isinstance(disk, dict) else host if isinstance(host, dict) else {}
+        snap.num_blocks = int(counts.get("num_blocks", 0))
         return snap
 
     # ------------------------------------------------------------- private

@@ -32,7 +32,7 @@ import sys
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 
-import _posixshmem  # the module SharedMemory itself uses (POSIX only, like the daemon)
+import _posixshmem  # type: ignore[import-not-found]  # no stubs; the module SharedMemory itself uses (POSIX only, like the daemon)
 from typing import Literal
 
 import torch

@@ -386,7 +386,7 @@ class DiskTier(Tier):
             return sum(len(v) for v in todo.values())
         return 0
 
-    def _txn(self, body: Callable[[lmdb.Transaction], None]) -> None:
+    def _txn(self, body: Callable[[lmdb.Transaction], object]) -> None:
         """Run ``body`` in a write transaction, growing the map on ``MapFullError`` until it reaches
         ``max_size``; only then does the error propagate (to a caller in this class, never further).
         Any other LMDB error (a damaged page, an I/O error) becomes :class:`TierError` naming the file."""
@@ -416,7 +416,7 @@ class DiskTier(Tier):
         self._log.error("unreadable", "block %s in %s/data.mdb is unreadable (%s), served as a miss; %s",
                         short_key(key), self.path, exc, repair_hint(self.path))
 
-    def _txn_or_fail(self, body: Callable[[lmdb.Transaction], None]) -> None:
+    def _txn_or_fail(self, body: Callable[[lmdb.Transaction], object]) -> None:
         """:meth:`_txn` for deletes and bookkeeping: a full map at the cap becomes :class:`TierError`.
 
         The eviction reserve exists so this cannot happen; if it does, the message says what to change.
@@ -516,11 +516,11 @@ class DiskTier(Tier):
                 records = [r for r in records if r[1] in present]
                 orphans = [(k, self._cost(n)) for k, n in present.items() if k not in known]
         records.sort()
-        for clock, key, cost in reversed(records):  # newest first, each before the rest: oldest ends first
-            self._lru.add_oldest(key, cost)
+        for clock, block_key, cost in reversed(records):  # newest first, each before the rest: oldest ends first
+            self._lru.add_oldest(block_key, cost)
             self._clock = max(self._clock, clock)
-        for key, cost in orphans:
-            self._lru.add_oldest(key, cost)
+        for block_key, cost in orphans:
+            self._lru.add_oldest(block_key, cost)
 
     def _note_unsynced(self, nbytes: int) -> None:
         if self.sync_mode == "interval":

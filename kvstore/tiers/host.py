@@ -150,7 +150,7 @@ class HostTier(Tier):
     def lru_victims(self, n: int) -> list[bytes]:
         """Up to ``n`` unpinned published keys, least recently used first. Changes nothing."""
         with self._lock:
-            out = []
+            out: list[bytes] = []
             for key, slot in self._lru.items():
                 if len(out) >= n:
                     break
