@@ -51,7 +51,7 @@ class BackendCounters:
     disk_hits: int = 0
     disk_misses: int = 0
     no_room: int = 0
-    """Keys a get or put could not serve because every host slot was locked or reserved."""
+    """Keys a get or put could not serve because every host slot was pinned or reserved."""
     bytes_out: int = 0
     """Block bytes handed to clients (leased slots and inline replies)."""
     bytes_in: int = 0
@@ -72,7 +72,7 @@ class DaemonBackend:
         self.durable_puts = durable_puts and disk is not None
         self.counters = BackendCounters()
         self._mu = threading.Lock()
-        self.writer = WriteBehind(host, disk, self._unlock) if disk is not None else None
+        self.writer = WriteBehind(host, disk, self._unpin) if disk is not None else None
         self._written_at_sync = 0
         for tier in (host, disk):
             if tier is not None:
@@ -107,7 +107,7 @@ class DaemonBackend:
         try:
             return [None if s is None else self.host.slot_view(s).numpy().tobytes() for s in slots]
         finally:
-            self._unlock([k for k, s in zip(keys, slots) if s is not None])
+            self._unpin([k for k, s in zip(keys, slots) if s is not None])
 
     # --------------------------------------------------------------- writes
     def reserve(self, owner: int, keys: Sequence[bytes]) -> list[tuple[PutState, int | None]]:
@@ -139,40 +139,40 @@ class DaemonBackend:
         return [st == PutState.PRESENT or (st == PutState.RESERVED and k not in failed) for k, (st, _) in zip(keys, states)]
 
     def release(self, owner: int, keys: Sequence[bytes]) -> int:
-        """End ``owner``'s leases on ``keys``: unlock read leases, abort write reservations. Returns how many ended."""
+        """End ``owner``'s leases on ``keys``: unpin read leases, abort write reservations. Returns how many ended."""
         reads = self.leases.take(owner, "read", keys)
         rest = [k for k, r in zip(keys, reads) if not r]
         writes = self.leases.take(owner, "write", rest)
         with self._mu:
-            self.host.unlock([k for k, r in zip(keys, reads) if r])
+            self.host.unpin([k for k, r in zip(keys, reads) if r])
             self.host.abort([k for k, w in zip(rest, writes) if w])
         return sum(reads) + sum(writes)
 
     def release_owner(self, owner: int) -> int:
-        """End every lease ``owner`` holds now (its process is gone): unlock reads, abort writes. Returns how many."""
+        """End every lease ``owner`` holds now (its process is gone): unpin reads, abort writes. Returns how many."""
         ended = self.leases.take_all(owner)
         with self._mu:
             for lease in ended:
                 if lease.kind == "read":
-                    self.host.unlock([lease.key])
+                    self.host.unpin([lease.key])
                 else:
                     self.host.abort([lease.key])
             self.counters.owner_releases += len(ended)
         return len(ended)
 
     def expire(self) -> int:
-        """End every lease past its deadline (unlock or abort); returns how many."""
+        """End every lease past its deadline (unpin or abort); returns how many."""
         expired = self.leases.expire(time.monotonic())
         with self._mu:
             for lease in expired:
                 if lease.kind == "read":
-                    self.host.unlock([lease.key])
+                    self.host.unpin([lease.key])
                 else:
                     self.host.abort([lease.key])
         return len(expired)
 
     def delete(self, keys: Sequence[bytes]) -> int:
-        """Remove keys from both tiers (host copies that are locked stay); returns keys removed from either."""
+        """Remove keys from both tiers (host copies that are pinned stay); returns keys removed from either."""
         removed: set[bytes] = set()
         with self._mu:
             for key in dict.fromkeys(keys):
@@ -247,7 +247,7 @@ class DaemonBackend:
         loading: dict[bytes, int] = {}
         with self._mu:
             slots = [self.host.slot_of(k) for k in keys]
-            self.host.lock([k for k, s in zip(keys, slots) if s is not None])
+            self.host.pin([k for k, s in zip(keys, slots) if s is not None])
             if self.disk is not None:
                 for key in dict.fromkeys(k for k, s in zip(keys, slots) if s is None):
                     try:
@@ -267,7 +267,7 @@ class DaemonBackend:
             self.host.publish(list(found))
             for i, key in enumerate(keys):
                 if slots[i] is None and key in found:
-                    self.host.lock([key])
+                    self.host.pin([key])
                     slots[i] = found[key]
             c = self.counters
             c.bytes_out += sum(s is not None for s in slots) * self.layout.bytes_per_block
@@ -310,7 +310,7 @@ class DaemonBackend:
         return slot
 
     def _publish(self, keys: list[bytes]) -> set[bytes]:
-        """Make reserved keys visible and queue them (locked) for the disk writer.
+        """Make reserved keys visible and queue them (pinned) for the disk writer.
 
         With ``durable_puts``, wait for their write and return the keys that failed (their host copies are
         dropped where no reader holds them, so a later put of the key stores it again); else return ``set()``.
@@ -322,7 +322,7 @@ class DaemonBackend:
             self.counters.bytes_in += len(keys) * self.layout.bytes_per_block
             if self.writer is None:
                 return set()
-            slots = self.host.lock(keys)
+            slots = self.host.pin(keys)
         failed = set(self.writer.submit([(k, s) for k, s in zip(keys, slots) if s is not None], wait=self.durable_puts))
         if failed:
             with self._mu:
@@ -333,6 +333,6 @@ class DaemonBackend:
                         pass  # a reader holds it; it goes when evicted
         return failed
 
-    def _unlock(self, keys: list[bytes]) -> None:
+    def _unpin(self, keys: list[bytes]) -> None:
         with self._mu:
-            self.host.unlock(keys)
+            self.host.unpin(keys)

@@ -1,10 +1,10 @@
 """Write-behind from the daemon's host tier to its disk tier, on one thread.
 
 A committed block is published in the host tier at once (clients see it) and
-queued here with its host slot *locked*, so it can be neither evicted nor
+queued here with its host slot *pinned*, so it can be neither evicted nor
 reused before its disk copy exists. The thread takes batches off the queue,
 writes them to the disk tier in one ``put`` (one LMDB transaction), then hands
-the keys back to ``unlock``. :meth:`WriteBehind.drain` waits until every
+the keys back to ``unpin``. :meth:`WriteBehind.drain` waits until every
 queued block has been written: that, followed by the disk tier's ``flush``,
 is what makes FLUSH durable.
 
@@ -13,7 +13,7 @@ thread takes whatever is queued, from every waiting client, into one batch,
 so concurrent puts share one transaction and one fsync (group commit).
 
 A block whose write fails (full disk, I/O error, a block the tier refuses)
-stays in the host tier, unlocked, and is counted. If its submitter waited, it
+stays in the host tier, unpinned, and is counted. If its submitter waited, it
 learns which keys failed and is told they are not stored; otherwise the put
 was already acknowledged, and the block counts in :attr:`WriteBehind.not_durable`,
 which FLUSH reports. The failure is logged once per interval, never per block.
@@ -45,11 +45,11 @@ class _Waiter:
 
 
 class WriteBehind:
-    """Copies locked host slots down to ``disk`` in batches of up to ``batch`` blocks."""
+    """Copies pinned host slots down to ``disk`` in batches of up to ``batch`` blocks."""
 
-    def __init__(self, host: HostTier, disk: Tier, unlock: Callable[[list[bytes]], None], batch: int = 64,
+    def __init__(self, host: HostTier, disk: Tier, unpin: Callable[[list[bytes]], None], batch: int = 64,
                  failure_log: RateLimitedLog | None = None) -> None:
-        self.host, self.disk, self._unlock, self.batch = host, disk, unlock, batch
+        self.host, self.disk, self._unpin, self.batch = host, disk, unpin, batch
         self._queue: deque[tuple[bytes, int, _Waiter | None]] = deque()
         self._cond = threading.Condition()
         self._in_flight = 0
@@ -68,7 +68,7 @@ class WriteBehind:
         self._thread.start()
 
     def submit(self, items: Sequence[tuple[bytes, int]], wait: bool = False) -> list[bytes]:
-        """Queue ``(key, slot)`` pairs whose host slots the caller has locked; the thread unlocks them.
+        """Queue ``(key, slot)`` pairs whose host slots the caller has pinned; the thread unpins them.
 
         With ``wait``, return once every one of them has been written (in a batch shared with other
         waiting callers), with the keys whose write failed; without, return ``[]`` at once.
@@ -129,7 +129,7 @@ class WriteBehind:
                 ok = [False] * len(todo)
                 error = f"{type(exc).__name__}: {exc}"
             finally:
-                self._unlock(keys)
+                self._unpin(keys)
             with self._cond:
                 self._account(todo, ok, error)
                 self._in_flight = 0

@@ -137,10 +137,6 @@ class HostTier(Tier):
             for slot in slots:
                 self._deref(slot)
 
-    # The daemon backend still says lock/unlock; it moves to pin/unpin with the lead's daemon renames.
-    lock = pin
-    unlock = unpin
-
     @property
     def num_pinned(self) -> int:
         """Slots holding at least one reference (pins and reservations). Changes nothing."""
