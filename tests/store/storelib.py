@@ -103,6 +103,18 @@ def fill(store: TieredStore, block_ids: Sequence[int], seed: int) -> list[torch.
     return out
 
 
+def fill_keyed(store: TieredStore, block_ids: Sequence[int], keys: Sequence[bytes]) -> list[torch.Tensor]:
+    """Write KV derived from each block's key (as real KV is a function of its tokens): two writes of one key
+    always carry the same bytes, so any mismatch a reader sees is corruption, never a test artifact."""
+    out = []
+    for b, key in zip(block_ids, keys):
+        g = torch.Generator().manual_seed(int.from_bytes(key[:8], "little"))
+        data = torch.randn(LAYOUT.block_shape, generator=g).to(LAYOUT.torch_dtype)
+        store.pool.block(b).copy_(data)
+        out.append(data.clone())
+    return out
+
+
 def prefill(store: TieredStore, tokens: list[int], seed: int = 0, salt: str | None = None) -> list[torch.Tensor]:
     """What an engine does for a fresh prompt: allocate, write KV, commit full blocks, free its references."""
     keys = store.keys(tokens, salt)

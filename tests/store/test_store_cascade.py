@@ -13,7 +13,7 @@ from kvstore.gpu_pool import GPUBlockPool
 from kvstore.store import TieredStore
 from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.host import HostTier
-from storelib import LAYOUT, fill
+from storelib import LAYOUT, fill_keyed
 
 BS = LAYOUT.block_size
 
@@ -44,7 +44,7 @@ def test_cascade_keeps_every_block_reachable_until_disk_cap(tmp_path_factory, op
                 lease = s.acquire(m)
                 have = lease.resolve() // BS
                 new = s.allocate(len(keys) - have)
-                data = fill(s, new, seed=doc * 7 + nblocks)
+                data = fill_keyed(s, new, keys[have:])  # a key's bytes never change, as in an engine
                 s.commit(keys, lease.block_ids + new, tokens)
                 for k, d in zip(keys[have:], data):
                     truth.setdefault(k, d)
