@@ -299,8 +299,8 @@ class _Driver:
         """Kill every client at once while they have holds; read holds and reserved slots now and after the deadline.
 
         To kill them mid-operation rather than between requests, the clients are
-        frozen (SIGSTOP) at random moments until STATS shows them holding a
-        hold (a read hold or a reservation) (at most :data:`FREEZE_TRIES` tries), then killed.
+        frozen (SIGSTOP) at random moments until STATS shows them with a hold
+        or a reserved slot (at most :data:`FREEZE_TRIES` tries), then killed.
         """
         clients = list(self.procs.clients.values())
         check = HoldCheck()
