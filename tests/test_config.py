@@ -65,6 +65,14 @@ def test_env_override_error_names_variable() -> None:
     assert "gpu.num_blocks" in str(info.value) and "KVSTORE_GPU__NUM_BLOCKS" in str(info.value)
 
 
+def test_hold_timeout_accepts_its_deprecated_name_lease_timeout() -> None:
+    assert parse_config({"daemon": {"hold_timeout_s": 6}}, "f.yaml").daemon.hold_timeout_s == 6.0
+    assert parse_config({"daemon": {"lease_timeout_s": 5}}, "f.yaml").daemon.hold_timeout_s == 5.0
+    assert parse_config({}, "f.yaml", {"KVSTORE_DAEMON__LEASE_TIMEOUT_S": "7"}).daemon.hold_timeout_s == 7.0
+    with pytest.raises(ConfigError, match=r"daemon\.lease_timeout_s: Input should be greater than 0"):
+        parse_config({"daemon": {"lease_timeout_s": 0}}, "f.yaml")
+
+
 def test_unknown_env_field_is_an_error() -> None:
     with pytest.raises(ConfigError, match=r"unknown key 'disk.max_sise'.*did you mean 'disk.max_size'"):
         parse_config({}, "f.yaml", {"KVSTORE_DISK__MAX_SISE": "1GiB"})

@@ -32,6 +32,6 @@ SUITE_HELP: dict[str, str] = {
     "hitrate": "replayed workloads: tiered hit rate against GPU-only LRU and Belady's optimum",
     "e2e": "engine TTFT and throughput: full recompute, GPU prefix cache, tiered",
     "plan": "capacity plan of model presets from the bandwidths measured in the same run",
-    "soak": "reliability: daemon + client processes under kill -9; lost/wrong blocks, memory growth, leases",
+    "soak": "reliability: daemon + client processes under kill -9; lost/wrong blocks, memory growth, holds",
 }
 """One line per suite for ``--help``."""

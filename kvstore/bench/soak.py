@@ -7,12 +7,12 @@ blocks back checking every byte. At random moments it kills a client
 (``kill -9``, then starts a new one) or the daemon (``kill -9``, then
 restarts it on the same data directory). It ends in three steps::
 
-    kill -9 every client at once ─► STATS now, and after the lease deadline (leases, reserved slots)
+    kill -9 every client at once ─► STATS now, and after the hold deadline (holds, reserved slots)
     kill -9 the daemon, restart it ─► read every acknowledged block back (lost? wrong bytes?)
     SIGTERM the daemon ─► its exit code
 
 It reports lost acknowledged blocks and wrong bytes served (both must be
-0), the daemon's memory growth per minute, leases and reserved slots left
+0), the daemon's memory growth per minute, holds and reserved slots left
 by dead clients, and counts of operations, kills and restarts. Temporary
 files and every child process are removed on exit, Ctrl-C and SIGTERM.
 """
@@ -39,7 +39,7 @@ from kvstore.bench.harness import Progress, SuiteOptions
 from kvstore.bench.soak_blocks import block_bytes, read_journals
 from kvstore.bench.soak_client import STOP_PUTS, connect
 from kvstore.bench.soak_procs import RssSample, SoakProcs, read_rss, wait_until
-from kvstore.bench.soak_report import LeaseCheck, Marker, SoakRecord, SoakResults, plot, report
+from kvstore.bench.soak_report import HoldCheck, Marker, SoakRecord, SoakResults, plot, report
 from kvstore.daemon.client import DaemonClient
 from kvstore.errors import KVStoreError
 
@@ -54,7 +54,7 @@ STATS_S = 1.0
 CLIENT_START_S = 120.0
 """Longest wait for the first clients to connect before the clock starts."""
 FREEZE_TRIES = 40
-"""Attempts at catching the clients holding a lease before the final kill."""
+"""Attempts at catching the clients with a host slot hold before the final kill."""
 PUTS_STOP_FILL = 0.7
 """Disk-tier fill at which clients stop putting, so nothing acknowledged is ever evicted."""
 
@@ -70,8 +70,8 @@ class SoakPlan:
     """Host-tier slots: small, so blocks keep moving between host and disk (and host evictions happen)."""
     disk_mib: int = 1024
     """Disk-tier cap (``disk.max_size``)."""
-    lease_timeout_s: float = 4.0
-    """``daemon.lease_timeout_s``: how long the lease check waits for the deadline."""
+    hold_timeout_s: float = 4.0
+    """``daemon.hold_timeout_s``: how long the hold check waits for the deadline."""
 
     @property
     def seconds(self) -> float:
@@ -100,7 +100,7 @@ class SoakPlan:
             "model": dict(MODEL),
             "host": {"capacity": self.host_slots * bpb},
             "disk": {"path": str(data / "lmdb"), "max_size": f"{self.disk_mib}MiB", "sync": "interval"},
-            "daemon": {"socket_path": str(root / "d.sock"), "lease_timeout_s": self.lease_timeout_s},
+            "daemon": {"socket_path": str(root / "d.sock"), "hold_timeout_s": self.hold_timeout_s},
             "metrics": {"enabled": False},
             "logging": {"level": "WARNING"},
         }
@@ -117,7 +117,7 @@ def run(options: SuiteOptions, progress: Progress) -> SoakResults:
     """Run the soak (``options.minutes``, ``options.clients``; ``quick``: 0.1 min, 2 clients) and report it."""
     plan = SoakPlan(minutes=options.minutes or (0.1 if options.quick else 2.0),
                     clients=options.clients or (2 if options.quick else 4), seed=options.seed,
-                    lease_timeout_s=2.0 if options.quick else 4.0)
+                    hold_timeout_s=2.0 if options.quick else 4.0)
     record = SoakRecord()
     results = SoakResults(options, {**asdict(plan), "model": MODEL, "bytes_per_block": SoakPlan.bytes_per_block(),
                                     "puts_stop_fill": PUTS_STOP_FILL}, record)
@@ -184,7 +184,7 @@ class _Driver:
         return time.monotonic() - self.t0
 
     def run(self) -> None:
-        """Main phase, then the lease check, the final restart and check, and an orderly stop."""
+        """Main phase, then the hold check, the final restart and check, and an orderly stop."""
         self.progress.grow(math.ceil(self.plan.seconds) + 3)
         for i in range(self.plan.clients):
             self.procs.start_client(i)  # they wait for the daemon; their imports overlap its start
@@ -200,11 +200,11 @@ class _Driver:
         try:
             self.main_phase()
             self.record.duration_s = self.now()
-            self.lease_check()
+            self.hold_check()
         finally:
             stop.set()
             sampler.join()
-        self.progress.step("leases checked")
+        self.progress.step("holds checked")
         self.verify_after_crash()
         self.progress.step("acknowledged blocks checked")
         self.observer.close()
@@ -295,15 +295,15 @@ class _Driver:
             self.record.daemon_restarts += 1
 
     # -------------------------------------------------------- final checks
-    def lease_check(self) -> None:
-        """Kill every client at once while they hold leases; read leases and reserved slots now and after the deadline.
+    def hold_check(self) -> None:
+        """Kill every client at once while they have holds; read holds and reserved slots now and after the deadline.
 
         To kill them mid-operation rather than between requests, the clients are
-        frozen (SIGSTOP) at random moments until STATS shows them holding a
-        lease or a reservation (at most :data:`FREEZE_TRIES` tries), then killed.
+        frozen (SIGSTOP) at random moments until STATS shows them with a hold
+        or a reserved slot (at most :data:`FREEZE_TRIES` tries), then killed.
         """
         clients = list(self.procs.clients.values())
-        check = LeaseCheck()
+        check = HoldCheck()
         # after a late daemon restart the clients may still be reconnecting: wait until all of them are back
         wait_until(lambda: (s := self.stats()) is not None and int(s["daemon"]["clients"]) > len(clients),
                    CLIENT_START_S, 0.1)
@@ -312,9 +312,9 @@ class _Driver:
             for proc in clients:
                 proc.send_signal(signal.SIGSTOP)
             time.sleep(0.05)  # let the daemon answer what the frozen clients had sent
-            check.leases_at_kill, check.reserved_at_kill = self.held()
+            check.holds_at_kill, check.reserved_at_kill = self.held()
             check.freeze_tries = attempt
-            if check.leases_at_kill > 0 or check.reserved_at_kill > 0:
+            if check.holds_at_kill > 0 or check.reserved_at_kill > 0:
                 break
             for proc in clients:
                 proc.send_signal(signal.SIGCONT)
@@ -328,22 +328,22 @@ class _Driver:
         self.record.markers.append(Marker(self.now(), "client"))
         # "immediately": once the daemon has seen the connections end (the observer's is the one left)
         wait_until(lambda: (s := self.stats()) is not None and int(s["daemon"]["clients"]) <= 1, 5.0, 0.05)
-        check.leases_now, check.reserved_now = self.held()
+        check.holds_now, check.reserved_now = self.held()
         check.seconds_to_now = time.monotonic() - killed_at
-        deadline = killed_at + self.plan.lease_timeout_s + min(1.0, self.plan.lease_timeout_s / 4) + 0.5
+        deadline = killed_at + self.plan.hold_timeout_s + min(1.0, self.plan.hold_timeout_s / 4) + 0.5
         time.sleep(max(0.0, deadline - time.monotonic()))
-        check.leases_after_deadline, check.reserved_after_deadline = self.held()
+        check.holds_after_deadline, check.reserved_after_deadline = self.held()
         check.seconds_to_deadline = time.monotonic() - killed_at
-        self.record.leases = check
+        self.record.holds = check
 
     def held(self) -> tuple[int, int]:
-        """``(leases, reserved host slots)`` from STATS; reserved = slots in use that hold no published block."""
+        """``(holds, reserved host slots)`` from STATS; reserved = slots in use that hold no published block."""
         snap = self.stats()
         if snap is None:
             return -1, -1
         host = snap["host"]
         bpb = int(snap["daemon"]["bytes_per_block"])
-        return int(snap["leases"]), int(host["used_bytes"]) // bpb - int(host["num_blocks"])
+        return int(snap["holds"]), int(host["used_bytes"]) // bpb - int(host["num_blocks"])
 
     def verify_after_crash(self) -> None:
         """``kill -9`` the daemon, restart it on the same data, and read every acknowledged block back."""

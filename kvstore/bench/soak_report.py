@@ -27,20 +27,20 @@ class Marker:
 
 
 @dataclass
-class LeaseCheck:
-    """Daemon STATS after every client was killed at once: ``leases`` and reserved host slots."""
+class HoldCheck:
+    """Daemon STATS after every client was killed at once: ``holds`` and reserved host slots."""
 
-    leases_at_kill: int = -1
+    holds_at_kill: int = -1
     """Held by the frozen clients just before the kill (-1: no reading)."""
     reserved_at_kill: int = -1
     freeze_tries: int = 0
     """Freezes it took to catch the clients holding something (or the limit)."""
-    leases_now: int = -1
+    holds_now: int = -1
     """Once the daemon has seen every killed client's connection end."""
     reserved_now: int = -1
     seconds_to_now: float = math.nan
-    leases_after_deadline: int = -1
-    """After the lease timeout (plus one reaper period) has passed since the kill."""
+    holds_after_deadline: int = -1
+    """After the hold timeout (plus one reaper period) has passed since the kill."""
     reserved_after_deadline: int = -1
     seconds_to_deadline: float = math.nan
 
@@ -51,7 +51,7 @@ class SoakRecord:
 
     duration_s: float = 0.0
     rss: list[RssSample] = field(default_factory=list)
-    """Samples of the main phase and the lease check (the growth fit uses the main phase's)."""
+    """Samples of the main phase and the hold check (the growth fit uses the main phase's)."""
     markers: list[Marker] = field(default_factory=list)
     client_kills: int = 0
     daemon_kills: int = 0
@@ -71,7 +71,7 @@ class SoakRecord:
     write_failures: int = 0
     puts_stopped_at_s: float | None = None
     """When the disk got near its cap and the clients switched to reading only (``None``: never)."""
-    leases: LeaseCheck = field(default_factory=LeaseCheck)
+    holds: HoldCheck = field(default_factory=HoldCheck)
     exit_code: int | None = None
     """Exit status of the final SIGTERM'd daemon (``None``: it hung and was killed)."""
 
@@ -112,16 +112,16 @@ def report(results: Results, r: SoakRecord) -> None:
     results.add("daemon.rss_file_growth", growth_mb_per_min(main, "rss_file"), "MB/min", measure="RssFile")
     results.add("daemon.rss_peak", max((s.vm_rss for s in r.rss), default=0) / MB, "MB", measure="VmRSS")
     results.add("daemon.rss_anon_peak", max((s.rss_anon for s in r.rss), default=0) / MB, "MB", measure="RssAnon")
-    lc = r.leases
-    for when, leases, reserved, seconds in (
-            ("at_kill", lc.leases_at_kill, lc.reserved_at_kill, 0.0),
-            ("immediately", lc.leases_now, lc.reserved_now, lc.seconds_to_now),
-            ("after_deadline", lc.leases_after_deadline, lc.reserved_after_deadline, lc.seconds_to_deadline)):
-        results.add("leases.client_death", leases, "leases", when=when, seconds=round(seconds, 2))
+    lc = r.holds
+    for when, holds, reserved, seconds in (
+            ("at_kill", lc.holds_at_kill, lc.reserved_at_kill, 0.0),
+            ("immediately", lc.holds_now, lc.reserved_now, lc.seconds_to_now),
+            ("after_deadline", lc.holds_after_deadline, lc.reserved_after_deadline, lc.seconds_to_deadline)):
+        results.add("holds.client_death", holds, "holds", when=when, seconds=round(seconds, 2))
         results.add("host.reserved.client_death", reserved, "slots", when=when, seconds=round(seconds, 2))
-    results.note(f"Leases: every client was frozen (SIGSTOP) at random moments until STATS showed it holding a "
-                 f"lease or reservation ({lc.freeze_tries} tries), then killed -9 at once. 'immediately' is read "
-                 f"once the daemon saw the connections end; 'after_deadline' once the lease timeout passed. "
+    results.note(f"Holds: every client was frozen (SIGSTOP) at random moments until STATS showed it with a "
+                 f"read hold or reservation ({lc.freeze_tries} tries), then killed -9 at once. 'immediately' is read "
+                 f"once the daemon saw the connections end; 'after_deadline' once the hold timeout passed. "
                  f"-1 means the daemon did not answer STATS.")
     c = r.counts
     for name, value in (("puts", c.puts), ("puts_ok", c.puts_ok), ("gets", c.gets), ("hits", c.hits),
@@ -175,7 +175,7 @@ def plot(results: SoakResults, path: Path) -> None:
         ax.plot([s.t for s in group], [s.rss_file / MB for s in group], color="tab:orange", linewidth=0.8,
                 label="RssFile" if i == 0 else None)
     ax.axvspan(record.duration_s, max([record.duration_s] + [m.t for m in record.markers]), color="0.9",
-               label="lease check, final restart")
+               label="hold check, final restart")
     shown: set[str] = set()
     for m in record.markers:
         style = {"client": ("tab:gray", ":"), "daemon": ("tab:red", "--")}[m.kind]

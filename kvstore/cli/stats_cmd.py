@@ -38,7 +38,7 @@ def format_stats(s: dict[str, Any]) -> str:
             f"{tier:<6}{t['num_blocks']:>10}{_gib(t['used_bytes']):>12}{_gib(t['capacity_bytes']):>12}{occ:>11}"
             f"{hits:>10}{misses:>10}{rate:>10}{t['evictions']:>9}{t['corrupt_dropped']:>9}"
         )
-    lines.append(f"leases held {s['leases']} (expired {s['leases_expired']}), pending disk writes {s['pending_writes']}")
+    lines.append(f"host slot holds {s['holds']} (expired {s['holds_expired']}), pending disk writes {s['pending_writes']}")
     return "\n".join(lines)
 
 

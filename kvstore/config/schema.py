@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from kvstore.config.units import PositiveSize, Size
 from kvstore.daemon.frames import KEY_BYTES, PRELOGIN_FRAME_BYTES
@@ -149,6 +149,9 @@ class PolicyConfig(Section):
 class DaemonConfig(Section):
     """The sidecar daemon (``kvstore serve``)."""
 
+    # validate_by_name: fields are set by their own names; ``hold_timeout_s`` also takes its deprecated name.
+    model_config = ConfigDict(**Section.model_config, validate_by_name=True)
+
     socket_path: str = ".kvstore-data/kvstore.sock"
     """Unix domain socket of the control plane (created with mode 0600)."""
     tcp_host: str | None = None
@@ -162,8 +165,10 @@ class DaemonConfig(Section):
     tenant: the daemon namespaces every key it sends by the tenant (it can never reach another tenant's
     blocks, nor those of untenanted local clients), serves it inline only (no shared memory), and shows
     it only its own counters in STATS. The salt is also sent to the client for its key chain."""
-    lease_timeout_s: float = Field(30.0, gt=0, le=86_400)
-    """Slot leases of a vanished client are released after this many seconds."""
+    hold_timeout_s: float = Field(30.0, gt=0, le=86_400, validation_alias=AliasChoices("hold_timeout_s", "lease_timeout_s"))
+    """A client's holds on host slots (a slot it reads from after GET_SHM, or reserved by PUT_SHM_RESERVE
+    to write into) end this many seconds after they were granted, so a vanished client never pins host
+    memory for longer. Formerly ``lease_timeout_s``: that deprecated name is still accepted."""
     max_frame_bytes: PositiveSize = "64MiB"  # type: ignore[assignment]
     """Largest accepted protocol frame after login (requests and inline replies); longer ones are refused
     before allocation. Before login a frame may carry at most 4 KiB. At least one block plus 4 KiB."""

@@ -1,4 +1,4 @@
-"""The daemon's storage: its shared-memory host tier in front of its disk tier, with client leases.
+"""The daemon's storage: its shared-memory host tier in front of its disk tier, with client holds.
 
 Semantics of the one tier the daemon offers its clients:
 
@@ -9,7 +9,7 @@ Semantics of the one tier the daemon offers its clients:
   and raises :class:`NotDurable` when acknowledged blocks failed to reach it.
   With ``durable_puts`` (``disk.sync: always``) a put returns only after its
   blocks are written and synced, and says ``False`` for any that were not.
-- A connection that ends with leases still held keeps them until their
+- A connection that ends with holds still open keeps them until their
   deadline, unless its process is known to be gone: then
   :meth:`DaemonBackend.release_owner` ends them at once.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from kvstore.daemon.leases import LeaseTable
+from kvstore.daemon.holds import HoldTable
 from kvstore.daemon.messages import PutState
 from kvstore.daemon.writer import WriteBehind
 from kvstore.errors import BlockStateError, NotDurable
@@ -53,22 +53,22 @@ class BackendCounters:
     no_room: int = 0
     """Keys a get or put could not serve because every host slot was pinned or reserved."""
     bytes_out: int = 0
-    """Block bytes handed to clients (leased slots and inline replies)."""
+    """Block bytes handed to clients (held slots and inline replies)."""
     bytes_in: int = 0
     """Block bytes clients stored (committed slots and inline puts)."""
     flush_failures: int = 0
     """FLUSH requests (and the shutdown flush) that reported blocks not durable."""
     owner_releases: int = 0
-    """Leases ended at once because the client process holding them was gone."""
+    """Holds ended at once because the client process holding them was gone."""
 
 
 class DaemonBackend:
-    """Host (shared memory) + disk tiers and the lease table, behind one mutex."""
+    """Host (shared memory) + disk tiers and the hold table, behind one mutex."""
 
-    def __init__(self, layout: KVLayout, host: HostTier, disk: Tier | None, leases: LeaseTable,
+    def __init__(self, layout: KVLayout, host: HostTier, disk: Tier | None, holds: HoldTable,
                  durable_puts: bool = False) -> None:
         """``durable_puts``: acknowledge a put only once its blocks are on disk and synced (``disk.sync: always``)."""
-        self.layout, self.host, self.disk, self.leases = layout, host, disk, leases
+        self.layout, self.host, self.disk, self.holds = layout, host, disk, holds
         self.durable_puts = durable_puts and disk is not None
         self.counters = BackendCounters()
         self._mu = threading.Lock()
@@ -92,17 +92,17 @@ class DaemonBackend:
             i += step
         return i
 
-    def lease_get(self, owner: int, keys: Sequence[bytes]) -> list[int | None]:
+    def hold_for_read(self, owner: int, keys: Sequence[bytes]) -> list[int | None]:
         """Lock each found key's host slot for ``owner`` (loading disk hits into host first); ``None`` = miss.
 
-        Every returned slot is a ``read`` lease in the table until RELEASE or its deadline.
+        Every returned slot is a ``read`` hold in the table until RELEASE or its deadline.
         """
         slots = self._lock_found(keys)
-        self.leases.grant(owner, "read", [k for k, s in zip(keys, slots) if s is not None], time.monotonic())
+        self.holds.grant(owner, "read", [k for k, s in zip(keys, slots) if s is not None], time.monotonic())
         return slots
 
     def read_inline(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """Copies of the found blocks (loading disk hits into host like :meth:`lease_get`)."""
+        """Copies of the found blocks (loading disk hits into host like :meth:`hold_for_read`)."""
         slots = self._lock_found(keys)
         try:
             return [None if s is None else self.host.slot_view(s).numpy().tobytes() for s in slots]
@@ -111,15 +111,15 @@ class DaemonBackend:
 
     # --------------------------------------------------------------- writes
     def reserve(self, owner: int, keys: Sequence[bytes]) -> list[tuple[PutState, int | None]]:
-        """Reserve a host slot per absent key for ``owner`` to write into (a ``write`` lease each)."""
+        """Reserve a host slot per absent key for ``owner`` to write into (a ``write`` hold each)."""
         out = self._reserve(keys)
-        self.leases.grant(owner, "write", [k for k, (st, _) in zip(keys, out) if st == PutState.RESERVED], time.monotonic())
+        self.holds.grant(owner, "write", [k for k, (st, _) in zip(keys, out) if st == PutState.RESERVED], time.monotonic())
         return out
 
     def commit(self, owner: int, keys: Sequence[bytes]) -> list[bool]:
         """Publish the keys ``owner`` reserved and queue them for disk; ``False`` for a key it did not hold
         (or, with ``durable_puts``, whose disk write failed)."""
-        held = self.leases.take(owner, "write", keys)
+        held = self.holds.take(owner, "write", keys)
         failed = self._publish([k for k, h in zip(keys, held) if h])
         return [h and k not in failed for k, h in zip(keys, held)]
 
@@ -139,36 +139,36 @@ class DaemonBackend:
         return [st == PutState.PRESENT or (st == PutState.RESERVED and k not in failed) for k, (st, _) in zip(keys, states)]
 
     def release(self, owner: int, keys: Sequence[bytes]) -> int:
-        """End ``owner``'s leases on ``keys``: unpin read leases, abort write reservations. Returns how many ended."""
-        reads = self.leases.take(owner, "read", keys)
+        """End ``owner``'s holds on ``keys``: unpin read holds, abort write reservations. Returns how many ended."""
+        reads = self.holds.take(owner, "read", keys)
         rest = [k for k, r in zip(keys, reads) if not r]
-        writes = self.leases.take(owner, "write", rest)
+        writes = self.holds.take(owner, "write", rest)
         with self._mu:
             self.host.unpin([k for k, r in zip(keys, reads) if r])
             self.host.abort([k for k, w in zip(rest, writes) if w])
         return sum(reads) + sum(writes)
 
     def release_owner(self, owner: int) -> int:
-        """End every lease ``owner`` holds now (its process is gone): unpin reads, abort writes. Returns how many."""
-        ended = self.leases.take_all(owner)
+        """End every hold ``owner`` has now (its process is gone): unpin reads, abort writes. Returns how many."""
+        ended = self.holds.take_all(owner)
         with self._mu:
-            for lease in ended:
-                if lease.kind == "read":
-                    self.host.unpin([lease.key])
+            for hold in ended:
+                if hold.kind == "read":
+                    self.host.unpin([hold.key])
                 else:
-                    self.host.abort([lease.key])
+                    self.host.abort([hold.key])
             self.counters.owner_releases += len(ended)
         return len(ended)
 
     def expire(self) -> int:
-        """End every lease past its deadline (unpin or abort); returns how many."""
-        expired = self.leases.expire(time.monotonic())
+        """End every hold past its deadline (unpin or abort); returns how many."""
+        expired = self.holds.expire(time.monotonic())
         with self._mu:
-            for lease in expired:
-                if lease.kind == "read":
-                    self.host.unpin([lease.key])
+            for hold in expired:
+                if hold.kind == "read":
+                    self.host.unpin([hold.key])
                 else:
-                    self.host.abort([lease.key])
+                    self.host.abort([hold.key])
         return len(expired)
 
     def delete(self, keys: Sequence[bytes]) -> int:
@@ -230,11 +230,11 @@ class DaemonBackend:
             self.host.close()
 
     def stats(self) -> dict[str, Any]:
-        """Snapshot: per-tier counters and occupancy, client-view hits and misses, leases, pending writes."""
+        """Snapshot: per-tier counters and occupancy, client-view hits and misses, holds, pending writes."""
         out: dict[str, Any] = {"host": self.host.stats().as_dict(), "counters": asdict(self.counters)}
         out["disk"] = self.disk.stats().as_dict() if self.disk is not None else None
-        out["leases"] = len(self.leases)
-        out["leases_expired"] = self.leases.expired_total
+        out["holds"] = len(self.holds)
+        out["holds_expired"] = self.holds.expired_total
         out["pending_writes"] = self.writer.pending if self.writer is not None else 0
         out["write_failures"] = self.writer.failed if self.writer is not None else 0
         out["not_durable"] = self.not_durable

@@ -7,7 +7,7 @@ goes away the next request fails with :class:`DaemonUnavailable`; later
 requests reconnect, no sooner than an exponential backoff allows (so a dead
 daemon costs a caller one failed ``connect``, not a hang). Every successful
 (re)connection increments :attr:`generation` and re-attaches the shared
-memory: slots and leases from an older generation mean nothing.
+memory: slots and holds from an older generation mean nothing.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class DaemonClient:
             return self._ensure()
 
     def close(self) -> None:
-        """Close the connection and detach the shared memory (the daemon's leases end at their deadlines)."""
+        """Close the connection and detach the shared memory (the daemon's holds end at their deadlines)."""
         with self.lock:
             self._drop()
             if self.arena is not None:

@@ -6,7 +6,7 @@ Payloads (little-endian; ``keys`` = ``u32 count`` then ``count`` 32-byte keys)::
     HELLO            fingerprint[16] want_shm:u8 proof_len:u16 proof name_len:u16 name
                      (proof: 0 bytes, or 32 = HMAC-SHA256 of the CHALLENGE nonce, see ``auth``)
       reply          has_salt:u8 salt_len:u16 salt shm_len:u16 shm_name bytes_per_block:u32
-                     num_slots:u32 lease_timeout_ms:u32 max_frame_bytes:u32 max_keys:u32
+                     num_slots:u32 hold_timeout_ms:u32 max_frame_bytes:u32 max_keys:u32
     EXISTS_PREFIX    keys                       reply  count:u32
     GET_SHM          keys                       reply  count:u32 (found:u8 slot:u32)*count
     GET_INLINE       keys                       reply  count:u32 found:u8*count block*found
@@ -107,7 +107,7 @@ class HelloReply:
     shm_name: str | None
     bytes_per_block: int
     num_slots: int
-    lease_timeout_s: float
+    hold_timeout_s: float
     max_frame_bytes: int
     max_keys: int
     """Most keys the daemon accepts in one request (``daemon.max_keys_per_request``)."""
@@ -199,7 +199,7 @@ def encode_hello_reply(r: HelloReply) -> bytes:
     salt = r.salt or b""
     shm = (r.shm_name or "").encode()
     head = struct.pack("<BH", int(r.salt is not None), len(salt)) + salt + struct.pack("<H", len(shm)) + shm
-    return head + _HELLO_TAIL.pack(r.bytes_per_block, r.num_slots, int(r.lease_timeout_s * 1000), min(r.max_frame_bytes, 2**32 - 1), r.max_keys)
+    return head + _HELLO_TAIL.pack(r.bytes_per_block, r.num_slots, int(r.hold_timeout_s * 1000), min(r.max_frame_bytes, 2**32 - 1), r.max_keys)
 
 
 def decode_hello_reply(payload: bytes) -> HelloReply:
@@ -210,10 +210,10 @@ def decode_hello_reply(payload: bytes) -> HelloReply:
         salt = bytes(v[3 : 3 + slen])
         (mlen,) = struct.unpack_from("<H", v, 3 + slen)
         shm = bytes(v[5 + slen : 5 + slen + mlen]).decode()
-        bpb, slots, lease_ms, max_frame, max_keys = _HELLO_TAIL.unpack_from(v, 5 + slen + mlen)
+        bpb, slots, hold_ms, max_frame, max_keys = _HELLO_TAIL.unpack_from(v, 5 + slen + mlen)
     except (struct.error, UnicodeDecodeError) as exc:
         raise ProtocolError(ErrorCode.BAD_FRAME, f"HELLO reply is malformed: {exc}") from None
-    return HelloReply(salt if has_salt else None, shm or None, bpb, slots, lease_ms / 1000, max_frame, max_keys)
+    return HelloReply(salt if has_salt else None, shm or None, bpb, slots, hold_ms / 1000, max_frame, max_keys)
 
 
 def decode_challenge(payload: bytes) -> bytes:

@@ -98,9 +98,9 @@ def render_prometheus(m: DaemonMetrics, backend: dict[str, Any]) -> str:
     family("kvstore_blocks", "gauge", "Blocks stored in the tier.", [(f'{{tier="{t}"}}', s["num_blocks"]) for t, s in tiers])
     family("kvstore_no_room_total", "counter", "Keys not served because every host slot was locked or reserved.",
            [("", c["no_room"])])
-    family("kvstore_leases", "gauge", "Host slot leases held by clients now.", [("", backend["leases"])])
-    family("kvstore_leases_expired_total", "counter", "Leases ended by their deadline (vanished or slow clients).",
-           [("", backend["leases_expired"])])
+    family("kvstore_holds", "gauge", "Host slot holds held by clients now.", [("", backend["holds"])])
+    family("kvstore_holds_expired_total", "counter", "Holds ended by their deadline (vanished or slow clients).",
+           [("", backend["holds_expired"])])
     family("kvstore_pending_writes", "gauge", "Committed blocks not yet written to disk.", [("", backend["pending_writes"])])
     family("kvstore_write_failures_total", "counter", "Blocks the write-behind failed to write to disk (full or failing disk).",
            [("", backend["write_failures"])])
@@ -108,8 +108,8 @@ def render_prometheus(m: DaemonMetrics, backend: dict[str, Any]) -> str:
            [("", backend["not_durable"])])
     family("kvstore_flush_failures_total", "counter", "Flushes that reported acknowledged blocks not durable.",
            [("", c["flush_failures"])])
-    family("kvstore_lease_owner_releases_total", "counter",
-           "Leases ended at once because the client process holding them exited.", [("", c["owner_releases"])])
+    family("kvstore_hold_owner_releases_total", "counter",
+           "Holds ended at once because the client process holding them exited.", [("", c["owner_releases"])])
     family("kvstore_protocol_bytes_in_total", "counter", "Protocol bytes received.", [("", m.bytes_in)])
     family("kvstore_protocol_bytes_out_total", "counter", "Protocol bytes sent.", [("", m.bytes_out)])
     family("kvstore_connected_clients", "gauge", "Client connections open now.", [("", m.clients)])

@@ -7,7 +7,7 @@ pidfds are missing (Linux before 5.3) the process's start time in
 ``/proc/<pid>/stat`` plays the same part, polled.
 
 A TCP peer, or a Unix peer whose pid is not visible from the daemon's pid
-namespace (``SO_PEERCRED`` says 0), has no :class:`PeerProcess`: its leases
+namespace (``SO_PEERCRED`` says 0), has no :class:`PeerProcess`: its holds
 end at their deadline.
 """
 

@@ -1,4 +1,4 @@
-"""The daemon: listeners, the lease reaper, stats, and an orderly shutdown.
+"""The daemon: listeners, the hold reaper, stats, and an orderly shutdown.
 
 ::
 
@@ -9,10 +9,10 @@
           (:attr:`DaemonServer.durability_error` says whether acknowledged blocks were lost)
 
 A Unix client's process is identified at accept (:class:`PeerProcess`); when
-its connection ends with leases held and the process is gone, they end at once.
+its connection ends with holds open and the process is gone, they end at once.
 
 Blocking tier work runs on a thread pool; the event loop only parses frames,
-keeps the lease table and answers.
+keeps the hold table and answers.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from kvstore.daemon.backend import DaemonBackend
 from kvstore.daemon.frames import ErrorCode, Op, encode_frame
 from kvstore.daemon.messages import encode_error
 from kvstore.daemon.http import HttpEndpoints
-from kvstore.daemon.leases import LeaseTable
+from kvstore.daemon.holds import HoldTable
 from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
 from kvstore.daemon.peer import PeerProcess
 from kvstore.daemon.session import Session, SessionContext
@@ -103,7 +103,7 @@ class DaemonServer:
             host.close()  # unlink our segment now, not at interpreter exit
             raise
         durable = lower is not None and lower.name == "lmdb" and cfg.disk.sync == "always"
-        self.backend = DaemonBackend(self.layout, host, lower, LeaseTable(d.lease_timeout_s), durable_puts=durable)
+        self.backend = DaemonBackend(self.layout, host, lower, HoldTable(d.hold_timeout_s), durable_puts=durable)
         asyncio.get_running_loop().set_exception_handler(self._loop_error)
         _raise_fd_limit(d.max_connections + FD_HEADROOM)
         tenants = {token: Tenant.from_salt(salt) for token, salt in d.tenant_salts.items()}
@@ -125,7 +125,7 @@ class DaemonServer:
             self._http = HttpEndpoints(lambda: not self._stopping, self._metrics_text)
             mhost, mport = await self._http.start(cfg.metrics.host, cfg.metrics.port)
             metrics_url = f"http://{mhost}:{mport}"
-        self._spawn(self._reap_leases())
+        self._spawn(self._reap_holds())
         self.info = ListenInfo(os.path.abspath(d.socket_path), tcp, metrics_url, shm_name)
         disk = self.backend.disk
         log.info(
@@ -174,16 +174,16 @@ class DaemonServer:
                 self._spawn(self._release_when_gone(session.conn_id, process))
 
     async def _release_when_gone(self, owner: int, process: PeerProcess) -> None:
-        """After ``owner``'s connection ended: if it still holds leases, end them as soon as its process exits
+        """After ``owner``'s connection ended: if it still has holds, end them as soon as its process exits
         (a live but silent process keeps them until their deadline)."""
         assert self.backend is not None
         try:
-            if self.backend.leases.owned_by(owner) and await process.wait_gone(self.cfg.daemon.lease_timeout_s) \
-                    and not self._stopping:  # stopping: the tiers are being closed, leases die with them
+            if self.backend.holds.owned_by(owner) and await process.wait_gone(self.cfg.daemon.hold_timeout_s) \
+                    and not self._stopping:  # stopping: the tiers are being closed, holds die with them
                 loop = asyncio.get_running_loop()
                 n = await loop.run_in_executor(self._executor, self.backend.release_owner, owner)
                 if n:
-                    log.info("client %d (pid %d) exited: released its %d host slot leases", owner, process.pid, n)
+                    log.info("client %d (pid %d) exited: released its %d host slot holds", owner, process.pid, n)
         finally:
             process.close()
 
@@ -199,15 +199,15 @@ class DaemonServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _reap_leases(self) -> None:
-        period = min(1.0, self.cfg.daemon.lease_timeout_s / 4)
+    async def _reap_holds(self) -> None:
+        period = min(1.0, self.cfg.daemon.hold_timeout_s / 4)
         loop = asyncio.get_running_loop()
         assert self.backend is not None
         while not self._stopping:
             await asyncio.sleep(period)
             n = await loop.run_in_executor(self._executor, self.backend.expire)
             if n:
-                log.warning("released %d host slot leases past their %.1f s deadline", n, self.cfg.daemon.lease_timeout_s)
+                log.warning("released %d host slot holds past their %.1f s deadline", n, self.cfg.daemon.hold_timeout_s)
 
     # ------------------------------------------------------------- stats
     async def stats(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ after it, a connection may be silent ``idle_timeout_s`` between requests and a
 frame that has begun must arrive within ``read_timeout_s``. A fatal error (bad
 header, failed login, a timeout) gets one error reply (timeouts: none), then
 the connection is closed. A client vanishing (EOF mid-header or mid-payload, a
-reset) just ends the session; its leases end at their deadlines.
+reset) just ends the session; its holds end at their deadlines.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ class Session:
         host = self.ctx.backend.host
         return m.encode_hello_reply(m.HelloReply(
             salt.encode() if salt else None, self.ctx.shm_name if self.shm else None,
-            layout.bytes_per_block, host.num_slots, cfg.lease_timeout_s, int(cfg.max_frame_bytes),
+            layout.bytes_per_block, host.num_slots, cfg.hold_timeout_s, int(cfg.max_frame_bytes),
             cfg.max_keys_per_request,
         ))
 
@@ -282,7 +282,7 @@ class Session:
                 count.add(keys_probed=len(keys))
             return m.encode_count(n)
         if op == Op.GET_SHM:
-            return m.encode_slots([(0, None) if s is None else (1, s) for s in b.lease_get(me, keys)])
+            return m.encode_slots([(0, None) if s is None else (1, s) for s in b.hold_for_read(me, keys)])
         if op == Op.GET_INLINE:
             blocks = self._read_inline(keys)
             found = sum(x is not None for x in blocks)

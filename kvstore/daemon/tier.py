@@ -11,7 +11,7 @@ Data path for a local client (Unix socket, shared memory)::
 
 and for a remote one (TCP) the bytes travel inline (GET_INLINE, PUT_INLINE).
 Each exchange holds the client's lock, so it sees one connection. A slot is
-used only while its lease is younger than half the daemon's lease timeout;
+used only while its hold is younger than half the daemon's hold timeout;
 an older one counts as a miss (get) or is aborted (put), so a slot the
 daemon may have reclaimed is never read or written.
 
@@ -181,7 +181,7 @@ class DaemonTier(Tier):
 
     def _fresh(self, since: float) -> bool:
         hello = self.client.hello
-        return hello is not None and time.monotonic() - since < hello.lease_timeout_s / 2
+        return hello is not None and time.monotonic() - since < hello.hold_timeout_s / 2
 
     def _get_batch(self, keys: list[bytes], dests: list[Buffer]) -> list[bool]:
         c = self.client
@@ -203,12 +203,12 @@ class DaemonTier(Tier):
                 if slot is not None:
                     _copy(dest, arena.slot_view(slot))
             fresh = self._fresh(t0)
-            leased = [k for k, s in zip(keys, found) if s is not None]
-            if leased:
+            held = [k for k, s in zip(keys, found) if s is not None]
+            if held:
                 try:
-                    c.send_nowait(Op.RELEASE, m.encode_keys(leased))  # its reply is read with the next request's
+                    c.send_nowait(Op.RELEASE, m.encode_keys(held))  # its reply is read with the next request's
                 except DaemonUnavailable:
-                    pass  # the daemon ends the leases at their deadline
+                    pass  # the daemon ends the holds at their deadline
             return [s is not None and fresh for s in found]
 
     def _put_retrying(self, keys: list[bytes], srcs: list[Buffer]) -> list[bool]:

@@ -23,7 +23,7 @@ from test_suites_quick import _check_schema
 
 FIGURES = {
     "acked.lost", "served.wrong", "acked.checked", "daemon.rss_growth", "daemon.rss_anon_growth",
-    "daemon.rss_file_growth", "daemon.rss_peak", "daemon.rss_anon_peak", "leases.client_death",
+    "daemon.rss_file_growth", "daemon.rss_peak", "daemon.rss_anon_peak", "holds.client_death",
     "host.reserved.client_death", "client.puts", "client.puts_ok", "client.gets", "client.hits", "client.flushes",
     "client.flush_failures", "client.acked", "client.block_ops_per_s", "kills.client", "kills.daemon",
     "restarts.client", "restarts.daemon", "crashes.client", "crashes.daemon", "disk.evictions",
@@ -50,7 +50,7 @@ def test_short_soak_loses_nothing_and_serves_nothing_wrong(tmp_path: Path) -> No
     doc = json.loads((out / "results.json").read_text())
     _check_schema(doc, "soak", out)
     assert {f["name"] for f in doc["figures"]} == FIGURES
-    assert {f["params"]["when"] for f in doc["figures"] if f["name"] == "leases.client_death"} == {
+    assert {f["params"]["when"] for f in doc["figures"] if f["name"] == "holds.client_death"} == {
         "at_kill", "immediately", "after_deadline"}
     assert doc["config"]["minutes"] == 0.1 and doc["config"]["clients"] == 2
     assert _value(doc, "acked.lost") == 0
@@ -61,7 +61,7 @@ def test_short_soak_loses_nothing_and_serves_nothing_wrong(tmp_path: Path) -> No
     assert _value(doc, "crashes.client") == 0 and _value(doc, "crashes.daemon") == 0
     assert _value(doc, "disk.evictions") == 0
     assert _value(doc, "daemon.exit_code") == 0
-    assert _value(doc, "leases.client_death", when="after_deadline") == 0
+    assert _value(doc, "holds.client_death", when="after_deadline") == 0
     assert _soak_dirs() <= before, "the run's temporary directory must be removed"
 
 

@@ -43,7 +43,7 @@ def write_config(root: Path, **over: Any) -> Path:
         "model": dict(MODEL),
         "host": {"capacity": 64 * LAYOUT.bytes_per_block},
         "disk": {"path": str(root / "lmdb"), "max_size": "16MiB", "sync": "interval"},
-        "daemon": {"socket_path": str(root / "d.sock"), "lease_timeout_s": 2.0},
+        "daemon": {"socket_path": str(root / "d.sock"), "hold_timeout_s": 2.0},
         "metrics": {"port": 0},
         "logging": {"level": "INFO"},
     }

@@ -10,7 +10,7 @@ import lmdb
 
 from daemonlib import LAYOUT
 from kvstore.daemon.backend import DaemonBackend
-from kvstore.daemon.leases import LeaseTable
+from kvstore.daemon.holds import HoldTable
 from kvstore.tiers.base import Buffer, Tier
 from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.host import HostTier
@@ -72,4 +72,4 @@ def faulty_backend(root: Path, slots: int = 16, durable_puts: bool = False,
     inner = DiskTier(LAYOUT, str(root / "lmdb"), disk_bytes, sync="always" if durable_puts else "interval",
                      map_step=1 << 20)
     disk = FaultyDisk(inner)
-    return DaemonBackend(LAYOUT, host, disk, LeaseTable(60.0), durable_puts=durable_puts), disk
+    return DaemonBackend(LAYOUT, host, disk, HoldTable(60.0), durable_puts=durable_puts), disk

@@ -23,8 +23,8 @@ def test_many_put_evict_cycles_leave_no_queued_events_or_state(tmp_path: Path) -
             batch = keys[i : i + 4]
             assert backend.put_inline(batch, [memoryview(block_for(k).numpy()) for k in batch]) == [True] * 4
             backend.writer.drain()  # slots queued for disk are locked; let them go before the next batch
-            owner = i % 5  # leases of several owners, each ended by RELEASE
-            slots = backend.lease_get(owner, batch[:2])
+            owner = i % 5  # holds of several owners, each ended by RELEASE
+            slots = backend.hold_for_read(owner, batch[:2])
             assert backend.release(owner, [k for k, s in zip(batch[:2], slots) if s is not None]) == 2
             backend.read_inline(keys[max(0, i - 40) : i])  # disk hits come back into host, evicting again
         backend.flush()
@@ -32,7 +32,7 @@ def test_many_put_evict_cycles_leave_no_queued_events_or_state(tmp_path: Path) -
         assert host_stats.evictions > 1200 and disk_stats.evictions > 200  # the cycles really happened
         assert backend.host.drain_events() == [] and disk.inner.drain_events() == []
         assert backend.host.events_queued == 0 and backend.host.events_dropped == 0
-        assert len(backend.leases) == 0 and backend.writer.pending == 0
+        assert len(backend.holds) == 0 and backend.writer.pending == 0
         assert not any(backend.writer.is_pending(k) for k in keys)
     finally:
         backend.close()

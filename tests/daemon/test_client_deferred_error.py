@@ -19,7 +19,7 @@ from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.frames import HEADER_SIZE, REPLY_BIT, ErrorCode, Op, decode_header, encode_frame
 
-RELEASE_ERRORS = [(int(ErrorCode.NOT_ALLOWED), "no such lease"), (77, "a code this client does not know")]
+RELEASE_ERRORS = [(int(ErrorCode.NOT_ALLOWED), "no such hold"), (77, "a code this client does not know")]
 
 
 def _recv(conn: socket.socket, n: int) -> bytes:
@@ -94,7 +94,7 @@ def test_error_reply_to_a_deferred_release_is_logged_and_the_connection_stays_in
     assert client.generation == 1  # never reconnected
     refused = [r.getMessage() for r in caplog.records if "deferred RELEASE" in r.getMessage()]
     assert refused == [
-        "deferred RELEASE: daemon refused the request: NOT_ALLOWED: no such lease",
+        "deferred RELEASE: daemon refused the request: NOT_ALLOWED: no such hold",
         "deferred RELEASE: daemon refused the request: code 77: a code this client does not know",
     ]
     client.close()

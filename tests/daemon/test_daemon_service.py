@@ -1,4 +1,4 @@
-"""A live daemon (subprocess): shared-memory and inline data paths, leases, stats, metrics, socket mode."""
+"""A live daemon (subprocess): shared-memory and inline data paths, holds, stats, metrics, socket mode."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def daemon() -> Iterator[Daemon]:
     root = short_tmpdir()
     d = None
     try:
-        d = start_daemon(write_config(root, daemon={"tenant_salts": {"tok-a": "tenant-a"}, "lease_timeout_s": 1.0}))
+        d = start_daemon(write_config(root, daemon={"tenant_salts": {"tok-a": "tenant-a"}, "hold_timeout_s": 1.0}))
         yield d
     finally:
         cleanup(d, root)
@@ -50,7 +50,7 @@ def test_shared_memory_round_trip_and_prefix(daemon: Daemon) -> None:
     assert tier.get(keys, dests) == [True] * 8 + [False] * 4
     for k, d in zip(keys[:8], dests[:8]):
         assert torch.equal(d, block_for(k))
-    assert tier.client.stats()["leases"] == 0  # every GET_SHM lease was released
+    assert tier.client.stats()["holds"] == 0  # every GET_SHM hold was released
     tier.close()
 
 
@@ -103,7 +103,7 @@ def test_wrong_layout_is_refused(daemon: Daemon) -> None:
         DaemonClient(other, socket_path=daemon.socket_path).connect()
 
 
-def test_leases_of_a_vanished_client_are_released(daemon: Daemon) -> None:
+def test_holds_of_a_vanished_client_are_released(daemon: Daemon) -> None:
     tier = daemon.tier(client_name="lessee")
     keys = keys_for(4, seed=4)
     tier.put(keys, [block_for(k) for k in keys])
@@ -111,13 +111,13 @@ def test_leases_of_a_vanished_client_are_released(daemon: Daemon) -> None:
     slots = m.decode_slots(c.keys_request(Op.GET_SHM, keys), Op.GET_SHM)
     reserved = m.decode_slots(c.keys_request(Op.PUT_SHM_RESERVE, keys_for(2, seed=5)), Op.PUT_SHM_RESERVE)
     assert all(s is not None for _, s in slots) and [st for st, _ in reserved] == [m.PutState.RESERVED] * 2
-    base = c.stats()["leases_expired"]
+    base = c.stats()["holds_expired"]
     c.close()  # vanish without RELEASE or COMMIT
     watcher = DaemonClient(None, socket_path=daemon.socket_path, use_shm=False)
     deadline = time.monotonic() + 10
-    while (s := watcher.stats())["leases"] and time.monotonic() < deadline:
+    while (s := watcher.stats())["holds"] and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert s["leases"] == 0 and s["leases_expired"] - base == 6
+    assert s["holds"] == 0 and s["holds_expired"] - base == 6
     watcher.close()
 
 

@@ -12,7 +12,7 @@ from kvstore.daemon import messages as m
 from kvstore.daemon.frames import (
     HEADER, HEADER_SIZE, MAGIC, MAX_KEYS, PROTOCOL_VERSION, ErrorCode, Op, ProtocolError, decode_header, encode_frame,
 )
-from kvstore.daemon.leases import ExpiredLease, LeaseTable
+from kvstore.daemon.holds import Hold, HoldTable
 
 BPB = 512
 LIMIT = 1 << 20
@@ -118,8 +118,8 @@ def test_reply_codecs_round_trip() -> None:
     assert m.decode_error(m.encode_error(ErrorCode.UNAUTHORIZED, "no")) == (ErrorCode.UNAUTHORIZED, "no")
 
 
-def test_lease_table_exact() -> None:
-    t = LeaseTable(timeout_s=10)
+def test_hold_table_exact() -> None:
+    t = HoldTable(timeout_s=10)
     a, b = b"a" * 32, b"b" * 32
     t.grant(1, "read", [a, a, b], now=0)
     t.grant(2, "write", [b], now=5)
@@ -127,6 +127,6 @@ def test_lease_table_exact() -> None:
     assert t.take(1, "read", [a, b, b]) == [True, True, False]
     assert t.take(1, "write", [a]) == [False]
     assert t.expire(now=9.9) == []
-    assert t.expire(now=10) == [ExpiredLease(1, "read", a)]
-    assert t.expire(now=15) == [ExpiredLease(2, "write", b)]
+    assert t.expire(now=10) == [Hold(1, "read", a)]
+    assert t.expire(now=15) == [Hold(2, "write", b)]
     assert len(t) == 0 and t.expired_total == 2

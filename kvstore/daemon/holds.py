@@ -1,18 +1,18 @@
 """Which client holds which host slot, and until when.
 
-A *lease* is one reference a connection holds on a host-tier key:
+A *hold* is one reference a connection keeps on a host-tier slot, by key:
 
 - ``read``: a locked, published slot the client copies out of (GET_SHM);
   ended by RELEASE (unlock).
 - ``write``: a reserved slot the client writes into (PUT_SHM_RESERVE); ended
   by PUT_SHM_COMMIT (publish) or RELEASE (abort).
 
-Every lease expires ``timeout_s`` after it was granted, whether or not the
+Every hold expires ``timeout_s`` after it was granted, whether or not the
 client is still connected: a client that vanishes (crash, ``kill -9``, a
 broken socket) never pins host memory forever. When the daemon knows the
-client's process is gone, it ends all of that owner's leases at once
-(:meth:`LeaseTable.take_all`): a dead process copies nothing. A well-behaved client treats
-a lease older than half the timeout as void (see ``DaemonClient``), so an
+client's process is gone, it ends all of that owner's holds at once
+(:meth:`HoldTable.take_all`): a dead process copies nothing. A well-behaved client treats
+a hold older than half the timeout as void (see ``DaemonClient``), so an
 expired slot is never read or written after the daemon reused it.
 
 Plain containers: per (owner, kind) a dict from key to the deadlines of its
@@ -27,30 +27,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-LeaseKind = Literal["read", "write"]
+HoldKind = Literal["read", "write"]
 
 
 @dataclass(frozen=True)
-class ExpiredLease:
-    """A lease that ended without RELEASE or COMMIT (deadline passed, or its holder died):
+class Hold:
+    """A hold that ended without RELEASE or COMMIT (deadline passed, or its holder died):
     the daemon must unlock (read) or abort (write) ``key``."""
 
     owner: int
-    kind: LeaseKind
+    kind: HoldKind
     key: bytes
 
 
-class LeaseTable:
-    """Per-connection lease bookkeeping with deadlines."""
+class HoldTable:
+    """Per-connection hold bookkeeping with deadlines."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self._held: dict[tuple[int, LeaseKind], dict[bytes, list[float]]] = {}
+        self._held: dict[tuple[int, HoldKind], dict[bytes, list[float]]] = {}
         self._lock = threading.Lock()
         self.expired_total = 0
-        """Leases ended by their deadline (a counter for metrics)."""
+        """Holds ended by their deadline (a counter for metrics)."""
 
-    def grant(self, owner: int, kind: LeaseKind, keys: Sequence[bytes], now: float) -> None:
+    def grant(self, owner: int, kind: HoldKind, keys: Sequence[bytes], now: float) -> None:
         """Record one reference of ``kind`` per key for ``owner``, expiring at ``now + timeout_s``."""
         deadline = now + self.timeout_s
         with self._lock:
@@ -58,7 +58,7 @@ class LeaseTable:
             for key in keys:
                 table.setdefault(key, []).append(deadline)
 
-    def take(self, owner: int, kind: LeaseKind, keys: Sequence[bytes]) -> list[bool]:
+    def take(self, owner: int, kind: HoldKind, keys: Sequence[bytes]) -> list[bool]:
         """Remove one reference per key; ``result[i]`` says whether ``owner`` held one to remove."""
         out: list[bool] = []
         with self._lock:
@@ -76,30 +76,30 @@ class LeaseTable:
                 self._held.pop((owner, kind), None)
         return out
 
-    def holds(self, owner: int, kind: LeaseKind, key: bytes) -> bool:
-        """Whether ``owner`` holds at least one ``kind`` lease on ``key``. Changes nothing."""
+    def has(self, owner: int, kind: HoldKind, key: bytes) -> bool:
+        """Whether ``owner`` has at least one ``kind`` hold on ``key``. Changes nothing."""
         with self._lock:
             return bool(self._held.get((owner, kind), {}).get(key))
 
-    def take_all(self, owner: int) -> list[ExpiredLease]:
-        """Remove and return every lease ``owner`` holds (one entry per reference), whatever its deadline."""
-        out: list[ExpiredLease] = []
+    def take_all(self, owner: int) -> list[Hold]:
+        """Remove and return every hold ``owner`` has (one entry per reference), whatever its deadline."""
+        out: list[Hold] = []
         with self._lock:
             for kind in ("read", "write"):
                 table = self._held.pop((owner, kind), {})
                 for key, refs in table.items():
-                    out.extend(ExpiredLease(owner, kind, key) for _ in refs)
+                    out.extend(Hold(owner, kind, key) for _ in refs)
         return out
 
-    def expire(self, now: float) -> list[ExpiredLease]:
-        """Remove and return every lease whose deadline is ``<= now``."""
-        out: list[ExpiredLease] = []
+    def expire(self, now: float) -> list[Hold]:
+        """Remove and return every hold whose deadline is ``<= now``."""
+        out: list[Hold] = []
         with self._lock:
             for (owner, kind), table in list(self._held.items()):
                 for key, refs in list(table.items()):
                     while refs and refs[0] <= now:
                         refs.pop(0)
-                        out.append(ExpiredLease(owner, kind, key))
+                        out.append(Hold(owner, kind, key))
                     if not refs:
                         del table[key]
                 if not table:
@@ -108,7 +108,7 @@ class LeaseTable:
         return out
 
     def owned_by(self, owner: int) -> int:
-        """References ``owner`` holds now. Changes nothing."""
+        """References ``owner`` has now. Changes nothing."""
         with self._lock:
             return sum(len(r) for (o, _), t in self._held.items() if o == owner for r in t.values())
 

@@ -1,4 +1,4 @@
-"""Issue 10 item 10: the leases of a client process that died end at once, not at the lease deadline;
+"""Issue 10 item 10: the holds of a client process that died end at once, not at the hold deadline;
 a client that is alive (even with its connection closed) keeps them until the deadline."""
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ if {close!r}:
 sys.stdin.readline()
 """
 """A client process that reserves every host slot (plain sockets: starts fast, imports nothing of kvstore)."""
-LEASE_TIMEOUT_S = 60.0
-"""Long, so a put that succeeds within seconds proves the leases did not just expire."""
+HOLD_TIMEOUT_S = 60.0
+"""Long, so a put that succeeds within seconds proves the holds did not just expire."""
 
 
 def _holder(daemon: Daemon, close: bool) -> subprocess.Popen[str]:
@@ -67,7 +67,7 @@ def daemon() -> Iterator[Daemon]:
     root = short_tmpdir()
     d = None
     try:
-        d = start_daemon(write_config(root, daemon={"lease_timeout_s": LEASE_TIMEOUT_S}))
+        d = start_daemon(write_config(root, daemon={"hold_timeout_s": HOLD_TIMEOUT_S}))
         yield d
     finally:
         cleanup(d, root)
@@ -99,20 +99,20 @@ def test_kill9_of_a_client_frees_its_slots_at_once(daemon: Daemon) -> None:
         holder.wait()
         assert _put_until_stored(daemon, seed=7, within_s=10.0) < 10.0  # the deadline was 60 s away
         stats = _stats(daemon)
-        assert stats["leases"] == 0 and stats["leases_expired"] == 0 and stats["counters"]["owner_releases"] - base == 64
+        assert stats["holds"] == 0 and stats["holds_expired"] == 0 and stats["counters"]["owner_releases"] - base == 64
     finally:
         if holder is not None and holder.poll() is None:
             holder.kill()
 
 
-def test_a_live_client_keeps_its_leases_until_it_exits(daemon: Daemon) -> None:
+def test_a_live_client_keeps_its_holds_until_it_exits(daemon: Daemon) -> None:
     holder = None
     base = _stats(daemon)["counters"]["owner_releases"]
     try:
         holder = _holder(daemon, close=True)  # connection closed, process alive: it may still copy
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
-            assert _stats(daemon)["leases"] == 64, "leases of a live process were released before their deadline"
+            assert _stats(daemon)["holds"] == 64, "holds of a live process were released before their deadline"
             time.sleep(0.1)
         assert holder.stdin is not None
         holder.stdin.write("exit\n")
