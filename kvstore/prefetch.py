@@ -335,4 +335,3 @@ class Prefetcher:
     def close(self) -> None:
         """Stop the workers after the running loads finish."""
         self._pool.shutdown(wait=True)
-
