@@ -28,7 +28,7 @@ from kvstore.config.schema import PolicyConfig
 from kvstore.hierarchy import Hierarchy
 from kvstore.placement import HostSlot
 from kvstore.radix import RadixNode
-from kvstore.transfer import LayerSync, copy_layer, staging_buffer
+from kvstore.transfer import CopyStreams, LayerSync, copy_layer, default_copy_streams, staging_buffer
 
 log = logging.getLogger("kvstore.prefetch")
 
@@ -132,11 +132,19 @@ class Lease:
 
 
 class Prefetcher:
-    """Runs lease loads on worker threads with a bound on bytes in flight."""
+    """Runs lease loads on worker threads with a bound on bytes in flight.
 
-    def __init__(self, h: Hierarchy, policy: PolicyConfig, workers: int = 2) -> None:
+    ``streams`` issues the GPU copies asynchronously (default: CUDA streams for
+    a pool on CUDA, plain copies on the CPU); tests pass fakes to drive the
+    stream path with a CPU pool.
+    """
+
+    def __init__(
+        self, h: Hierarchy, policy: PolicyConfig, workers: int = 2, streams: CopyStreams | None = None
+    ) -> None:
         self.h = h
         self.policy = policy
+        self.streams = streams if streams is not None else default_copy_streams(h.pool.device)
         self.budget = ByteBudget(int(policy.max_inflight_bytes))
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvstore-prefetch")
 
@@ -144,7 +152,7 @@ class Prefetcher:
     def start(self, lease: Lease) -> None:
         """Begin phase 1 for the lease's disk blocks (if any)."""
         lease._resolver = self
-        lease._sync = LayerSync(lease.num_layers, self.h.pool.device)
+        lease._sync = LayerSync(lease.num_layers, self.streams)
         if any(p.source == "disk" for p in lease.plan):
             lease._phase1 = self._pool.submit(self._phase1, lease)
         else:
@@ -280,19 +288,24 @@ class Prefetcher:
     def _phase2(self, lease: Lease, to_copy: list[BlockPlan]) -> None:
         h = self.h
         assert lease._sync is not None
-        stream = torch.cuda.Stream() if h.pool.device.type == "cuda" else None
         try:
             dsts = [h.pool.block_bytes(p.gpu_block) for p in to_copy]
             srcs = [self._src(p) for p in to_copy]
             same = [d.data_ptr() == s.data_ptr() for d, s in zip(dsts, srcs)]
             dsts = [d for d, x in zip(dsts, same) if not x]
             srcs = [s for s, x in zip(srcs, same) if not x]
-            with torch.cuda.stream(stream) if stream is not None else _nullctx():
+            if self.streams is None:
                 for layer in range(lease.num_layers):
                     copy_layer(h.layout, dsts, srcs, layer)
-                    lease._sync.mark(layer, stream)
-            if stream is not None:
-                stream.synchronize()
+                    lease._sync.mark(layer)
+            else:
+                stream = self.streams.new_stream()
+                with self.streams.use(stream):
+                    for layer in range(lease.num_layers):
+                        copy_layer(h.layout, dsts, srcs, layer)
+                        lease._sync.mark(layer, stream)
+                # _register_loaded unpins the host slots: no copy may still be reading them.
+                self.streams.synchronize(stream)
             self._register_loaded(lease, to_copy)
         finally:
             lease._sync.mark_all()
@@ -322,11 +335,3 @@ class Prefetcher:
     def close(self) -> None:
         """Stop the workers after the running loads finish."""
         self._pool.shutdown(wait=True)
-
-
-class _nullctx:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

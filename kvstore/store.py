@@ -30,6 +30,7 @@ from kvstore.radix import BlockEntry, RadixIndex
 from kvstore.spill import Spiller
 from kvstore.tiers.base import Tier
 from kvstore.tiers.host import HostTier
+from kvstore.transfer import CopyStreams
 
 log = logging.getLogger("kvstore.store")
 
@@ -67,7 +68,11 @@ class PrefixMatch:
 
 
 class TieredStore:
-    """The store. Build it with :meth:`from_config` or from parts."""
+    """The store. Build it with :meth:`from_config` or from parts.
+
+    ``copy_streams`` issues loads into the pool asynchronously; by default CUDA
+    streams for a pool on CUDA and plain copies otherwise (see :class:`Prefetcher`).
+    """
 
     def __init__(
         self,
@@ -76,11 +81,12 @@ class TieredStore:
         host: HostTier | None = None,
         disk: Tier | None = None,
         policy: PolicyConfig | None = None,
+        copy_streams: CopyStreams | None = None,
     ) -> None:
         self.policy = policy or PolicyConfig()
         self.h = Hierarchy(layout, pool, host, disk)
         self.spiller = Spiller(self.h, self.policy)
-        self.prefetcher = Prefetcher(self.h, self.policy)
+        self.prefetcher = Prefetcher(self.h, self.policy, streams=copy_streams)
         self.layout = layout
 
     @classmethod

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import numpy as np
@@ -95,22 +96,69 @@ class CudaStreamEvents:
         torch.cuda.current_stream().wait_event(event)
 
 
-class LayerSync:
-    """Per-layer readiness of a multi-layer transfer: CUDA events on a GPU, thread events on the CPU.
+class CopyStreams(StreamEvents, Protocol):
+    """Side streams for asynchronous copies into the device, and the events that order readers after them.
 
-    ``events`` records and waits for stream events on a CUDA device; tests pass
-    a fake to run the CUDA branch on the CPU.
+    The loader issues a transfer's copies on :meth:`new_stream` inside
+    :meth:`use`, lets :class:`LayerSync` record one event per layer, and calls
+    :meth:`synchronize` before it gives back the host buffers the copies read
+    (an asynchronous copy may still be reading them). CUDA by default
+    (:class:`CudaCopyStreams`); tests pass a fake to run this path on the CPU.
     """
 
-    def __init__(self, num_layers: int, device: torch.device, events: StreamEvents | None = None) -> None:
-        self.cuda = device.type == "cuda"
-        self._events: StreamEvents = events if events is not None else CudaStreamEvents()
+    def new_stream(self) -> torch.cuda.Stream:
+        """A stream for one transfer."""
+        ...
+
+    def use(self, stream: torch.cuda.Stream) -> AbstractContextManager[object]:
+        """Make ``stream`` the current stream inside the ``with`` block (copies are issued on it)."""
+        ...
+
+    def synchronize(self, stream: torch.cuda.Stream) -> None:
+        """Block the calling thread until every copy issued on ``stream`` has finished."""
+        ...
+
+
+class CudaCopyStreams(CudaStreamEvents):
+    """:class:`CopyStreams` with ``torch.cuda.Stream``."""
+
+    def new_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.Stream()
+
+    def use(self, stream: torch.cuda.Stream) -> AbstractContextManager[object]:
+        return torch.cuda.stream(stream)
+
+    def synchronize(self, stream: torch.cuda.Stream) -> None:
+        stream.synchronize()
+
+
+def default_copy_streams(device: torch.device) -> CopyStreams | None:
+    """CUDA streams for a pool on a CUDA device; ``None`` (plain synchronous copies) otherwise."""
+    return CudaCopyStreams() if device.type == "cuda" else None
+
+
+class LayerSync:
+    """Per-layer readiness of a multi-layer transfer: thread events, plus stream events for asynchronous copies.
+
+    ``events`` is ``None`` for a transfer done by plain copies on the calling
+    thread (the CPU): a layer is usable once marked. Otherwise (the copy
+    streams of a CUDA transfer, or a fake in tests) each layer marked with a
+    stream records an event, and :meth:`wait` makes the compute stream wait for it.
+    """
+
+    def __init__(self, num_layers: int, events: StreamEvents | None = None) -> None:
+        self._events = events
         self._host_events = [threading.Event() for _ in range(num_layers)]
         self._stream_events: list[object | None] = [None] * num_layers
 
+    @property
+    def on_streams(self) -> bool:
+        """Whether marks record stream events (an asynchronous transfer)."""
+        return self._events is not None
+
     def mark(self, layer: int, stream: torch.cuda.Stream | None = None) -> None:
-        """Layer ``layer`` has been issued (CUDA) or copied (CPU)."""
-        if self.cuda and stream is not None:
+        """Layer ``layer`` has been issued on ``stream`` (asynchronous) or copied (plain copies)."""
+        if self._events is not None and stream is not None:
             self._stream_events[layer] = self._events.record(stream)
         self._host_events[layer].set()
 
@@ -125,6 +173,7 @@ class LayerSync:
             return False
         ev = self._stream_events[layer]
         if ev is not None:
+            assert self._events is not None
             self._events.wait(ev)
         return True
 

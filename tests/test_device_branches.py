@@ -3,11 +3,15 @@
 A ``meta`` tensor stands in for device memory (its device is not the CPU, so
 copies take the device branch; it holds no data), and CUDA-only calls
 (``torch.cuda.is_available``, events, ``cudaHostRegister``) are replaced by
-recording fakes. ``benchmarks/gpu_check.sh`` runs the same paths on real CUDA.
+recording fakes. Where the bytes must really move (a prefix load through the
+store), the pool stays on the CPU and fake copy streams take the stream path.
+``benchmarks/gpu_check.sh`` runs the same paths on real CUDA.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -16,11 +20,23 @@ import torch
 from engine import EngineConfig
 from engine.kernels import select_backend
 from kvstore.bench.machine import describe_machine
+from kvstore.config.schema import PolicyConfig
 from kvstore.errors import TierError
 from kvstore.gpu_pool import GPUBlockPool, default_device
 from kvstore.layout import KVLayout
+from kvstore.placement import HostSlot
+from kvstore.store import TieredStore
 from kvstore.tiers.arena import HostArena, resolve_pin
-from kvstore.transfer import LayerSync, copy_blocks, copy_bytes, copy_layer, staging_buffer
+from kvstore.tiers.host import HostTier
+from kvstore.transfer import (
+    CudaCopyStreams,
+    LayerSync,
+    copy_blocks,
+    copy_bytes,
+    copy_layer,
+    default_copy_streams,
+    staging_buffer,
+)
 
 
 class CopySpy:
@@ -122,8 +138,8 @@ class FakeEvents:
 
 def test_layer_sync_on_cuda_records_and_waits_for_stream_events() -> None:
     events = FakeEvents()
-    sync = LayerSync(3, torch.device("cuda"), events=events)
-    assert sync.cuda
+    sync = LayerSync(3, events=events)
+    assert sync.on_streams
     stream = object()
     sync.mark(0, stream)  # type: ignore[arg-type]  # a fake stream: only the events see it
     sync.mark(1, stream)  # type: ignore[arg-type]
@@ -135,12 +151,121 @@ def test_layer_sync_on_cuda_records_and_waits_for_stream_events() -> None:
 
 
 def test_layer_sync_on_the_cpu_uses_no_stream_events() -> None:
-    events = FakeEvents()
-    sync = LayerSync(2, torch.device("cpu"), events=events)
+    sync = LayerSync(2)
+    assert not sync.on_streams
     sync.mark(0, None)
-    sync.mark(1, object())  # type: ignore[arg-type]  # ignored: not a CUDA transfer
+    sync.mark(1, object())  # type: ignore[arg-type]  # ignored: plain copies, no stream events
     assert sync.wait(0, timeout=0) and sync.wait(1, timeout=0)
-    assert events.recorded == [] and events.waited == []
+
+
+# ------------------------------------------------------------------ prefetch: loads on copy streams
+class FakeCopyStreams(FakeEvents):
+    """Copy streams as records in one ordered ``log``, shared with the store's host-slot releases.
+
+    The copies themselves run on the CPU (the pool is a CPU pool), so the
+    bytes really move; ``synchronize`` notes how many host slots are pinned.
+    """
+
+    def __init__(self, host: HostTier) -> None:
+        super().__init__()
+        self.host = host
+        self.streams: list[str] = []
+        self.current: str | None = None
+        self.log: list[tuple[object, ...]] = []
+
+    def new_stream(self) -> Any:
+        stream = f"stream-{len(self.streams)}"
+        self.streams.append(stream)
+        self.log.append(("new", stream))
+        return stream
+
+    @contextmanager
+    def use(self, stream: Any) -> Iterator[None]:
+        self.log.append(("use", stream))
+        self.current = stream
+        try:
+            yield
+        finally:
+            self.current = None
+            self.log.append(("end use", stream))
+
+    def record(self, stream: Any) -> object:
+        self.log.append(("record", stream, self.current))
+        return super().record(stream)
+
+    def synchronize(self, stream: Any) -> None:
+        self.log.append(("synchronize", stream, self.host.num_pinned))
+
+
+def _prefill(store: TieredStore, tokens: list[int], seed: int) -> list[torch.Tensor]:
+    """Allocate, write distinct KV, commit and free the blocks of ``tokens``; returns what was written."""
+    keys = store.keys(tokens)
+    blocks = store.allocate(len(keys))
+    g = torch.Generator().manual_seed(seed)
+    data = [torch.randint(0, 256, (store.layout.bytes_per_block,), dtype=torch.uint8, generator=g) for _ in blocks]
+    for b, d in zip(blocks, data):
+        store.pool.block_bytes(b).copy_(d)
+    store.commit(keys, blocks, tokens)
+    store.free(blocks)
+    return data
+
+
+def test_a_load_on_copy_streams_synchronizes_before_it_releases_the_host_slots(
+    layout: KVLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The host slot a load reads must stay pinned until the asynchronous copies are done:
+    # released earlier, it could be reused (overwritten) while the DMA still reads it.
+    pool = GPUBlockPool(layout, 2, device="cpu")
+    host = HostTier(layout, 4 * layout.bytes_per_block, auto_evict=False)
+    streams = FakeCopyStreams(host)
+    store = TieredStore(layout, pool, host, None, PolicyConfig(write="write_back"), copy_streams=streams)
+    loading: set[bytes] = set()  # keys of the running load (acquire also spills, and releases those slots)
+    release = store.h.placement.release
+
+    def logged_release(handle: HostSlot) -> None:
+        if handle.key in loading:
+            streams.log.append(("release", handle.key, handle.slot))
+        release(handle)
+
+    monkeypatch.setattr(store.h.placement, "release", logged_release)
+    a, b = list(range(0, 2 * layout.block_size)), list(range(100, 100 + 2 * layout.block_size))
+    data = {0: _prefill(store, a, seed=1), 1: _prefill(store, b, seed=2)}  # a pool of 2: a went to host
+    streams.log.clear()
+    n = layout.num_layers
+    for load, tokens in enumerate((a, b)):  # loading a sends b to host: two loads from host
+        match = store.lookup(tokens)
+        assert match.tiers == ("host", "host")
+        keys = list(match.keys)
+        slots = [host.slot_of(k) for k in keys]
+        loading.update(keys)
+        lease = store.acquire(match)
+        lease.resolve()
+        lease.wait()
+        stream = f"stream-{load}"
+        assert streams.log == [
+            ("new", stream),
+            ("use", stream),
+            *[("record", stream, stream)] * n,  # each layer marked on the load's stream, inside use()
+            ("end use", stream),
+            ("synchronize", stream, 2),  # both host slots still pinned by the lease
+            *[("release", k, s) for k, s in zip(keys, slots)],
+        ]
+        assert streams.recorded == [(i, stream) for i in range(n)]
+        assert streams.waited == [("event", i, stream) for i in range(n)]
+        assert lease.tokens_by_tier() == {"gpu": 0, "host": 2 * layout.block_size, "disk": 0}
+        got = [store.pool.block_bytes(blk).clone() for blk in lease.block_ids]
+        assert all(torch.equal(x, y) for x, y in zip(got, data[load], strict=True))  # the bytes stored
+        store.release(lease)
+        assert host.num_pinned == 0
+        streams.log.clear(), streams.recorded.clear(), streams.waited.clear(), loading.clear()
+    assert streams.streams == ["stream-0", "stream-1"]
+    store.check_integrity()
+
+
+def test_copy_streams_default_to_cuda_for_a_cuda_pool_only() -> None:
+    assert isinstance(default_copy_streams(torch.device("cuda")), CudaCopyStreams)
+    assert default_copy_streams(torch.device("cpu")) is None
+    assert default_copy_streams(torch.device("meta")) is None
 
 
 # ------------------------------------------------------------------ device defaults
