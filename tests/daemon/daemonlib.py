@@ -23,8 +23,8 @@ from kvstore.config import load_config
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.frames import HEADER, HEADER_SIZE, ErrorCode, Op
-from kvstore.layout import KVLayout
 from kvstore.daemon.tier import DaemonTier
+from kvstore.layout import KVLayout
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = {"model_id": "daemon-test", "num_layers": 2, "num_kv_heads": 2, "head_dim": 8, "block_size": 4, "dtype": "float16"}
@@ -125,6 +125,20 @@ def block_for(key: bytes) -> torch.Tensor:
 def keys_for(n: int, seed: int = 0) -> list[bytes]:
     """``n`` distinct 32-byte keys."""
     return [hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=32).digest() for i in range(n)]
+
+
+def assert_acknowledged_survive(tier: DaemonTier, attempted: list[list[bytes]], acked: list[bytes], what: str) -> None:
+    """Read back every attempted key through ``tier`` (a restarted daemon): every block served has the bytes of
+    its key, and every acknowledged key is served. ``what`` names the promise in the failure message."""
+    everything = [k for ks in attempted for k in ks]
+    dests = empty_blocks(len(everything))
+    found = tier.get(everything, dests)
+    for key, ok, dest in zip(everything, found, dests):
+        if ok:
+            assert torch.equal(dest, block_for(key)), f"block {key[:8].hex()} served with wrong bytes"
+    present = {k for k, ok in zip(everything, found) if ok}
+    missing = [k.hex()[:16] for k in acked if k not in present]
+    assert not missing, f"{what}: {len(missing)} of {len(acked)} acknowledged blocks lost, e.g. {missing[:3]}"
 
 
 def empty_blocks(n: int) -> list[torch.Tensor]:

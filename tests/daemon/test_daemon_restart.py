@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from daemonlib import (
-    REPO, block_for, cleanup, empty_blocks, keys_for, shm_exists, short_tmpdir, signal_name, start_daemon, write_config,
+    REPO, assert_acknowledged_survive, block_for, cleanup, empty_blocks, keys_for, shm_exists, short_tmpdir, signal_name,
+    start_daemon, write_config,
 )
 from kvstore.errors import TierError
 
@@ -56,15 +57,7 @@ def test_kill9_loses_nothing_flushed_and_serves_nothing_corrupt() -> None:
 
         daemon = start_daemon(config)  # same config: stale socket and segment are cleared
         tier = daemon.tier(client_name="checker")
-        everything = [k for ks in attempted for k in ks]
-        dests = empty_blocks(len(everything))
-        found = tier.get(everything, dests)
-        for key, ok, dest in zip(everything, found, dests):
-            if ok:
-                assert torch.equal(dest, block_for(key)), f"block {key[:8].hex()} served with wrong bytes"
-        present = {k for k, ok in zip(everything, found) if ok}
-        missing = [k.hex()[:16] for k in acked if k not in present]
-        assert not missing, f"{len(missing)} flushed blocks lost, e.g. {missing[:3]}"
+        assert_acknowledged_survive(tier, attempted, acked, "flushed")
         stats = tier.client.stats()
         assert stats["disk"]["corrupt_dropped"] == 0
         tier.close()

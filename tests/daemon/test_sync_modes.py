@@ -10,9 +10,8 @@ import threading
 import time
 
 import pytest
-import torch
 
-from daemonlib import block_for, cleanup, empty_blocks, keys_for, short_tmpdir, start_daemon, write_config
+from daemonlib import assert_acknowledged_survive, block_for, cleanup, keys_for, short_tmpdir, start_daemon, write_config
 from kvstore.errors import TierError
 
 WRITERS = 3
@@ -64,15 +63,7 @@ def test_kill9_keeps_what_the_sync_mode_promises(sync: str) -> None:
 
         daemon = start_daemon(config)
         tier = daemon.tier(client_name="checker")
-        everything = [k for ks in attempted for k in ks]
-        dests = empty_blocks(len(everything))
-        found = tier.get(everything, dests)
-        for key, ok, dest in zip(everything, found, dests):
-            if ok:
-                assert torch.equal(dest, block_for(key)), f"block {key[:8].hex()} served with wrong bytes"
-        present = {k for k, ok in zip(everything, found) if ok}
-        missing = [k.hex()[:16] for k in acked if k not in present]
-        assert not missing, f"sync={sync}: {len(missing)} of {len(acked)} acknowledged blocks lost, e.g. {missing[:3]}"
+        assert_acknowledged_survive(tier, attempted, acked, f"sync={sync}")
         tier.close()
         assert daemon.stop() == 0
     finally:
