@@ -154,19 +154,6 @@ class TieredStore:
             h.placement.touch(entries)
         return self._finish_lookup(entries, rest, len(toks), toks, salt)
 
-    def lookup_keys(self, keys: Sequence[bytes], prompt_tokens: int | None = None) -> PrefixMatch:
-        """:meth:`lookup` for a precomputed key chain (dictionary lookups in the index, then the probe)."""
-        h = self.h
-        h.sync_tier_events()
-        selective = self.policy.write == "write_through_selective"
-        with h.lock:
-            m = h.index.match_keys(keys, count_hits=selective)
-            entries = list(m.entries)
-            h.placement.touch(entries)
-        bs = self.layout.block_size
-        total = prompt_tokens if prompt_tokens is not None else len(keys) * bs
-        return self._finish_lookup(entries, list(keys[m.num_blocks :]), total, None, None)
-
     def _finish_lookup(self, entries: list[BlockEntry], rest: list[bytes], prompt_tokens: int,
                        tokens: list[int] | None, salt: Salt) -> PrefixMatch:
         """Confirm disk-only blocks with a tier that cannot report evictions, probe beyond the index, count.
