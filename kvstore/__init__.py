@@ -4,10 +4,16 @@ The public core: :class:`KVLayout` (what a block is), :func:`block_keys` (what
 a block is called), :class:`RadixIndex` (which prefixes are cached where) and
 :class:`GPUBlockPool` (paged KV memory). Heavier parts (tiers, the tiered
 store, the daemon) live in their own modules.
+
+:class:`GPUBlockPool` is loaded on first use: it needs torch, and importing
+torch takes seconds, which commands such as ``kvstore --help`` must not pay.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from kvstore.errors import KVStoreError, OutOfBlocks
-from kvstore.gpu_pool import GPUBlockPool
 from kvstore.hashing import block_keys, root_key
 from kvstore.layout import KVLayout
 from kvstore.radix import BlockEntry, RadixIndex, RadixMatch
@@ -24,3 +30,15 @@ __all__ = [
     "root_key",
 ]
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from kvstore.gpu_pool import GPUBlockPool
+
+
+def __getattr__(name: str) -> Any:
+    """Import :class:`GPUBlockPool` (and with it torch) only when it is asked for."""
+    if name == "GPUBlockPool":
+        from kvstore.gpu_pool import GPUBlockPool
+
+        return GPUBlockPool
+    raise AttributeError(f"module 'kvstore' has no attribute {name!r}")

@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # torch is imported only where a tensor dtype is asked for (CLI start-up stays light)
+    import torch
 
 DTypeName = Literal["float16", "bfloat16", "float32"]
 
-_TORCH_DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-}
+_ITEMSIZES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 @dataclass(frozen=True)
@@ -46,20 +43,23 @@ class KVLayout:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"KVLayout.{name} must be a positive int, got {value!r}")
-        if self.dtype not in _TORCH_DTYPES:
+        if self.dtype not in _ITEMSIZES:
             raise ValueError(
-                f"KVLayout.dtype must be one of {sorted(_TORCH_DTYPES)}, got {self.dtype!r}"
+                f"KVLayout.dtype must be one of {sorted(_ITEMSIZES)}, got {self.dtype!r}"
             )
 
     @property
     def torch_dtype(self) -> torch.dtype:
         """The torch dtype of the cache tensors."""
-        return _TORCH_DTYPES[self.dtype]
+        import torch
+
+        dtype: torch.dtype = getattr(torch, self.dtype)
+        return dtype
 
     @property
     def itemsize(self) -> int:
         """Bytes per element."""
-        return self.torch_dtype.itemsize
+        return _ITEMSIZES[self.dtype]
 
     @property
     def block_shape(self) -> tuple[int, int, int, int, int]:

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kvstore.daemon import messages as m
 from kvstore.daemon.auth import login_proof
@@ -27,7 +28,9 @@ from kvstore.daemon.frames import (
 )
 from kvstore.errors import KVStoreError, NotDurable
 from kvstore.layout import KVLayout
-from kvstore.tiers.arena import HostArena
+
+if TYPE_CHECKING:  # imported where a shared arena is attached: it needs torch, which `kvstore stats` must not load
+    from kvstore.tiers.arena import HostArena
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +154,8 @@ class DaemonClient:
             self.arena.close()
             self.arena = None
         if hello.shm_name is not None:
+            from kvstore.tiers.arena import HostArena
+
             self.arena = HostArena.attach(hello.shm_name, hello.bytes_per_block)
         self.hello = hello
         self.generation += 1

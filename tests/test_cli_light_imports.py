@@ -1,0 +1,51 @@
+"""`kvstore --help`, `config check`, `plan` and `stats` answer without importing torch (issue 12, §3)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Runs the CLI in-process in a fresh interpreter, then reports its exit code and whether torch got imported.
+_PROBE = """
+import sys
+from kvstore.cli.main import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print("TORCH_IMPORTED" if "torch" in sys.modules else "TORCH_NOT_IMPORTED", code)
+"""
+
+
+def _probe(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--help",),
+        ("config", "check", "configs/default.yaml"),
+        ("plan", "--model", "llama-3.1-70b", "--gpu-mem", "40GiB", "--host-mem", "512GiB",
+         "--disk-size", "4TiB", "--host-bw", "25", "--disk-bw", "6"),
+    ],
+    ids=["help", "config-check", "plan"],
+)
+def test_light_commands_do_not_import_torch(args: tuple[str, ...]) -> None:
+    res = _probe(*args)
+    assert res.stdout.splitlines()[-1] == "TORCH_NOT_IMPORTED 0", res.stdout + res.stderr
+
+
+def test_stats_without_a_daemon_fails_cleanly_without_torch(tmp_path: Path) -> None:
+    socket_path = tmp_path / "absent.sock"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"daemon:\n  socket_path: {socket_path}\n")
+    res = _probe("stats", "--config", str(cfg))
+    assert res.stdout.splitlines()[-1] == "TORCH_NOT_IMPORTED 1", res.stdout + res.stderr
+    assert res.stderr.startswith("error: ") and str(socket_path) in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
