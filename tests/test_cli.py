@@ -38,3 +38,16 @@ def test_serve_refuses_a_config_without_host_tier(tmp_path: Path, capsys) -> Non
     assert main(["serve", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "lacks 'host'" in err and str(cfg) in err
+
+
+def test_version_prints_the_installed_version() -> None:
+    import importlib.metadata
+
+    res = _run("--version")
+    assert res.returncode == 0 and res.stdout == f"kvstore {importlib.metadata.version('kvstore')}\n", res
+
+
+def test_log_level_accepts_any_case() -> None:
+    parser = build_parser()
+    for given in ("debug", "Warning", "ERROR"):
+        assert parser.parse_args(["serve", "--log-level", given]).log_level == given.upper()

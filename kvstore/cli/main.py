@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -25,12 +26,24 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+def installed_version() -> str:
+    """The version of the installed ``kvstore`` distribution (``kvstore.__version__`` when run uninstalled)."""
+    try:
+        return importlib.metadata.version("kvstore")
+    except importlib.metadata.PackageNotFoundError:
+        from kvstore import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every sub-command registered."""
     parser = argparse.ArgumentParser(
         prog="kvstore",
         description="Tiered KV-cache offload service for LLM inference (GPU pool, host RAM, LMDB on NVMe).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}",
+                        help="print the installed version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMAND_MODULES:

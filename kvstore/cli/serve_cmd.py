@@ -100,6 +100,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="Unix socket path, overriding daemon.socket_path (at most 107 bytes)")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="N",
                         help="HTTP port of /healthz and /metrics, overriding metrics.port (0 picks a free port)")
-    parser.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help="lowest level logged to stderr, overriding logging.level")
+    parser.add_argument("--log-level", default=None, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="lowest level logged to stderr, overriding logging.level (any case)")
     parser.set_defaults(func=_run)
