@@ -51,3 +51,16 @@ def test_log_level_accepts_any_case() -> None:
     parser = build_parser()
     for given in ("debug", "Warning", "ERROR"):
         assert parser.parse_args(["serve", "--log-level", given]).log_level == given.upper()
+
+
+def test_output_into_a_closed_pipe_exits_quietly() -> None:
+    # `kvstore config check ... | head -1`: the reader is gone before the command writes (closed right away,
+    # long before the interpreter has started), so every write meets a broken pipe.
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-m", "kvstore", "config", "check", "configs/default.yaml"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=repo)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1
+    assert err == "", err
