@@ -183,3 +183,42 @@ def test_frame_bound_too_small_for_one_block_is_refused(tmp_path: Path) -> None:
 def test_connection_caps_must_be_consistent() -> None:
     with pytest.raises(ConfigError, match=r"max_connections_per_peer \(10\) exceeds max_connections \(4\)"):
         parse_config({"daemon": {"max_connections": 4, "max_connections_per_peer": 10}})
+
+
+def test_env_sets_top_level_fields() -> None:
+    cfg = parse_config({"tiers": ["host"]}, "f.yaml", {"KVSTORE_CONNECTOR": "sidecar", "KVSTORE_TIERS": "host, lmdb"})
+    assert cfg.connector == "sidecar" and cfg.tiers == ["host", "lmdb"]
+    with pytest.raises(ConfigError, match=r"connector: .*\(from environment variable KVSTORE_CONNECTOR\)"):
+        parse_config({}, "f.yaml", {"KVSTORE_CONNECTOR": "remote"})
+
+
+def test_unknown_env_variable_warns_naming_the_closest_field(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"KVSTORE_DISK_MAX_SIZE": "1GiB", "KVSTORE_TEST_DEVICE": "cpu"}
+    with caplog.at_level("WARNING", logger="kvstore.config.loader"):
+        cfg = parse_config({}, "f.yaml", env)
+    assert cfg == parse_config({}, "f.yaml", {})
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignoring environment variable KVSTORE_DISK_MAX_SIZE: it names no config field; "
+        "did you mean KVSTORE_DISK__MAX_SIZE?"
+    ]
+
+
+def test_kvstore_config_names_the_file_when_no_path_is_given(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("tiers: [host]\n")
+    assert load_config(None, environ={"KVSTORE_CONFIG": str(p)}).tiers == ["host"]
+    with pytest.raises(ConfigError, match=r"invalid config .*nope.yaml \(from KVSTORE_CONFIG\):\n  - no such file"):
+        load_config(None, environ={"KVSTORE_CONFIG": str(tmp_path / "nope.yaml")})
+    other = tmp_path / "other.yaml"
+    other.write_text("tiers: [host, lmdb]\n")
+    assert load_config(other, environ={"KVSTORE_CONFIG": str(p)}).tiers == ["host", "lmdb"]
+
+
+def test_cli_reads_kvstore_config(tmp_path: Path) -> None:
+    import os
+
+    sock = tmp_path / "absent.sock"
+    p = tmp_path / "c.yaml"
+    p.write_text(f"daemon:\n  socket_path: {sock}\n")
+    res = _cli("stats", env=dict(os.environ, KVSTORE_CONFIG=str(p)))
+    assert res.returncode == 1 and res.stderr.startswith("error: ") and str(sock) in res.stderr, res.stderr

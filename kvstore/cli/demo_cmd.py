@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model) with kvstore as its KV cache, and print the answers and per turn: time to first token and "
         "tokens served from the GPU pool, the host tier and the disk tier, and tokens computed.",
     )
-    p.add_argument("--config", default=None, metavar="PATH", help="YAML config for tiers and policies (default: built-in)")
+    p.add_argument("--config", default=None, metavar="PATH", help="YAML config for tiers and policies (default: $KVSTORE_CONFIG, else built-in)")
     p.add_argument("--model", default="default", metavar="PATH",
                    help="'default' (SmolLM2-135M-Instruct), a .gguf file, a checkpoint directory, or 'builtin' "
                    "(the tiny random model) (default: default)")

@@ -49,8 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "failed, 2 bad config.",
     )
     parser.add_argument("--config", default=None, metavar="PATH",
-                        help="the daemon's YAML config; its disk and model sections apply (default: built-in "
-                        "defaults plus KVSTORE_<SECTION>__<FIELD> environment overrides)")
+                        help="the daemon's YAML config; its disk and model sections apply (default: $KVSTORE_CONFIG, else built-in "
+                        "defaults; KVSTORE_* environment overrides apply)")
     parser.add_argument("--salvage", action="store_true",
                         help="copy the blocks that still verify into the fresh environment (default: start empty)")
     parser.set_defaults(func=_run)

@@ -95,7 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--config", default=None, metavar="PATH",
                         help="YAML config; the model, host, disk, daemon, metrics and logging sections apply "
-                        "(default: built-in defaults, plus KVSTORE_<SECTION>__<FIELD> environment overrides)")
+                        "(default: $KVSTORE_CONFIG, else built-in defaults; KVSTORE_* environment overrides apply)")
     parser.add_argument("--socket", default=None, metavar="PATH",
                         help="Unix socket path, overriding daemon.socket_path (at most 107 bytes)")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="N",

@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and print its statistics.",
     )
     parser.add_argument("--config", default=None, metavar="PATH",
-                        help="config whose daemon.socket_path (and token) to use (default: built-in defaults)")
+                        help="config whose daemon.socket_path (and token) to use (default: $KVSTORE_CONFIG, else built-in defaults)")
     parser.add_argument("--socket", default=None, metavar="PATH", help="daemon socket path (overrides --config)")
     parser.add_argument("--json", action="store_true", help="print the raw statistics as JSON")
     parser.add_argument("--wait", type=float, default=0.0, metavar="S",

@@ -1,4 +1,13 @@
-"""Load the config from YAML plus ``KVSTORE_<SECTION>__<FIELD>`` environment overrides.
+"""Load the config from YAML plus ``KVSTORE_*`` environment overrides.
+
+``KVSTORE_<SECTION>__<FIELD>`` sets a field of a section, ``KVSTORE_<FIELD>`` a
+top-level field (``KVSTORE_CONNECTOR=sidecar``, ``KVSTORE_TIERS=host,lmdb``: a
+list field takes a comma list) and ``KVSTORE_CONFIG`` names the config file when
+the caller gives none. An unknown field of a known section is an error (the
+variable is plainly meant for kvstore, so it is a typo); any other unknown
+``KVSTORE_*`` variable is logged as a warning naming the closest field, since it
+may belong to another tool (``KVSTORE_TEST_*`` belong to the test suite and are
+left alone).
 
 Every failure becomes one :class:`ConfigError` listing *all* problems, each
 naming the file (or environment variable), the field path, what was given and
@@ -8,6 +17,7 @@ what is allowed; never a raw traceback.
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +31,11 @@ from kvstore.errors import KVStoreError
 
 ENV_PREFIX = "KVSTORE_"
 _ENV_SEP = "__"
+CONFIG_PATH_VAR = "KVSTORE_CONFIG"
+"""Names the config file when the caller passes no path."""
+_NOT_CONFIG_PREFIXES = (CONFIG_PATH_VAR, "KVSTORE_TEST_")
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(KVStoreError):
@@ -34,22 +49,43 @@ class ConfigError(KVStoreError):
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[tuple[str, ...], tuple[str, Any]]:
-    """Field path -> (variable name, parsed value) for every ``KVSTORE_A__B`` variable.
+    """Field path -> (variable name, parsed value) for every ``KVSTORE_*`` config variable.
 
     Values are parsed as YAML scalars, so ``true``, ``12`` and ``null`` get
-    their types; ``4GiB`` stays a string for the size parser.
+    their types; ``4GiB`` stays a string for the size parser. A string given
+    for a top-level list field is a comma list. A variable without ``__`` that
+    names no top-level field is skipped with a logged warning.
     """
     out: dict[tuple[str, ...], tuple[str, Any]] = {}
+    top_level = KVStoreConfig.model_fields
     for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or _ENV_SEP not in name:
+        if not name.startswith(ENV_PREFIX) or name.startswith(_NOT_CONFIG_PREFIXES):
             continue
         path = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split(_ENV_SEP))
+        if len(path) == 1 and path[0] not in top_level:
+            _warn_unknown(name)
+            continue
         try:
             value = yaml.safe_load(raw) if raw.strip() else raw
         except yaml.YAMLError:
             value = raw
+        if len(path) == 1 and isinstance(value, str) and getattr(top_level[path[0]].annotation, "__origin__", None) is list:
+            value = [item.strip() for item in value.split(",") if item.strip()]
         out[path] = (name, value)
     return out
+
+
+def _warn_unknown(name: str) -> None:
+    fields: list[str] = []
+    for top, field in KVStoreConfig.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            fields += [f"{ENV_PREFIX}{top}{_ENV_SEP}{sub}".upper() for sub in ann.model_fields]
+        else:
+            fields.append(f"{ENV_PREFIX}{top}".upper())
+    hint = difflib.get_close_matches(name, [*fields, CONFIG_PATH_VAR], n=1)
+    log.warning("ignoring environment variable %s: it names no config field%s", name,
+                f"; did you mean {hint[0]}?" if hint else "")
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -142,15 +178,23 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>", environ: Mappi
 
 
 def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None) -> KVStoreConfig:
-    """Read ``path`` (or use all defaults when ``None``), apply env overrides, validate.
+    """Read ``path`` (else ``$KVSTORE_CONFIG``, else use all defaults), apply env overrides, validate.
 
     ``environ`` defaults to ``os.environ``. Raises :class:`ConfigError`.
     """
     env = os.environ if environ is None else environ
+    source_suffix = ""
+    if path is None and env.get(CONFIG_PATH_VAR):
+        path, source_suffix = env[CONFIG_PATH_VAR], f" (from {CONFIG_PATH_VAR})"
     if path is None:
         return parse_config({}, "<defaults>", env)
     p = Path(path)
-    return parse_config(_read_yaml(p), str(p), env)
+    source = f"{p}{source_suffix}"
+    try:
+        data = _read_yaml(p)
+    except ConfigError as exc:
+        raise ConfigError(source, exc.problems) from None
+    return parse_config(data, source, env)
 
 
 def _deep_copy(data: Any) -> Any:
