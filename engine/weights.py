@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from engine.config import CheckpointError, ModelArch
@@ -44,7 +44,8 @@ def init_random(model: LlamaForCausalLM, seed: int, std: float = 0.05) -> None:
 def load_safetensors(model: LlamaForCausalLM, directory: str | Path) -> None:
     """Copy the tensors of every ``*.safetensors`` file in ``directory`` into ``model``.
 
-    Raises :class:`CheckpointError` when no safetensors file exists, when a
+    Raises :class:`CheckpointError` naming the file when no safetensors file
+    exists, when a file is unreadable (truncated, not safetensors), when a
     parameter is missing (a tied ``lm_head`` may be absent), or when a shape
     disagrees with the config.
     """
@@ -56,12 +57,20 @@ def load_safetensors(model: LlamaForCausalLM, directory: str | Path) -> None:
     loaded: set[str] = set()
     with torch.no_grad():
         for file in files:
-            with safe_open(str(file), framework="pt") as f:
+            try:
+                handle = safe_open(str(file), framework="pt")
+            except SafetensorError as exc:
+                # A truncated or foreign file fails here, before any tensor is copied.
+                raise CheckpointError(f"{file}: not a readable safetensors file ({exc})") from exc
+            with handle as f:
                 for name in f.keys():
                     if name not in params:
                         # Rotary caches and tied heads written by some exporters carry no information.
                         continue
-                    tensor = f.get_tensor(name)
+                    try:
+                        tensor = f.get_tensor(name)
+                    except SafetensorError as exc:
+                        raise CheckpointError(f"{file}: tensor {name!r} is unreadable ({exc})") from exc
                     if tuple(tensor.shape) != tuple(params[name].shape):
                         raise CheckpointError(
                             f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, "

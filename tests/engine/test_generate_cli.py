@@ -55,3 +55,16 @@ def test_text_output_labels_each_prompt(capsys: pytest.CaptureFixture[str]) -> N
     expect = LLM(config=EngineConfig(block_size=4)).generate(["hi", "x"], SamplingParams(max_tokens=3, ignore_eos=True))
     assert capsys.readouterr().out == "".join(f"[{i}] {p}\n{o.text.strip()}\n\n"
                                               for i, (p, o) in enumerate(zip(["hi", "x"], expect), start=1))
+
+
+def test_truncated_safetensors_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = build_model(ModelArch.tiny(), torch.float32, "cpu")
+    init_random(model, 1)
+    save_checkpoint(model, tmp_path)
+    weights = tmp_path / "model.safetensors"
+    with weights.open("r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    assert _run(["--model", str(tmp_path), "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {weights}: not a readable safetensors file (")
+    assert err.count("\n") == 1
