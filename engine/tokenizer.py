@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from engine.config import CheckpointError
+
 
 class Tokenizer(Protocol):
     """Text to token ids and back."""
@@ -44,7 +46,10 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A ``tokenizers`` library tokenizer: a ``tokenizer.json`` file, or one built in memory (``backend``)."""
+    """A ``tokenizers`` library tokenizer: a ``tokenizer.json`` file, or one built in memory (``backend``).
+
+    Raises :class:`CheckpointError` naming the file when ``path`` cannot be parsed.
+    """
 
     def __init__(self, path: str | Path | None = None, *, backend: Any = None) -> None:
         if (path is None) == (backend is None):
@@ -52,7 +57,11 @@ class HFTokenizer:
         if backend is None:
             from tokenizers import Tokenizer as _Tokenizer
 
-            backend = _Tokenizer.from_file(str(path))
+            try:
+                backend = _Tokenizer.from_file(str(path))
+            except Exception as exc:
+                # ``tokenizers`` raises a bare Exception for unparsable or unknown-format files.
+                raise CheckpointError(f"{path}: not a valid tokenizer.json ({exc})") from exc
         self._tok = backend
 
     @property

@@ -68,3 +68,15 @@ def test_truncated_safetensors_is_a_one_line_error(tmp_path: Path, capsys: pytes
     err = capsys.readouterr().err
     assert err.startswith(f"error: {weights}: not a readable safetensors file (")
     assert err.count("\n") == 1
+
+
+def test_garbage_tokenizer_json_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = build_model(ModelArch.tiny(), torch.float32, "cpu")
+    init_random(model, 1)
+    save_checkpoint(model, tmp_path)
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("not json {")
+    assert _run(["--model", str(tmp_path), "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tokenizer}: not a valid tokenizer.json (")
+    assert err.count("\n") == 1
