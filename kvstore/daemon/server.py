@@ -37,7 +37,7 @@ from kvstore.daemon.holds import HoldTable
 from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
 from kvstore.daemon.peer import PeerProcess
 from kvstore.daemon.session import Session, SessionContext
-from kvstore.daemon.socketfile import bind_private, clear_stale, default_shm_name
+from kvstore.daemon.socketfile import DaemonStartError, bind_private, clear_stale, default_shm_name
 from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import NotDurable
 from kvstore.ratelog import RateLimitedLog
@@ -114,17 +114,26 @@ class DaemonServer:
         self._servers.append(await bind_private(
             d.socket_path, lambda p: asyncio.start_unix_server(lambda r, w: self._accept(r, w, "unix", ctx), p)
         ))
-        tcp = None
-        if d.tcp_host is not None:
-            srv = await asyncio.start_server(lambda r, w: self._accept(r, w, "tcp", ctx), d.tcp_host, d.tcp_port)
-            self._servers.append(srv)
-            addr = srv.sockets[0].getsockname()
-            tcp = f"{addr[0]}:{addr[1]}"
-        metrics_url = None
-        if cfg.metrics.enabled:
-            self._http = HttpEndpoints(lambda: not self._stopping, self._metrics_text)
-            mhost, mport = await self._http.start(cfg.metrics.host, cfg.metrics.port)
-            metrics_url = f"http://{mhost}:{mport}"
+        try:
+            tcp = None
+            if d.tcp_host is not None:
+                srv = await asyncio.start_server(lambda r, w: self._accept(r, w, "tcp", ctx), d.tcp_host, d.tcp_port)
+                self._servers.append(srv)
+                addr = srv.sockets[0].getsockname()
+                tcp = f"{addr[0]}:{addr[1]}"
+            metrics_url = None
+            if cfg.metrics.enabled:
+                self._http = HttpEndpoints(lambda: not self._stopping, self._metrics_text)
+                try:
+                    mhost, mport = await self._http.start(cfg.metrics.host, cfg.metrics.port)
+                except OSError as exc:
+                    why = os.strerror(exc.errno) if exc.errno else str(exc)
+                    raise DaemonStartError(f"metrics.port {cfg.metrics.port}: cannot listen on "
+                                           f"{cfg.metrics.host}:{cfg.metrics.port} ({why})") from exc
+                metrics_url = f"http://{mhost}:{mport}"
+        except BaseException:
+            await self.stop()  # the socket and segment are ours by now: remove them, do not leave them behind
+            raise
         self._spawn(self._reap_holds())
         self.info = ListenInfo(os.path.abspath(d.socket_path), tcp, metrics_url, shm_name)
         disk = self.backend.disk

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ from daemonlib import (
     REPO, assert_acknowledged_survive, block_for, cleanup, empty_blocks, keys_for, shm_exists, short_tmpdir, signal_name,
     start_daemon, write_config,
 )
+from kvstore.daemon.socketfile import default_shm_name
 from kvstore.errors import TierError
 
 
@@ -121,5 +123,24 @@ def test_socket_path_that_is_a_file_is_not_replaced(bad: str) -> None:
                              capture_output=True, text=True, cwd=REPO, timeout=60)
         assert out.returncode == 1 and "exists and is not a socket" in out.stderr
         assert (root / "d.sock").read_text() == bad
+    finally:
+        cleanup(None, root)
+
+
+def test_metrics_port_in_use_is_a_one_line_error_and_leaves_nothing_behind() -> None:
+    root = short_tmpdir()
+    try:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            config = write_config(root, metrics={"host": "127.0.0.1", "port": port}, logging={"level": "WARNING"})
+            out = subprocess.run([sys.executable, "-m", "kvstore", "serve", "--config", str(config)],
+                                 capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert out.returncode == 1
+        assert out.stderr == (f"error: cannot start the daemon: metrics.port {port}: cannot listen on "
+                              f"127.0.0.1:{port} (Address already in use)\n")
+        assert not (root / "d.sock").exists()
+        assert not shm_exists(default_shm_name(str(root / "d.sock")))
     finally:
         cleanup(None, root)
