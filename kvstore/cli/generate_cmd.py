@@ -7,7 +7,28 @@ import json
 import sys
 
 
+def _undecodable_prompt(prompts: list[str]) -> str | None:
+    """Why one of ``prompts`` is not UTF-8, or None when all are.
+
+    Python decodes argv with ``surrogateescape``: a byte that is not UTF-8
+    becomes a lone surrogate (0xff -> U+DCFF) that no tokenizer can encode.
+    """
+    for i, prompt in enumerate(prompts, start=1):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            char = prompt[exc.start]
+            byte = f"byte 0x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else f"character {char!r}"
+            return (f"prompt {i} is not valid UTF-8 ({byte} at character {exc.start}); "
+                    "pass prompts in UTF-8 (check the terminal's locale)")
+    return None
+
+
 def _generate(args: argparse.Namespace) -> int:
+    bad = _undecodable_prompt(args.prompt)
+    if bad is not None:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
     # The engine (and torch model code) loads only when this command runs.
     from engine import LLM, CheckpointError, EngineConfig, SamplingParams
     from engine.chat_template import ChatTemplateError

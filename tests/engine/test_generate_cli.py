@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,3 +82,13 @@ def test_garbage_tokenizer_json_is_a_one_line_error(tmp_path: Path, capsys: pyte
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tokenizer}: not a valid tokenizer.json (")
     assert err.count("\n") == 1
+
+
+def test_non_utf8_prompt_is_a_one_line_error() -> None:
+    # Through a real argv: only there does Python turn the byte 0xff into the surrogate U+DCFF.
+    out = subprocess.run([sys.executable, "-m", "kvstore", "generate", "--model", "builtin", "ok", b"a\xffb"],
+                         capture_output=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.decode() == ("error: prompt 2 is not valid UTF-8 (byte 0xff at character 1); "
+                                   "pass prompts in UTF-8 (check the terminal's locale)\n")
+    assert out.stdout == b""
