@@ -42,7 +42,7 @@ class DictLease(Lease):
         return len(self._ids) * self._bs
 
     def wait_layer(self, layer: int) -> None:
-        pass
+        pass  # GPU-only store: every leased block is resident before acquire returns
 
     def wait(self) -> None:
         pass
@@ -134,7 +134,7 @@ class DictConnector(KVConnector):
         return len(unheld)
 
     def flush(self) -> None:
-        pass
+        pass  # nothing durable to flush: this store has no lower tier
 
     def stats(self) -> dict[str, Any]:
         return {"cached_blocks": len(self.cached)}

@@ -171,22 +171,25 @@ def raw_tcp(d: Daemon, source: str | None = None) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0) if source else None)
 
 
-def read_reply(s: socket.socket) -> tuple[int, bytes] | None:
-    """``(op, payload)`` of the next frame, or ``None`` if the daemon closed the connection."""
+def recv_exactly(s: socket.socket, n: int) -> bytes | None:
+    """Exactly ``n`` bytes from ``s``, or ``None`` if the peer closed the connection first."""
     buf = b""
-    while len(buf) < HEADER_SIZE:
-        chunk = s.recv(HEADER_SIZE - len(buf))
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
         if not chunk:
             return None
         buf += chunk
-    _, _, op, _, length = HEADER.unpack(buf)
-    body = b""
-    while len(body) < length:
-        chunk = s.recv(length - len(body))
-        if not chunk:
-            return None
-        body += chunk
-    return op, body
+    return buf
+
+
+def read_reply(s: socket.socket) -> tuple[int, bytes] | None:
+    """``(op, payload)`` of the next frame, or ``None`` if the daemon closed the connection."""
+    head = recv_exactly(s, HEADER_SIZE)
+    if head is None:
+        return None
+    _, _, op, _, length = HEADER.unpack(head)
+    body = recv_exactly(s, length)
+    return None if body is None else (op, body)
 
 
 def expect_error(s: socket.socket, code: ErrorCode, closed: bool) -> str:

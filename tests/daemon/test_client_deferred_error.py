@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from daemonlib import LAYOUT, short_tmpdir
+from daemonlib import LAYOUT, recv_exactly, short_tmpdir
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.frames import HEADER_SIZE, REPLY_BIT, ErrorCode, Op, decode_header, encode_frame
@@ -23,13 +23,10 @@ RELEASE_ERRORS = [(int(ErrorCode.NOT_ALLOWED), "no such hold"), (77, "a code thi
 
 
 def _recv(conn: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = conn.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionResetError
-        buf += chunk
-    return buf
+    data = recv_exactly(conn, n)
+    if data is None:
+        raise ConnectionResetError
+    return data
 
 
 def _serve(conn: socket.socket, seen: list[Op]) -> None:
