@@ -17,11 +17,7 @@ import asyncio
 import contextlib
 import os
 import select
-import socket
-import struct
-from typing import Any
 
-_UCRED = struct.Struct("3i")
 POLL_S = 0.1
 """Poll period where no pidfd is available."""
 
@@ -52,15 +48,10 @@ class PeerProcess:
         self._gone_at_open = self._start is None
 
     @classmethod
-    def of_socket(cls, sock: Any) -> PeerProcess | None:
-        """The peer of a connected Unix socket (``None`` for other families or an invisible pid)."""
-        if sock is None or sock.family != socket.AF_UNIX:
-            return None
-        try:
-            pid, _, _ = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-        except OSError:
-            return None
-        return cls(pid) if pid > 0 else None
+    def of_peer(cls, pid: int | None) -> PeerProcess | None:
+        """The process behind a Unix peer's ``SO_PEERCRED`` pid (read once, at accept, by
+        :func:`kvstore.daemon.admission.peer_of`); ``None`` for TCP or a pid not visible here (0)."""
+        return cls(pid) if pid else None
 
     def gone(self) -> bool:
         """Whether the process has exited (it can no longer touch shared memory). Changes nothing."""

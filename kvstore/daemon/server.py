@@ -172,7 +172,7 @@ class DaemonServer:
             writer.close()
             return
         session = Session(next(self._ids), peer, ctx)
-        process = PeerProcess.of_socket(writer.get_extra_info("socket")) if transport == "unix" else None
+        process = PeerProcess.of_peer(peer.pid)
         self._sessions.add(session)
         try:
             await session.serve(reader, writer)

@@ -16,6 +16,7 @@ import pytest
 
 from daemonlib import LAYOUT, REPO, Daemon, block_for, cleanup, keys_for, short_tmpdir, start_daemon, write_config
 from kvstore.daemon import messages as m
+from kvstore.daemon.admission import peer_of
 from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.frames import HEADER_SIZE, Op, encode_frame
 from kvstore.daemon.peer import PeerProcess
@@ -125,14 +126,27 @@ def test_a_live_client_keeps_its_holds_until_it_exits(daemon: Daemon) -> None:
             holder.kill()
 
 
+class _Writer:
+    """What :func:`peer_of` reads of an accepted connection's StreamWriter."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def get_extra_info(self, name: str) -> object:
+        return self.sock if name == "socket" else None
+
+
 def test_peer_process_tells_exited_from_alive() -> None:
     a, b = socket.socketpair(socket.AF_UNIX)
-    me = PeerProcess.of_socket(a)
+    unix = peer_of(_Writer(a), "unix")  # the one SO_PEERCRED read the daemon makes at accept
+    me = PeerProcess.of_peer(unix.pid)
     assert me is not None and me.pid == os.getpid() and not me.gone()
+    assert unix.ident == f"uid:{os.getuid()}"
     me.close()
     a.close()
     b.close()
-    assert PeerProcess.of_socket(socket.socket(socket.AF_INET)) is None  # TCP: no peer process, deadline only
+    assert PeerProcess.of_peer(None) is None  # TCP: no peer process, deadline only
+    assert PeerProcess.of_peer(0) is None  # a pid from another pid namespace
     for use_pidfd in (True, False):
         child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE)
         peer = PeerProcess(child.pid)
