@@ -8,6 +8,7 @@ from typing import Literal, get_args
 import torch
 
 from engine.kernels import BackendName
+from kvstore.layout import auto_dtype
 
 DTypeName = Literal["auto", "float32", "float16", "bfloat16"]
 
@@ -57,5 +58,5 @@ class EngineConfig:
     def kv_dtype_name(self) -> Literal["float32", "float16", "bfloat16"]:
         """The concrete dtype name after resolving ``auto``."""
         if self.dtype == "auto":
-            return "bfloat16" if self.torch_device().type == "cuda" else "float32"
+            return auto_dtype(self.torch_device().type)
         return self.dtype

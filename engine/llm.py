@@ -17,7 +17,7 @@ from engine.gguf_file import GGUFFile
 from engine.gguf_loader import checkpoint_config, is_gguf_path, load_gguf_weights
 from engine.gguf_tokenizer import chat_template_from_gguf, tokenizer_from_gguf
 from engine.kernels import select_backend
-from engine.model_id import checkpoint_identity
+from engine.kv_layout import engine_kv_layout
 from engine.outputs import RequestOutput
 from engine.runner import ModelRunner
 from engine.sampler import Sampler, check_stop
@@ -27,7 +27,6 @@ from engine.sequence import SequenceState
 from engine.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 from engine.weights import build_model, init_random, load_safetensors
 from kvstore.gpu_pool import GPUBlockPool
-from kvstore.layout import KVLayout
 
 Prompt = str | list[int]
 
@@ -63,16 +62,13 @@ class LLM:
                  model_id: str | None = None) -> None:
         self.config = config or EngineConfig()
         device = self.config.torch_device()
-        dtype_name = self.config.kv_dtype_name()
         gguf = GGUFFile(model) if model is not None and is_gguf_path(model) else None
         if model is not None:
             if arch is not None:
                 raise ValueError("pass either a checkpoint or an arch, not both")
             arch = checkpoint_config(model, gguf)
         cfg = arch or ModelArch.tiny()
-        layout = KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.config.block_size, dtype_name,
-                          model_id=model_id or (checkpoint_identity(model) if model is not None
-                                                else f"builtin-random-seed{self.config.seed}"))
+        layout = engine_kv_layout(cfg, self.config, model, model_id)
         self.model = build_model(cfg, layout.torch_dtype, device)
         self.chat_template: ChatTemplate | None = None
         if gguf is not None:

@@ -11,10 +11,14 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from kvstore.config import KVStoreConfig
+
+if TYPE_CHECKING:
+    from engine import EngineConfig
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant for an infrastructure team. Answer briefly and precisely, "
@@ -43,20 +47,26 @@ class TurnReport:
     """``(question, answer)`` per user."""
 
 
+def demo_engine_config(cfg: KVStoreConfig, gpu_blocks: int, users: int) -> EngineConfig:
+    """The engine settings of the demo: ``cfg``'s block size, a GPU pool of ``gpu_blocks``, a batch of ``users``."""
+    from engine import EngineConfig
+
+    return EngineConfig(block_size=cfg.model.block_size, num_gpu_blocks=gpu_blocks, max_num_batched_tokens=256,
+                        max_num_seqs=users)
+
+
 def run_demo(cfg: KVStoreConfig, users: int, turns: int, gpu_blocks: int, max_tokens: int,
              progress: bool = True, model: str | Path | None = None) -> list[TurnReport]:
-    """Run the workload on ``model`` (``LLM``'s argument; ``None`` is the tiny random model) with an embedded
-    connector built from ``cfg``; returns one report per turn. A model with a chat template gets each
+    """Run the workload on ``model`` (``LLM``'s argument; ``None`` is the tiny random model) with the connector
+    ``cfg`` names (its data paths already set, see ``kvstore demo``); returns one report per turn. A model with a chat template gets each
     conversation rendered through it."""
-    from connectors import EmbeddedConnector
-    from engine import LLM, EngineConfig, SamplingParams
+    from connectors import build_connector
+    from engine import LLM, SamplingParams
     from engine.chat_template import Message
     from engine.outputs import RequestOutput
 
-    connector = EmbeddedConnector(cfg)
-    llm = LLM(model, config=EngineConfig(block_size=cfg.model.block_size, num_gpu_blocks=gpu_blocks,
-                                         max_num_batched_tokens=256, max_num_seqs=users),
-              connector=connector)
+    connector = build_connector(cfg)
+    llm = LLM(model, config=demo_engine_config(cfg, gpu_blocks, users), connector=connector)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     histories = [SYSTEM_PROMPT for _ in range(users)]
     chats: list[list[Message]] = [[{"role": "system", "content": SYSTEM_PROMPT}] for _ in range(users)]

@@ -22,6 +22,16 @@ DTypeName = Literal["float16", "bfloat16", "float32"]
 _ITEMSIZES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
+def auto_dtype(device_type: str) -> DTypeName:
+    """The KV dtype ``auto`` stands for on a device of ``device_type``: bfloat16 on CUDA, float32 elsewhere.
+
+    The engine's default (``EngineConfig(dtype="auto")``) and a config's
+    ``model.dtype: auto`` both resolve here, so a daemon and the engines on
+    its machine agree on the layout without either naming a dtype.
+    """
+    return "bfloat16" if device_type == "cuda" else "float32"
+
+
 @dataclass(frozen=True)
 class KVLayout:
     """Layout of a paged KV cache.

@@ -91,9 +91,13 @@ class TieredStore:
 
     @classmethod
     def from_config(cls, cfg: KVStoreConfig, pool: GPUBlockPool | None = None) -> TieredStore:
-        """Build the pool (unless given; a given pool's layout wins over ``cfg.model``) and the configured tiers."""
+        """Build the pool (unless given; a given pool's layout wins over ``cfg.model``) and the configured tiers.
+
+        Unset data paths get the embedded store's defaults (:meth:`KVStoreConfig.for_role`), never a daemon's.
+        """
         from kvstore.tiers.build import build_lower_tiers
 
+        cfg = cfg.for_role("embedded")
         layout = pool.layout if pool is not None else cfg.model.layout()
         if pool is None:
             device = None if cfg.gpu.device == "auto" else cfg.gpu.device

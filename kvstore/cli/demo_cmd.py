@@ -6,30 +6,42 @@ import argparse
 import sys
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from kvstore.config import ConfigError, load_config, parse_config
+from kvstore.errors import KVStoreError
+
+if TYPE_CHECKING:
+    from engine import EngineConfig
 
 
 def _run(args: argparse.Namespace) -> int:
     from engine import CheckpointError
     from engine.default_model import resolve_model
+    from kvstore.demo import demo_engine_config, format_answers, format_reports, run_demo
 
     try:
         model = resolve_model(args.model)
         cfg = load_config(args.config)
         data = cfg.model_dump()
-        data["host"]["capacity"] = args.host_blocks * _block_bytes(model, cfg.model.block_size)
+        block_bytes = _block_bytes(model, demo_engine_config(cfg, args.gpu_blocks, args.users))
+        data["host"]["capacity"] = args.host_blocks * block_bytes
         if args.disk_path:
             data["disk"]["path"] = args.disk_path
-        cfg = parse_config(data, args.config or "<defaults>", environ={})
+        # Unset data paths: the demo's own directories, never a daemon's (``disk.path`` documents them).
+        cfg = parse_config(data, args.config or "<defaults>", environ={}).for_role("demo")
     except (ConfigError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from kvstore.demo import format_answers, format_reports, run_demo
-
+    where = f"daemon at {cfg.daemon.socket_path}" if cfg.connector == "sidecar" else f"disk at {cfg.disk.path}"
     print(f"kvstore demo: {args.users} users x {args.turns} turns, GPU pool {args.gpu_blocks} blocks, "
-          f"host tier {args.host_blocks} blocks, tiers {cfg.tiers}, disk at {cfg.disk.path}")
-    reports = run_demo(cfg, args.users, args.turns, args.gpu_blocks, args.max_tokens, progress=not args.no_progress,
-                       model=model)
+          f"host tier {args.host_blocks} blocks, tiers {cfg.tiers}, {where}")
+    try:
+        reports = run_demo(cfg, args.users, args.turns, args.gpu_blocks, args.max_tokens,
+                           progress=not args.no_progress, model=model)
+    except KVStoreError as exc:  # a data directory in use, a daemon that refuses the layout or is not there
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(format_answers(reports))
     print(format_reports(reports))
     print("Between turns the demo moves idle blocks one tier down (GPU -> host, then host -> disk), so later "
@@ -37,12 +49,14 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _block_bytes(model: str | Path | None, block_size: int) -> int:
+def _block_bytes(model: str | Path | None, config: EngineConfig) -> int:
+    """Bytes of one KV block of ``model`` under ``config`` (the engine's own layout rule)."""
     from engine.config import ModelArch
     from engine.gguf_loader import checkpoint_config
+    from engine.kv_layout import engine_kv_layout
 
-    m = checkpoint_config(model) if model is not None else ModelArch.tiny()
-    return m.num_layers * 2 * block_size * m.num_kv_heads * m.head_dim * 4  # fp32 on the CPU
+    arch = checkpoint_config(model) if model is not None else ModelArch.tiny()
+    return engine_kv_layout(arch, config, model).bytes_per_block
 
 
 def _positive(text: str) -> int:
@@ -65,7 +79,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model) with kvstore as its KV cache, and print the answers and per turn: time to first token and "
         "tokens served from the GPU pool, the host tier and the disk tier, and tokens computed.",
     )
-    p.add_argument("--config", default=None, metavar="PATH", help="YAML config for tiers and policies (default: $KVSTORE_CONFIG, else built-in)")
+    p.add_argument("--config", default=None, metavar="PATH", help="YAML config: tiers, policies and the connector (`connector: sidecar` runs the "
+                   "demo through a running `kvstore serve`) (default: $KVSTORE_CONFIG, else built-in)")
     p.add_argument("--model", default="default", metavar="PATH",
                    help="'default' (SmolLM2-135M-Instruct), a .gguf file, a checkpoint directory, or 'builtin' "
                    "(the tiny random model) (default: default)")
@@ -74,6 +89,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-blocks", type=_positive, default=96, help="GPU pool size in blocks (default 96: small on purpose)")
     p.add_argument("--host-blocks", type=_positive, default=48, help="host tier size in blocks (default 48: small on purpose)")
     p.add_argument("--max-tokens", type=_positive, default=32, help="tokens generated per turn (default 32)")
-    p.add_argument("--disk-path", default=None, help="LMDB directory (default: the config's disk.path)")
+    p.add_argument("--disk-path", default=None,
+                   help="LMDB directory (default: the config's disk.path, else .kvstore-data/demo/lmdb, apart from "
+                   "the daemon's .kvstore-data/lmdb)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=_run)

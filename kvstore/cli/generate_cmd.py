@@ -30,21 +30,30 @@ def _generate(args: argparse.Namespace) -> int:
         print(f"error: {bad}", file=sys.stderr)
         return 2
     # The engine (and torch model code) loads only when this command runs.
+    from connectors import KVConnector, build_connector
     from engine import LLM, CheckpointError, EngineConfig, SamplingParams
     from engine.chat_template import ChatTemplateError
     from engine.default_model import resolve_model
+    from kvstore.config import load_config
+    from kvstore.errors import KVStoreError
 
+    connector: KVConnector | None = None
     try:
         config = EngineConfig(block_size=args.block_size, num_gpu_blocks=args.num_blocks, backend=args.backend,
                               dtype=args.dtype, device=args.device, seed=args.seed)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, seed=args.sampling_seed, stop=tuple(args.stop),
                                 ignore_eos=args.ignore_eos)
-        llm = LLM(resolve_model(args.model), config=config)
+        model = resolve_model(args.model)
+        connector = build_connector(load_config(args.config)) if args.config is not None else None
+        llm = LLM(model, config=config, connector=connector)
         template = None if args.raw else llm.chat_template
         texts = [template.user_prompt(p) for p in args.prompt] if template is not None else list(args.prompt)
         outputs = llm.generate(texts, params)
-    except (CheckpointError, ChatTemplateError, ValueError) as exc:
+        if connector is not None:
+            connector.close()  # flush what this run cached, for the next one
+    except (CheckpointError, ChatTemplateError, ValueError, KVStoreError) as exc:
+        # KVStoreError: a bad config, a daemon that is not there or refuses the layout, a data directory in use
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for i, (prompt, out) in enumerate(zip(args.prompt, outputs), start=1):
@@ -59,7 +68,9 @@ def _generate(args: argparse.Namespace) -> int:
                 "cached_tokens": out.metrics.num_cached_tokens,
             }))
         else:
-            print(f"[{i}] {prompt}\n{out.text.strip()}\n")
+            cached = "" if connector is None else (
+                f"(cached prompt tokens: {out.metrics.cached_tokens_by_tier} of {out.metrics.num_prompt_tokens})\n")
+            print(f"[{i}] {prompt}\n{out.text.strip()}\n{cached}")
     return 0
 
 
@@ -98,6 +109,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
     p.add_argument("--num-blocks", type=int, default=512, help="KV blocks in the GPU block pool (default: 512)")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in model's random weights (default: 0)")
+    p.add_argument("--config", default=None, metavar="PATH",
+                   help="cache the prompts' KV through kvstore as this YAML config says (`connector: embedded`, or "
+                   "`sidecar` to use a running `kvstore serve`) and print the cached prompt tokens per tier "
+                   "(default: no cache); the engine's block size and dtype must match its model section")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object per prompt with text, token ids and metrics")
     p.set_defaults(func=_generate)

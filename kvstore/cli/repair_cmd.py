@@ -13,7 +13,7 @@ def _run(args: argparse.Namespace) -> int:
     from kvstore.tiers.repair import repair_disk
 
     try:
-        cfg = load_config(args.config)
+        cfg = load_config(args.config).for_role("daemon")  # the daemon's environment (``disk.path`` unset: its default)
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

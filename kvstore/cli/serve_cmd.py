@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 
@@ -39,7 +40,7 @@ def _setup_logging(level: str, fmt: str) -> None:
 async def _serve(cfg: KVStoreConfig, config_name: str) -> int:
     from kvstore.daemon.server import DaemonServer
 
-    server = DaemonServer(cfg)
+    server = DaemonServer(cfg, config_source=config_name)
     info = await server.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -75,7 +76,10 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     _setup_logging(args.log_level or cfg.logging.level, cfg.logging.format)
     try:
-        return asyncio.run(_serve(cfg, args.config or "<built-in defaults>"))
+        from kvstore.config.loader import config_file
+
+        source = config_file(args.config)  # named to clients whose layout it refuses, so absolute
+        return asyncio.run(_serve(cfg, os.path.abspath(source) if source else "<built-in defaults>"))
     except (KVStoreError, OSError) as exc:
         print(f"error: cannot start the daemon: {exc}", file=sys.stderr)
         return 1

@@ -177,15 +177,23 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>", environ: Mappi
         raise ConfigError(source, _format_errors(exc, env_names)) from None
 
 
+def config_file(path: str | os.PathLike[str] | None = None,
+                environ: Mapping[str, str] | None = None) -> str | None:
+    """The file :func:`load_config` reads for ``path``: ``path``, else ``$KVSTORE_CONFIG``, else ``None`` (defaults)."""
+    env = os.environ if environ is None else environ
+    if path is None and env.get(CONFIG_PATH_VAR):
+        return env[CONFIG_PATH_VAR]
+    return None if path is None else os.fspath(path)
+
+
 def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None) -> KVStoreConfig:
     """Read ``path`` (else ``$KVSTORE_CONFIG``, else use all defaults), apply env overrides, validate.
 
     ``environ`` defaults to ``os.environ``. Raises :class:`ConfigError`.
     """
     env = os.environ if environ is None else environ
-    source_suffix = ""
-    if path is None and env.get(CONFIG_PATH_VAR):
-        path, source_suffix = env[CONFIG_PATH_VAR], f" (from {CONFIG_PATH_VAR})"
+    source_suffix = f" (from {CONFIG_PATH_VAR})" if path is None and env.get(CONFIG_PATH_VAR) else ""
+    path = config_file(path, env)
     if path is None:
         return parse_config({}, "<defaults>", env)
     p = Path(path)

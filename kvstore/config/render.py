@@ -22,7 +22,7 @@ def _comment(text: str | None, indent: str) -> list[str]:
     if not text:
         return []
     flat = " ".join(text.split())
-    return [f"{indent}# {line}" for line in textwrap.wrap(flat, 96 - len(indent))]
+    return [f"{indent}# {line}" for line in textwrap.wrap(flat, 96 - len(indent), break_on_hyphens=False)]  # paths stay whole
 
 
 def _exact_size(n: int) -> str:

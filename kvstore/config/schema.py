@@ -13,7 +13,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from kvstore.config.units import PositiveSize, Size
 from kvstore.daemon.frames import KEY_BYTES, PRELOGIN_FRAME_BYTES
-from kvstore.layout import KVLayout
+from kvstore.config.datadirs import DataRole, default_data_dir
+from kvstore.layout import DTypeName, KVLayout, auto_dtype
 
 
 TierName = Literal["host", "lmdb", "file"]
@@ -22,6 +23,13 @@ TierName = Literal["host", "lmdb", "file"]
 
 def _default_tiers() -> list[TierName]:
     return ["host", "lmdb"]
+
+
+def _set_path(path: str | None, field: str) -> str:
+    if path is None:
+        raise ValueError(f"{field} is unset: KVStoreConfig.for_role(role) gives each kind of process its default "
+                         "directory; set it before opening the tier")
+    return path
 
 
 class Section(BaseModel):
@@ -33,31 +41,52 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    """The model whose KV cache is stored: its layout and identity."""
+    """The model whose KV cache is stored: its layout and identity.
 
-    model_id: str = "kvstore-tiny"
-    """Name of the weights; part of every block key, so models never share blocks."""
-    num_layers: int = Field(4, gt=0, le=1024)
+    The defaults describe the engine's default model, SmolLM2-135M-Instruct
+    (Q4_1 GGUF), with the engine's default block size and dtype, so a daemon on
+    the default config serves an engine on the default model as it is. An
+    engine refused at login (another model) is told which fields differ.
+    """
+
+    model_id: str = "SmolLM2-135M-Instruct.Q4_1.gguf@a6e5483379026e79"
+    """Name of the weights; part of every block key, so models never share blocks. The engine derives it from
+    the checkpoint's files (``engine/model_id.py``; ``<file or directory name>@<digest>``) unless given one; the
+    default is that of SmolLM2-135M-Instruct (Q4_1), the engine's default model."""
+    num_layers: int = Field(30, gt=0, le=1024)
     """Transformer layers."""
-    num_kv_heads: int = Field(4, gt=0, le=1024)
+    num_kv_heads: int = Field(3, gt=0, le=1024)
     """Key/value heads per layer (fewer than query heads under GQA)."""
     head_dim: int = Field(64, gt=0, le=4096)
     """Dimension of one head."""
     block_size: int = Field(16, gt=0, le=4096)
-    """Tokens per KV block (the unit of paging, hashing and transfer)."""
-    dtype: Literal["float16", "bfloat16", "float32"] = "float16"
-    """Element type of the KV cache."""
+    """Tokens per KV block (the unit of paging, hashing and transfer); the engine's default is 16."""
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
+    """Element type of the KV cache. ``auto`` is what the engine uses by default: bfloat16 where CUDA is available,
+    float32 elsewhere."""
 
-    def layout(self) -> KVLayout:
-        """The :class:`KVLayout` this section describes."""
+    def kv_dtype(self) -> DTypeName:
+        """:attr:`dtype` with ``auto`` resolved on this machine (imports torch to ask whether CUDA is available)."""
+        if self.dtype != "auto":
+            return self.dtype
+        import torch
+
+        return auto_dtype("cuda" if torch.cuda.is_available() else "cpu")
+
+    def layout(self, dtype: DTypeName | None = None) -> KVLayout:
+        """The :class:`KVLayout` this section describes; ``dtype`` replaces :meth:`kv_dtype` when given."""
         return KVLayout(
             num_layers=self.num_layers,
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             block_size=self.block_size,
-            dtype=self.dtype,
+            dtype=dtype or self.kv_dtype(),
             model_id=self.model_id,
         )
+
+    def widest_layout(self) -> KVLayout:
+        """The layout with the largest block :attr:`dtype` can stand for (float32 for ``auto``), without torch."""
+        return self.layout("float32" if self.dtype == "auto" else self.dtype)
 
 
 class GPUConfig(Section):
@@ -85,8 +114,11 @@ class HostConfig(Section):
 class DiskConfig(Section):
     """The NVMe tier (L3) in an LMDB environment."""
 
-    path: str = ".kvstore-data/lmdb"
-    """Directory of the LMDB environment (relative paths are relative to the working directory)."""
+    path: str | None = None
+    """Directory of the LMDB environment (relative paths are relative to the working directory). Unset (``null``):
+    each kind of process has its own, so they never share one by accident: ``.kvstore-data/lmdb`` for ``kvstore
+    serve``, ``.kvstore-data/embedded/lmdb`` for a store in an engine's process (``connector: embedded``),
+    ``.kvstore-data/demo/lmdb`` for ``kvstore demo``. One directory admits one process at a time."""
     max_size: PositiveSize = "8GiB"  # type: ignore[assignment]
     """Hard cap on the LMDB file; blocks are evicted to stay under it. 1/16 of it is kept as headroom for
     LMDB's own pages, so blocks use at most 15/16 (the capacity ``kvstore stats`` shows)."""
@@ -113,12 +145,17 @@ class DiskConfig(Section):
     and ghost FIFO queues; keeps blocks that are reused over distances longer than the tier, which LRU
     loses). On reopen the order is rebuilt from recorded access times (under ``s3fifo``: all in main)."""
 
+    def directory(self) -> str:
+        """:attr:`path`; ``ValueError`` when unset (:meth:`KVStoreConfig.for_role` sets each process's default)."""
+        return _set_path(self.path, "disk.path")
+
 
 class FileConfig(Section):
     """The file-per-block tier (the baseline LMCache and SGLang use); used when ``tiers`` names ``file``."""
 
-    path: str = ".kvstore-data/files"
-    """Directory holding one file per block."""
+    path: str | None = None
+    """Directory holding one file per block. Unset (``null``): as for ``disk.path``, one per kind of process,
+    ``.kvstore-data/files``, ``.kvstore-data/embedded/files`` or ``.kvstore-data/demo/files``."""
     max_size: PositiveSize = "8GiB"  # type: ignore[assignment]
     """Hard cap on stored bytes."""
     codec: Literal["none", "zstd", "shuffle_zstd"] = "none"
@@ -127,6 +164,10 @@ class FileConfig(Section):
     """zstd compression level."""
     eviction: Literal["lru", "s3fifo"] = "lru"
     """Which files go when the cap is reached, as for the disk tier (the order is rebuilt from file times)."""
+
+    def directory(self) -> str:
+        """:attr:`path`; ``ValueError`` when unset (:meth:`KVStoreConfig.for_role` sets each process's default)."""
+        return _set_path(self.path, "file.path")
 
 
 class PolicyConfig(Section):
@@ -270,11 +311,25 @@ class KVStoreConfig(Section):
     def _frame_fits_a_block(self) -> "KVStoreConfig":
         # A frame bound below one block plus headers passes field validation but makes every
         # request fail, so it is checked here, where the model layout is known.
-        least = self.daemon.min_frame_bytes(self.model.layout())
+        layout = self.model.widest_layout()  # no torch here: ``config check`` stays light
+        least = self.daemon.min_frame_bytes(layout)
         if int(self.daemon.max_frame_bytes) < least:
             raise ValueError(
                 f"daemon.max_frame_bytes is {int(self.daemon.max_frame_bytes)} bytes; the minimum for this model "
-                f"({self.model.layout().bytes_per_block} bytes per block) is {least}: one block, its key and the "
+                f"({layout.bytes_per_block} bytes per block) is {least}: one block, its key and the "
                 "frame overhead, and at least a login frame"
             )
         return self
+
+    def for_role(self, role: DataRole) -> "KVStoreConfig":
+        """A copy with unset ``disk.path`` / ``file.path`` set to ``role``'s default directories (others as given).
+
+        ``kvstore serve`` opens its tiers as ``daemon``, an embedded store as
+        ``embedded``, ``kvstore demo`` as ``demo`` (see :mod:`kvstore.config.datadirs`).
+        """
+        out = self.model_copy(deep=True)
+        if out.disk.path is None:
+            out.disk.path = default_data_dir(role, "lmdb")
+        if out.file.path is None:
+            out.file.path = default_data_dir(role, "files")
+        return out

@@ -26,6 +26,7 @@ from kvstore.daemon.frames import (
     HEADER_SIZE, MAX_KEYS, MAX_NAME_BYTES, MAX_REPLY_BYTES, OBSERVER_FINGERPRINT, REPLY_BIT, DaemonError, ErrorCode, Op, ProtocolError, decode_header,
     encode_frame,
 )
+from kvstore.daemon.layout_check import LayoutMismatch, decode_bad_layout
 from kvstore.errors import KVStoreError, NotDurable
 from kvstore.layout import KVLayout
 
@@ -146,7 +147,7 @@ class DaemonClient:
         except (OSError, ProtocolError, DaemonError) as exc:
             self._drop()
             if isinstance(exc, DaemonError) and exc.code != ErrorCode.UNAVAILABLE:
-                raise  # a refused login: retrying cannot help
+                raise self._refusal(exc) from None  # a refused login: retrying cannot help
             self._next_attempt = time.monotonic() + self._backoff  # unreachable, or refused for now (a cap)
             self._backoff = min(self._backoff * 2, self.backoff_max_s)
             raise DaemonUnavailable(f"cannot reach the daemon at {self.address}: {exc}") from None
@@ -162,6 +163,14 @@ class DaemonClient:
         self._backoff = self.backoff_initial_s
         log.info("connected to the daemon at %s (generation %d, shm %s)", self.address, self.generation, hello.shm_name)
         return hello
+
+    def _refusal(self, exc: DaemonError) -> DaemonError:
+        """What a refused login raises: a refused layout becomes a :class:`LayoutMismatch` naming each field."""
+        if exc.code == ErrorCode.BAD_LAYOUT and self.layout is not None:
+            decoded = decode_bad_layout(exc.message)
+            if decoded is not None:
+                return LayoutMismatch(self.layout, decoded[0], decoded[1], self.address)
+        return exc
 
     def _closed_by_daemon(self) -> bool:
         """Whether the daemon closed the socket (readable with nothing to read). Changes nothing."""

@@ -65,9 +65,11 @@ class ListenInfo:
 class DaemonServer:
     """The sidecar daemon for one config. :meth:`start`, then :meth:`wait_stopped` or :meth:`stop`."""
 
-    def __init__(self, cfg: KVStoreConfig, executor_threads: int = 16) -> None:
-        self.cfg = cfg
-        self.layout = cfg.model.layout()
+    def __init__(self, cfg: KVStoreConfig, executor_threads: int = 16, config_source: str = "<unknown>") -> None:
+        """``config_source`` names the config file in errors sent to clients (a refused layout says where to fix it)."""
+        self.cfg = cfg.for_role("daemon")  # unset data paths: the daemon's own defaults
+        self.layout = self.cfg.model.layout()
+        self.config_source = config_source
         self.metrics = DaemonMetrics()
         self.started_at = time.time()
         self._executor = ThreadPoolExecutor(executor_threads, thread_name_prefix="kvstore-daemon")
@@ -109,7 +111,7 @@ class DaemonServer:
         tenants = {token: Tenant.from_salt(salt) for token, salt in d.tenant_salts.items()}
         counters = {t.label: TenantCounters() for t in tenants.values()}
         ctx = SessionContext(d, self.layout, self.backend, self.metrics, self._executor, shm_name, self.stats,
-                             self._throttle, self._events, tenants, counters)
+                             self._throttle, self._events, tenants, counters, config_source=self.config_source)
         self._tenant_counters = counters
         self._servers.append(await bind_private(
             d.socket_path, lambda p: asyncio.start_unix_server(lambda r, w: self._accept(r, w, "unix", ctx), p)

@@ -36,6 +36,7 @@ from kvstore.daemon.frames import (
     HEADER_SIZE, OBSERVER_FINGERPRINT, PRELOGIN_FRAME_BYTES, REPLY_BIT, ErrorCode, Op, ProtocolError, decode_header,
     encode_frame,
 )
+from kvstore.daemon.layout_check import bad_layout_message
 from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import KVStoreError, NotDurable
@@ -70,6 +71,8 @@ class SessionContext:
     """Token -> tenant, from ``daemon.tenant_salts``."""
     tenant_counters: dict[str, TenantCounters]
     """Tenant label -> its counters."""
+    config_source: str = "<unknown>"
+    """The config file the daemon runs on, named when it refuses a client's layout."""
 
 
 class Session:
@@ -217,12 +220,8 @@ class Session:
             raise self._login_failed("TCP clients must log in with a token (CHALLENGE, then a proof)")
         self.observer = hello.fingerprint == OBSERVER_FINGERPRINT
         if hello.fingerprint != layout.fingerprint and not self.observer:
-            raise ProtocolError(
-                ErrorCode.BAD_LAYOUT,
-                f"HELLO: layout fingerprint {hello.fingerprint.hex()} differs from the daemon's "
-                f"{layout.fingerprint.hex()} (model {layout.model_id!r})",
-                fatal=True,
-            )
+            raise ProtocolError(ErrorCode.BAD_LAYOUT,
+                                bad_layout_message(hello.fingerprint, layout, self.ctx.config_source), fatal=True)
         self.hello = hello
         self.tenant = self.ctx.tenants.get(token) if token else None
         # A tenant never maps the shared arena: it holds every namespace's blocks.

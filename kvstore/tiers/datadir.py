@@ -115,8 +115,10 @@ class DirLock:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise TierError(f"cannot lock {self.path}: {exc.strerror or exc}") from None
             raise TierError(
-                f"{setting} {directory} is in use by another kvstore process, {describe_process(holder)}; "
-                f"two processes must not share one data directory: stop that one, or give this one another {setting}"
+                f"{setting} {os.path.abspath(directory)} is in use by another kvstore process, "
+                f"{describe_process(holder)}; two processes must not share one data directory: stop that one, "
+                f"or give this one another {setting} (to use a running daemon's cache instead, connect to it with "
+                "`connector: sidecar`)"
             ) from None
         narrow(self.path, FILE_MODE)
         os.ftruncate(fd, 0)

@@ -164,7 +164,7 @@ class DiskTier(Tier):
     def from_config(cls, section: DiskConfig, layout: KVLayout) -> DiskTier:
         """Build from the ``disk`` section of the config."""
         return cls(
-            layout, section.path, int(section.max_size), codec=section.codec, codec_level=section.codec_level,
+            layout, section.directory(), int(section.max_size), codec=section.codec, codec_level=section.codec_level,
             sync=section.sync, sync_interval_ms=section.sync_interval_ms, sync_bytes=int(section.sync_bytes),
             io_threads=section.io_threads, eviction=section.eviction,
         )

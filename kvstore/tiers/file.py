@@ -107,7 +107,7 @@ class FileTier(Tier):
     def from_config(cls, section: FileConfig, layout: KVLayout) -> FileTier:
         """Build from the ``file`` section of the config."""
         return cls(
-            layout, section.path, int(section.max_size), codec=section.codec, codec_level=section.codec_level,
+            layout, section.directory(), int(section.max_size), codec=section.codec, codec_level=section.codec_level,
             eviction=section.eviction,
         )
 

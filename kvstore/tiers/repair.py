@@ -67,7 +67,7 @@ def repair_disk(section: DiskConfig, layout: KVLayout, *, salvage: bool) -> Repa
 
     Raises :class:`TierError` if a process holds the directory, or the move fails.
     """
-    path = os.path.abspath(section.path)
+    path = os.path.abspath(section.directory())
     if not os.path.lexists(path):
         return RepairReport(moved_to=None)
     if not os.path.isdir(path):
