@@ -80,10 +80,12 @@ class Daemon:
         return DaemonTier(LAYOUT, c)
 
 
-def start_daemon(config: Path, timeout: float = 30.0, before: str | None = None) -> Daemon:
+def start_daemon(config: Path, timeout: float = 30.0, before: str | None = None, cwd: Path = REPO,
+                 env: dict[str, str] | None = None) -> Daemon:
     """Start ``kvstore serve --config`` and wait for its "listening" line; raises with the log if it fails.
 
     ``before``: Python code the daemon process runs first (to inject a fault into a real daemon).
+    ``cwd``: its working directory (relative paths in the config are relative to it); ``env``: added variables.
     """
     log = config.parent / f"daemon-{len(list(config.parent.glob('daemon-*.log')))}.log"
     err = open(log, "w")
@@ -91,7 +93,7 @@ def start_daemon(config: Path, timeout: float = 30.0, before: str | None = None)
         "-c", f"{before}\nimport sys\nfrom kvstore.cli.main import main\nsys.exit(main(['serve', '--config', {str(config)!r}]))"]
     proc = subprocess.Popen(
         [sys.executable, *argv],
-        stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO,
+        stdout=subprocess.PIPE, stderr=err, text=True, cwd=cwd, env={**os.environ, **(env or {})},
     )
     err.close()
     line: list[str] = []
