@@ -93,3 +93,13 @@ def test_generate_answers_with_no_flags(tmp_path: Path) -> None:
     label, answer = res.stdout.splitlines()[:2]
     assert label == "[1] What is the capital of France?"
     assert "Paris" in answer
+
+
+def test_engine_layout_is_the_default_configs(smollm2: LLM, repo: Path) -> None:
+    """The loaded engine's pool has the layout ``configs/default.yaml`` describes (its dtype resolved for the
+    device the fixture runs on)."""
+    from kvstore.config import load_config
+
+    model = load_config(repo / "configs" / "default.yaml", environ={}).model
+    assert smollm2.pool.layout == model.layout(dtype=smollm2.pool.layout.dtype)
+    assert smollm2.pool.layout.dtype == smollm2.config.kv_dtype_name()
