@@ -168,7 +168,7 @@ def test_frame_bound_too_small_for_one_block_is_refused(tmp_path: Path) -> None:
     p.write_text("daemon:\n  max_frame_bytes: 16\n")
     with pytest.raises(ConfigError) as info:
         load_config(p, environ={})
-    least = KVStoreConfig().daemon.min_frame_bytes(KVStoreConfig().model.layout())
+    least = KVStoreConfig().daemon.min_frame_bytes(KVStoreConfig().model.widest_layout())  # `auto`: float32 at most
     text = str(info.value)
     assert "tiny-frames.yaml" in text and "daemon.max_frame_bytes is 16 bytes" in text and f"is {least}" in text
     ok = tmp_path / "just-enough.yaml"
