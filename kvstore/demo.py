@@ -58,8 +58,8 @@ def demo_engine_config(cfg: KVStoreConfig, gpu_blocks: int, users: int) -> Engin
 def run_demo(cfg: KVStoreConfig, users: int, turns: int, gpu_blocks: int, max_tokens: int,
              progress: bool = True, model: str | Path | None = None) -> list[TurnReport]:
     """Run the workload on ``model`` (``LLM``'s argument; ``None`` is the tiny random model) with the connector
-    ``cfg`` names (its data paths already set, see ``kvstore demo``); returns one report per turn. A model with a chat template gets each
-    conversation rendered through it."""
+    ``cfg`` names (its data paths already set, see ``kvstore demo``); returns one report per turn. A model with
+    a chat template gets each conversation rendered through it."""
     from connectors import build_connector
     from engine import LLM, SamplingParams
     from engine.chat_template import Message

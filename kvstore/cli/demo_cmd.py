@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from kvstore.config import ConfigError, load_config, parse_config
@@ -79,8 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model) with kvstore as its KV cache, and print the answers and per turn: time to first token and "
         "tokens served from the GPU pool, the host tier and the disk tier, and tokens computed.",
     )
-    p.add_argument("--config", default=None, metavar="PATH", help="YAML config: tiers, policies and the connector (`connector: sidecar` runs the "
-                   "demo through a running `kvstore serve`) (default: $KVSTORE_CONFIG, else built-in)")
+    p.add_argument("--config", default=None, metavar="PATH",
+                   help="YAML config: tiers, policies and the connector (`connector: sidecar` runs the demo through "
+                   "a running `kvstore serve`) (default: $KVSTORE_CONFIG, else built-in)")
     p.add_argument("--model", default="default", metavar="PATH",
                    help="'default' (SmolLM2-135M-Instruct), a .gguf file, a checkpoint directory, or 'builtin' "
                    "(the tiny random model) (default: default)")

@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
+from kvstore.config.datadirs import DataRole, default_data_dir
 from kvstore.config.units import PositiveSize, Size
 from kvstore.daemon.frames import KEY_BYTES, PRELOGIN_FRAME_BYTES
-from kvstore.config.datadirs import DataRole, default_data_dir
 from kvstore.layout import DTypeName, KVLayout, auto_dtype
 
 
