@@ -42,6 +42,7 @@ from kvstore.bench.soak_procs import RssSample, SoakProcs, read_rss, wait_until
 from kvstore.bench.soak_report import HoldCheck, Marker, SoakRecord, SoakResults, plot, report
 from kvstore.daemon.client import DaemonClient
 from kvstore.errors import KVStoreError
+from kvstore.interrupts import sigterm_raises
 
 __all__ = ["SoakPlan", "plot", "run"]
 
@@ -129,7 +130,7 @@ def run(options: SuiteOptions, progress: Progress) -> SoakResults:
     config = root / "daemon.yaml"
     config.write_text(yaml.safe_dump(plan.config(root, data)))
     procs = SoakProcs(config, root, options.seed)
-    with _sigterm_interrupts():
+    with sigterm_raises():  # also set by the CLI; here for callers of run() outside it
         try:
             _Driver(plan, procs, record, progress, results).run()
         finally:
@@ -139,23 +140,6 @@ def run(options: SuiteOptions, progress: Progress) -> SoakResults:
                 shutil.rmtree(data, ignore_errors=True)
     report(results, record)
     return results
-
-
-@contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Turn SIGTERM into ``KeyboardInterrupt`` while the run lasts, so cleanup runs as for Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager

@@ -15,6 +15,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from kvstore.interrupts import Terminated, exit_status, sigterm_raises
+
 COMMAND_MODULES: tuple[str, ...] = (
     "kvstore.cli.config_cmd",
     "kvstore.cli.generate_cmd",
@@ -57,12 +59,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        code = int(args.func(args) or 0)
+        # SIGTERM unwinds like Ctrl-C, so temporary directories and child processes are cleaned up
+        # (``kvstore serve`` installs its own handlers: there SIGTERM means flush and stop).
+        with sigterm_raises():
+            code = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader that went away shows up here, not in the interpreter's exit-time flush
         return code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print("terminated" if isinstance(exc, Terminated) else "interrupted", file=sys.stderr)
+        return exit_status(exc)
     except BrokenPipeError:
         # The reader closed the pipe (`kvstore ... | head -1`): stop quietly. Python's documented recipe:
         # point stdout at devnull so the exit-time flush cannot raise again.

@@ -89,7 +89,7 @@ def test_sigterm_stops_the_soak_and_removes_its_children_and_files(tmp_path: Pat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert rc == 130, proc.stderr.read().decode()[-2000:] if proc.stderr else rc
+    assert rc == 143, proc.stderr.read().decode()[-2000:] if proc.stderr else rc
     assert not Path(run_dir).exists() and list(data.iterdir()) == []
     assert not [pid for pid in children if Path(f"/proc/{pid}").exists() and _state(pid) != "Z"]
 
