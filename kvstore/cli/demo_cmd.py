@@ -6,10 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvstore.config import ConfigError, load_config, parse_config
-
 
 def _run(args: argparse.Namespace) -> int:
+    from kvstore.config import ConfigError, load_config, parse_config  # here, not at the top: pydantic costs `kvstore --help` ~0.3 s
     from engine import CheckpointError
     from engine.default_model import resolve_model
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -31,6 +30,8 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 def installed_version() -> str:
     """The version of the installed ``kvstore`` distribution (``kvstore.__version__`` when run uninstalled)."""
+    import importlib.metadata  # only when asked: importing it costs every other command ~0.1 s
+
     try:
         return importlib.metadata.version("kvstore")
     except importlib.metadata.PackageNotFoundError:
@@ -39,14 +40,25 @@ def installed_version() -> str:
         return __version__
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: like argparse's ``version`` action, but looks the version up only when the flag is given."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        sys.stdout.write(f"{parser.prog} {installed_version()}\n")  # on stdout, as argparse's own version action
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every sub-command registered."""
     parser = argparse.ArgumentParser(
         prog="kvstore",
         description="Tiered KV-cache offload service for LLM inference (GPU pool, host RAM, LMDB on NVMe).",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}",
-                        help="print the installed version and exit")
+    parser.add_argument("--version", action=_VersionAction, help="print the installed version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMAND_MODULES:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-from kvstore.config import ConfigError, load_config
-from kvstore.config.schema import KVStoreConfig
 from kvstore.errors import KVStoreError
+
+if TYPE_CHECKING:
+    from kvstore.config.schema import KVStoreConfig
 
 log = logging.getLogger("kvstore.serve")
 EXIT_NOT_DURABLE = 3
@@ -37,6 +38,8 @@ def _setup_logging(level: str, fmt: str) -> None:
 
 
 async def _serve(cfg: KVStoreConfig, config_name: str) -> int:
+    import asyncio
+
     from kvstore.daemon.server import DaemonServer
 
     server = DaemonServer(cfg)
@@ -60,6 +63,8 @@ async def _serve(cfg: KVStoreConfig, config_name: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from kvstore.config import ConfigError, load_config  # here, not at the top: pydantic costs `kvstore --help` ~0.3 s
+
     try:
         cfg = load_config(args.config)
         if args.socket is not None:
@@ -74,6 +79,8 @@ def _run(args: argparse.Namespace) -> int:
               "kvstore serve needs it (its shared-memory arena is how engines exchange blocks)", file=sys.stderr)
         return 2
     _setup_logging(args.log_level or cfg.logging.level, cfg.logging.format)
+    import asyncio  # here, not at the top, like the config: `kvstore --help` must not pay for it
+
     try:
         return asyncio.run(_serve(cfg, args.config or "<built-in defaults>"))
     except (KVStoreError, OSError) as exc:

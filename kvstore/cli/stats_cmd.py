@@ -7,8 +7,6 @@ import json
 import sys
 from typing import Any
 
-from kvstore.config import ConfigError, load_config
-
 
 def _gib(n: int) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -43,6 +41,7 @@ def format_stats(s: dict[str, Any]) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from kvstore.config import ConfigError, load_config  # here, not at the top: pydantic costs `kvstore --help` ~0.3 s
     from kvstore.daemon.client import DaemonClient, DaemonUnavailable
     from kvstore.daemon.frames import DaemonError
 
