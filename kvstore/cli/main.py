@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from kvstore.build_info import installed_version
 from kvstore.interrupts import Terminated, exit_status, sigterm_raises
 
 COMMAND_MODULES: tuple[str, ...] = (
@@ -26,18 +27,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kvstore.cli.stats_cmd",
     "kvstore.cli.repair_cmd",
 )
-
-
-def installed_version() -> str:
-    """The version of the installed ``kvstore`` distribution (``kvstore.__version__`` when run uninstalled)."""
-    import importlib.metadata  # only when asked: importing it costs every other command ~0.1 s
-
-    try:
-        return importlib.metadata.version("kvstore")
-    except importlib.metadata.PackageNotFoundError:
-        from kvstore import __version__
-
-        return __version__
 
 
 class _VersionAction(argparse.Action):

@@ -30,6 +30,9 @@ def format_stats(s: dict[str, Any]) -> str:
             f"{tier:<6}{t['num_blocks']:>10}{format_size(t['used_bytes']):>12}{format_size(t['capacity_bytes']):>12}{occ:>11}"
             f"{hits:>10}{misses:>10}{rate:>10}{t['evictions']:>9}{t['corrupt_dropped']:>9}"
         )
+    queried, hit = c["prefix_query_tokens"], c["prefix_hit_tokens"]
+    lines.append(f"prefix cache: {hit} of {queried} tokens looked up were cached"
+                 + (f" ({hit / queried:.1%})" if queried else "") + " (blocks x block size; as vLLM counts)")
     lines.append(f"host slot holds {s['holds']} (expired {s['holds_expired']}), pending disk writes {s['pending_writes']}")
     return "\n".join(lines)
 
