@@ -114,6 +114,10 @@ class SoakPlan:
         return ModelConfig(**MODEL).layout().bytes_per_block
 
 
+MAX_TMP_PATH = 48
+"""Longest temporary-directory path the run directory goes under (room for ``/kvsoakXXXXXXXX/d.sock``)."""
+
+
 def run(options: SuiteOptions, progress: Progress) -> SoakResults:
     """Run the soak (``options.minutes``, ``options.clients``; ``quick``: 0.1 min, 2 clients) and report it."""
     plan = SoakPlan(minutes=options.minutes or (0.1 if options.quick else 2.0),
@@ -122,7 +126,7 @@ def run(options: SuiteOptions, progress: Progress) -> SoakResults:
     record = SoakRecord()
     results = SoakResults(options, {**asdict(plan), "model": MODEL, "bytes_per_block": SoakPlan.bytes_per_block(),
                                     "puts_stop_fill": PUTS_STOP_FILL}, record)
-    root = Path(tempfile.mkdtemp(prefix="kvsoak", dir="/tmp"))  # short: AF_UNIX paths are limited to ~107 bytes
+    root = _run_root()
     data = root
     if options.data_dir is not None:
         options.data_dir.mkdir(parents=True, exist_ok=True)
@@ -140,6 +144,14 @@ def run(options: SuiteOptions, progress: Progress) -> SoakResults:
                 shutil.rmtree(data, ignore_errors=True)
     report(results, record)
     return results
+
+
+def _run_root() -> Path:
+    """A fresh directory for the run's config, socket and journals: under the temporary directory
+    (``$TMPDIR``) when its path is short, else under ``/tmp``: the daemon's socket lives here, and
+    AF_UNIX socket paths are limited to ~107 bytes."""
+    parent = tempfile.gettempdir()
+    return Path(tempfile.mkdtemp(prefix="kvsoak", dir=parent if len(parent) <= MAX_TMP_PATH else "/tmp"))
 
 
 @contextmanager
