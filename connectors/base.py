@@ -30,10 +30,15 @@ from kvstore.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt
 from kvstore.layout import KVLayout
 
-__all__ = ["TIER_NAMES", "KVConnector", "Lease", "PrefixMatch"]
+__all__ = ["LOCAL_TIERS", "TIER_NAMES", "KVConnector", "Lease", "PrefixMatch"]
 
-TIER_NAMES: tuple[str, ...] = ("gpu", "host", "disk")
-"""Where a cached block's fastest copy can be, fastest first (a daemon's tiers count as ``"disk"``)."""
+TIER_NAMES: tuple[str, ...] = ("gpu", "host", "disk", "sidecar")
+"""Where a cached block's fastest copy can be, fastest first. ``"sidecar"``: a ``kvstore serve`` daemon's
+tiers (its shared-memory host tier or its disk; the engine is not told which)."""
+
+LOCAL_TIERS: tuple[str, ...] = ("gpu", "host", "disk")
+"""The tiers of a connector whose store lives in the engine's process (the default of
+:attr:`PrefixMatch.tier_names`)."""
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,19 @@ class PrefixMatch:
     """Tokens of the prompt that was looked up (matched or not)."""
     handle: Any = field(default=None, compare=False, repr=False)
     """Opaque to the engine: the implementation's own record of the match."""
+    tier_names: tuple[str, ...] = LOCAL_TIERS
+    """The tiers of the connector that made the match (some of :data:`TIER_NAMES`, fastest first): the keys
+    of :meth:`tokens_by_tier`. A sidecar connector's are ``("gpu", "host", "sidecar")``."""
 
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.tiers):
             raise ValueError(f"PrefixMatch: {len(self.keys)} keys but {len(self.tiers)} tiers")
-        bad = sorted(set(self.tiers) - set(TIER_NAMES))
+        unknown = sorted(set(self.tier_names) - set(TIER_NAMES))
+        if unknown:
+            raise ValueError(f"PrefixMatch: unknown tier name(s) {unknown}; expected some of {TIER_NAMES}")
+        bad = sorted(set(self.tiers) - set(self.tier_names))
         if bad:
-            raise ValueError(f"PrefixMatch: unknown tier(s) {bad}; expected one of {TIER_NAMES}")
+            raise ValueError(f"PrefixMatch: unknown tier(s) {bad}; expected one of {self.tier_names}")
         if self.block_size <= 0:
             raise ValueError(f"PrefixMatch: block_size must be positive, got {self.block_size}")
 
@@ -81,8 +92,8 @@ class PrefixMatch:
         return self.tiers.count(tier) * self.block_size
 
     def tokens_by_tier(self) -> dict[str, int]:
-        """Matched tokens per tier, every tier of :data:`TIER_NAMES` present."""
-        return {t: self.tokens_in(t) for t in TIER_NAMES}
+        """Matched tokens per tier, every tier of :attr:`tier_names` present."""
+        return {t: self.tokens_in(t) for t in self.tier_names}
 
 
 class Lease(ABC):
@@ -134,7 +145,8 @@ class Lease(ABC):
 
     @abstractmethod
     def tokens_by_tier(self) -> dict[str, int]:
-        """Tokens of :attr:`block_ids` by the tier each block came from (every tier of :data:`TIER_NAMES`)."""
+        """Tokens of :attr:`block_ids` by the tier each block came from (every tier of the match's
+        :attr:`PrefixMatch.tier_names`)."""
 
     @property
     def num_cached_tokens(self) -> int:

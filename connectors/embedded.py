@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from connectors.base import KVConnector, Lease, PrefixMatch
+from connectors.base import LOCAL_TIERS, KVConnector, Lease, PrefixMatch
 from kvstore.config.schema import KVStoreConfig
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt, block_keys
@@ -74,7 +74,7 @@ class EmbeddedLease(Lease):
         self._inner.wait()
 
     def tokens_by_tier(self) -> dict[str, int]:
-        return self._inner.tokens_by_tier()
+        return {self._owner.tier_label(t): n for t, n in self._inner.tokens_by_tier().items()}
 
 
 class EmbeddedConnector(KVConnector):
@@ -85,9 +85,17 @@ class EmbeddedConnector(KVConnector):
     the config.
     """
 
+    lower_tier_label = "disk"
+    """What the store's lowest tier is called in matches, leases and stats (the sidecar's is the daemon)."""
+
     def __init__(self, config: KVStoreConfig | None = None) -> None:
         self.config = config or KVStoreConfig()
         self._store: TieredStore | None = None
+
+    def tier_label(self, store_tier: str) -> str:
+        """The connector API's name (one of :data:`~connectors.base.TIER_NAMES`) for the store's tier
+        ``store_tier`` (``"gpu"``, ``"host"`` or ``"disk"``, the store's lowest). Pure."""
+        return self.lower_tier_label if store_tier == "disk" else store_tier
 
     # ----------------------------------------------------------------- setup
     def register(self, pool: GPUBlockPool) -> None:
@@ -120,8 +128,8 @@ class EmbeddedConnector(KVConnector):
 
     def lookup(self, tokens: Sequence[int], salt: Salt = None) -> PrefixMatch:
         m = self.store.lookup(tokens, self.effective_salt(salt))
-        return PrefixMatch(tuple(m.keys), tuple(m.tiers), m.block_size, m.prompt_tokens,
-                           handle=_MatchHandle(self, m))
+        return PrefixMatch(tuple(m.keys), tuple(self.tier_label(t) for t in m.tiers), m.block_size, m.prompt_tokens,
+                           handle=_MatchHandle(self, m), tier_names=tuple(self.tier_label(t) for t in LOCAL_TIERS))
 
     def acquire(self, match: PrefixMatch) -> Lease:
         handle = match.handle
@@ -162,7 +170,11 @@ class EmbeddedConnector(KVConnector):
 
     # ------------------------------------------------------------------ misc
     def stats(self) -> dict[str, Any]:
-        return self.store.stats()
+        """The store's stats, its lowest tier's section under :attr:`lower_tier_label`."""
+        out = self.store.stats()
+        if "disk" in out and self.lower_tier_label != "disk":
+            out[self.lower_tier_label] = out.pop("disk")
+        return out
 
     def close(self) -> None:
         if self._store is not None:

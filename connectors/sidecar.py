@@ -5,9 +5,9 @@ connector uses, with one lower tier: a :class:`~kvstore.daemon.tier.DaemonTier`
 (the daemon's shared-memory host tier in front of its disk tier). Lookups
 probe the daemon beyond the in-process index, so an engine finds what another
 engine (or its own previous run) left there. In the connector API the
-daemon's tiers count as ``"disk"``; the daemon manages them, so
-``offload("host")`` moves nothing here and ``offload("gpu")`` moves unused
-GPU blocks into the daemon.
+daemon's tiers are one tier, ``"sidecar"`` (in matches, leases and stats);
+the daemon manages them, so ``offload("host")`` moves nothing here and
+``offload("gpu")`` moves unused GPU blocks into the daemon.
 
 Tenant salt: when the daemon assigns one to this client's token
 (``daemon.tenant_salts``), every key is computed with it and a salt passed by
@@ -35,6 +35,8 @@ CONNECT_WAIT_S = 10.0
 
 class SidecarConnector(EmbeddedConnector):
     """Connector whose host and disk tiers are the daemon's at ``config.daemon.socket_path``."""
+
+    lower_tier_label = "sidecar"  # blocks served by the daemon (its host or its disk tier)
 
     def __init__(self, config: KVStoreConfig | None = None, client_name: str | None = None) -> None:
         super().__init__(config)

@@ -13,10 +13,12 @@ import array
 import hashlib
 import sys
 from collections.abc import Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from kvstore.layout import KVLayout
+
+if TYPE_CHECKING:
+    import numpy as np
 
 KEY_BYTES = 32
 _ROOT_PERSON = b"kvstore.root.v1"
@@ -60,10 +62,13 @@ def _token_bytes(token_ids: Sequence[int] | np.ndarray) -> bytes:
         except TypeError as exc:
             raise TypeError(f"token_ids must be integers: {exc}") from None
         if packed.itemsize != 4:  # pragma: no cover - no such platform in practice
-            return _token_bytes(np.asarray(token_ids))
+            return _token_bytes(tuple(token_ids))
         if sys.byteorder != "little":  # pragma: no cover
             packed.byteswap()
         return packed.tobytes()
+    # numpy only here, where it is needed: `import kvstore` (and so `kvstore --help`) must not pay its import
+    import numpy as np
+
     arr = np.asarray(token_ids)
     if arr.ndim != 1:
         raise ValueError(f"token_ids must be one-dimensional, got shape {arr.shape}")

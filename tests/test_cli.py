@@ -64,3 +64,16 @@ def test_output_into_a_closed_pipe_exits_quietly() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1
     assert err == "", err
+
+
+def test_config_check_shows_sizes_in_the_units_they_were_given(tmp_path: Path) -> None:
+    cfg = tmp_path / "sizes.yaml"
+    cfg.write_text("host:\n  capacity: 4GiB\ndisk:\n  max_size: 4GB\n  sync_bytes: 1500\npolicy:\n  max_inflight_bytes: 1000MB\n")
+    res = _run("config", "check", str(cfg))
+    assert res.returncode == 0, res.stderr
+    shown = [line.strip() for line in res.stdout.splitlines()
+             if line.strip().startswith(("capacity:", "max_size:", "sync_bytes:", "max_inflight_bytes:"))]
+    # 4GB is 4 x 10^9 bytes: shown as 4GB (it was 3906250KiB); 1000MB is the same number as 1GB
+    assert shown == ["capacity: 4GiB", "max_size: 4GB", "sync_bytes: 1500", "max_size: 8GiB",  # file: its default
+                     "max_inflight_bytes: 1GB"], shown
+    assert "3906250KiB" not in res.stdout

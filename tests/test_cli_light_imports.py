@@ -1,4 +1,5 @@
-"""`kvstore --help`, `config check`, `plan` and `stats` answer without importing torch (issue 12, §3)."""
+"""`kvstore --help`, `config check`, `plan` and `stats` answer without importing torch or numpy (issue 12, §3);
+`--help` does not import pydantic (or asyncio) either: it only lists the commands."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Runs the CLI in-process in a fresh interpreter, then reports its exit code and whether torch got imported.
+# Runs the CLI in-process in a fresh interpreter, then reports its exit code and which heavy modules got imported.
 _PROBE = """
 import sys
 from kvstore.cli.main import main
@@ -19,6 +20,7 @@ try:
 except SystemExit as exc:
     code = exc.code
 print("TORCH_IMPORTED" if "torch" in sys.modules else "TORCH_NOT_IMPORTED", code)
+print("HEAVY", sorted(m for m in ("torch", "numpy", "pydantic", "asyncio", "tqdm") if m in sys.modules))
 """
 
 
@@ -38,7 +40,9 @@ def _probe(*args: str) -> subprocess.CompletedProcess[str]:
 )
 def test_light_commands_do_not_import_torch(args: tuple[str, ...]) -> None:
     res = _probe(*args)
-    assert res.stdout.splitlines()[-1] == "TORCH_NOT_IMPORTED 0", res.stdout + res.stderr
+    assert res.stdout.splitlines()[-2] == "TORCH_NOT_IMPORTED 0", res.stdout + res.stderr
+    heavy = res.stdout.splitlines()[-1]
+    assert heavy == ("HEAVY []" if args == ("--help",) else "HEAVY ['pydantic']"), res.stdout + res.stderr
 
 
 def test_stats_without_a_daemon_fails_cleanly_without_torch(tmp_path: Path) -> None:
@@ -46,6 +50,6 @@ def test_stats_without_a_daemon_fails_cleanly_without_torch(tmp_path: Path) -> N
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(f"daemon:\n  socket_path: {socket_path}\n")
     res = _probe("stats", "--config", str(cfg))
-    assert res.stdout.splitlines()[-1] == "TORCH_NOT_IMPORTED 1", res.stdout + res.stderr
+    assert res.stdout.splitlines()[-2:] == ["TORCH_NOT_IMPORTED 1", "HEAVY ['pydantic']"], res.stdout + res.stderr
     assert res.stderr.startswith("error: ") and str(socket_path) in res.stderr, res.stderr
     assert "Traceback" not in res.stderr

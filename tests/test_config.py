@@ -222,3 +222,17 @@ def test_cli_reads_kvstore_config(tmp_path: Path) -> None:
     p.write_text(f"daemon:\n  socket_path: {sock}\n")
     res = _cli("stats", env=dict(os.environ, KVSTORE_CONFIG=str(p)))
     assert res.returncode == 1 and res.stderr.startswith("error: ") and str(sock) in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(("n", "exact", "human"), [
+    (0, "0", "0B"), (1500, "1500", "1500B"), (1000, "1KB", "1KB"), (1024, "1KiB", "1KiB"),
+    (4 * 10**9, "4GB", "4GB"), (4 << 30, "4GiB", "4GiB"), (1536 << 20, "1536MiB", "1536MiB"),
+    (2 * 10**12, "2TB", "2TB"), (123456789, "123456789", "117.7MiB"),
+])
+def test_sizes_are_shown_in_the_unit_family_they_were_given_in(n: int, exact: str, human: str) -> None:
+    from pydantic import TypeAdapter
+
+    from kvstore.config.units import Size, exact_size, format_size
+
+    assert exact_size(n) == exact and format_size(n) == human
+    assert TypeAdapter(Size).validate_python(exact) == n  # the text reads back as the same number

@@ -14,6 +14,8 @@ The code lives in the installed package rather than in ``benchmarks/`` so
 
 from __future__ import annotations
 
+from pathlib import Path
+
 SUITES: dict[str, str] = {
     "tiers": "kvstore.bench.tiers",
     "lookup": "kvstore.bench.lookup",
@@ -35,3 +37,7 @@ SUITE_HELP: dict[str, str] = {
     "soak": "reliability: daemon + client processes under kill -9; lost/wrong blocks, memory growth, holds",
 }
 """One line per suite for ``--help``."""
+
+DEFAULT_TRACE = Path(__file__).resolve().parent / "data" / "mooncake_conversation_trace.jsonl.gz"
+"""The Mooncake conversation trace shipped with the package (``data/README.md`` says where it comes from);
+the ``hitrate`` suite replays it unless ``--trace`` names another file."""

@@ -9,23 +9,23 @@ contributes ``min(len(hash_ids), input_length // 512)`` blocks.
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
 from kvstore.bench.workloads import Request, Trace
 
-DEFAULT_TRACE = Path("/work/shared/data/traces/mooncake_conversation_trace.jsonl")
-"""Where the trace lives on the project's machines; pass another path with ``--trace``."""
-
 BLOCK_TOKENS = 512
 
 
 def load_mooncake(path: Path, limit: int | None = None) -> Trace:
-    """Read the trace at ``path`` (the first ``limit`` requests when given); ``ValueError`` on a bad line."""
+    """Read the trace at ``path``, plain or gzip-compressed (``.gz``), the first ``limit`` requests when given;
+    ``ValueError`` on a bad line."""
     requests: list[Request] = []
-    with path.open() as fh:
+    with _open_text(path) as fh:
         for lineno, line in enumerate(fh, 1):
             if limit is not None and len(requests) >= limit:
                 break
@@ -41,3 +41,8 @@ def load_mooncake(path: Path, limit: int | None = None) -> Trace:
             requests.append(Request(np.asarray(ids[:full], dtype=np.int64), length))
     return Trace("mooncake", BLOCK_TOKENS, requests,
                  "Mooncake conversation trace (real chat traffic, 512-token blocks)")
+
+
+def _open_text(path: Path) -> TextIO:
+    """``path`` opened for reading text, through gzip when its name ends in ``.gz``."""
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")

@@ -107,6 +107,8 @@ class Plan:
 
     def render(self) -> str:
         """The plan as a plain-text table."""
+        from kvstore.config.units import format_size  # pydantic, there: `kvstore --help` imports this module
+
         bpt = self.model.bytes_per_token
         m = self.model
         lines = [
@@ -120,7 +122,7 @@ class Plan:
             bw = row["bandwidth_GBps"]
             bw_text = "in place" if bw is None else f"{bw:.2f} GB/s"
             load = float(row["prefix_load_s"])  # type: ignore[arg-type]
-            lines.append(f"{row['tier']:<6} {int(row['capacity_bytes']) / 2**30:>8.1f} GiB "  # type: ignore[call-overload]
+            lines.append(f"{row['tier']:<6} {format_size(int(row['capacity_bytes'])):>12} "  # type: ignore[call-overload]
                          f"{int(row['tokens']):>16,} {bw_text:>12} {load * 1e3:>9.1f} ms")  # type: ignore[call-overload]
         return "\n".join(lines)
 

@@ -42,6 +42,7 @@ from kvstore.bench.soak_procs import RssSample, SoakProcs, read_rss, wait_until
 from kvstore.bench.soak_report import HoldCheck, Marker, SoakRecord, SoakResults, plot, report
 from kvstore.daemon.client import DaemonClient
 from kvstore.errors import KVStoreError
+from kvstore.interrupts import sigterm_raises
 
 __all__ = ["SoakPlan", "plot", "run"]
 
@@ -113,6 +114,10 @@ class SoakPlan:
         return ModelConfig(**MODEL).layout().bytes_per_block
 
 
+MAX_TMP_PATH = 48
+"""Longest temporary-directory path the run directory goes under (room for ``/kvsoakXXXXXXXX/d.sock``)."""
+
+
 def run(options: SuiteOptions, progress: Progress) -> SoakResults:
     """Run the soak (``options.minutes``, ``options.clients``; ``quick``: 0.1 min, 2 clients) and report it."""
     plan = SoakPlan(minutes=options.minutes or (0.1 if options.quick else 2.0),
@@ -121,7 +126,7 @@ def run(options: SuiteOptions, progress: Progress) -> SoakResults:
     record = SoakRecord()
     results = SoakResults(options, {**asdict(plan), "model": MODEL, "bytes_per_block": SoakPlan.bytes_per_block(),
                                     "puts_stop_fill": PUTS_STOP_FILL}, record)
-    root = Path(tempfile.mkdtemp(prefix="kvsoak", dir="/tmp"))  # short: AF_UNIX paths are limited to ~107 bytes
+    root = _run_root()
     data = root
     if options.data_dir is not None:
         options.data_dir.mkdir(parents=True, exist_ok=True)
@@ -129,7 +134,7 @@ def run(options: SuiteOptions, progress: Progress) -> SoakResults:
     config = root / "daemon.yaml"
     config.write_text(yaml.safe_dump(plan.config(root, data)))
     procs = SoakProcs(config, root, options.seed)
-    with _sigterm_interrupts():
+    with sigterm_raises():  # also set by the CLI; here for callers of run() outside it
         try:
             _Driver(plan, procs, record, progress, results).run()
         finally:
@@ -141,21 +146,12 @@ def run(options: SuiteOptions, progress: Progress) -> SoakResults:
     return results
 
 
-@contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Turn SIGTERM into ``KeyboardInterrupt`` while the run lasts, so cleanup runs as for Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def _run_root() -> Path:
+    """A fresh directory for the run's config, socket and journals: under the temporary directory
+    (``$TMPDIR``) when its path is short, else under ``/tmp``: the daemon's socket lives here, and
+    AF_UNIX socket paths are limited to ~107 bytes."""
+    parent = tempfile.gettempdir()
+    return Path(tempfile.mkdtemp(prefix="kvsoak", dir=parent if len(parent) <= MAX_TMP_PATH else "/tmp"))
 
 
 @contextmanager

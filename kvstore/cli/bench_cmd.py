@@ -8,14 +8,19 @@ import shlex
 import sys
 from pathlib import Path
 
-from kvstore.bench import SUITE_HELP, SUITES
-from kvstore.bench.harness import SuiteOptions
-from kvstore.bench.mooncake import DEFAULT_TRACE
+from kvstore.bench import DEFAULT_TRACE, SUITE_HELP, SUITES
 
 
 def _bench(args: argparse.Namespace) -> int:
     names = list(SUITES) if args.suite == "all" else [args.suite]
+    if "hitrate" in names and not args.trace.is_file():
+        given = "--trace" if args.trace != DEFAULT_TRACE else "the trace shipped with kvstore"
+        print(f"error: the hitrate suite's Mooncake trace is not at {args.trace} ({given}); "
+              "pass another copy with --trace PATH (JSON lines, plain or .gz)", file=sys.stderr)
+        return 2
     base = args.out or Path("bench-results")
+    # Imported here, not at the top: they pull in tqdm and numpy, which `kvstore --help` must not pay for.
+    from kvstore.bench.harness import SuiteOptions
     from kvstore.bench.runner import run_suite
 
     for name in names:
@@ -56,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="output directory (default bench-results/SUITE; with 'all', DIR/SUITE)")
     p.add_argument("--seed", type=int, default=0, help="seed of workloads and generated data (default 0)")
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, metavar="PATH",
-                   help=f"Mooncake trace for the hitrate suite; skipped with a note if missing (default {DEFAULT_TRACE})")
+                   help="Mooncake trace for the hitrate suite, JSON lines, plain or .gz "
+                   "(default: the copy shipped with kvstore, kvstore/bench/data/)")
     p.add_argument("--trace-limit", type=int, default=None, metavar="N",
                    help="replay only the first N trace requests (default: all; 300 with --quick)")
     p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvstore.config import ConfigError, load_config
-from kvstore.config.render import render_default_yaml
-
 
 def _check(args: argparse.Namespace) -> int:
+    from kvstore.config import ConfigError, load_config  # here, not at the top: pydantic costs `kvstore --help` ~0.3 s
+    from kvstore.config.render import render_default_yaml
+
     try:
         cfg = load_config(args.path)
     except ConfigError as exc:
@@ -21,6 +21,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _default(args: argparse.Namespace) -> int:
+    from kvstore.config.render import render_default_yaml
+
     print(render_default_yaml(), end="")
     return 0
 

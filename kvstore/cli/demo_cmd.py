@@ -7,17 +7,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvstore.config import ConfigError, load_config, parse_config
-from kvstore.errors import KVStoreError
-
 if TYPE_CHECKING:
     from engine import EngineConfig
 
 
 def _run(args: argparse.Namespace) -> int:
+    from kvstore.config import ConfigError, load_config, parse_config  # here, not at the top: pydantic costs `kvstore --help` ~0.3 s
     from engine import CheckpointError
     from engine.default_model import resolve_model
     from kvstore.demo import demo_engine_config, format_answers, format_reports, run_demo
+    from kvstore.errors import KVStoreError
 
     try:
         model = resolve_model(args.model)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
+
+from kvstore.build_info import installed_version
+from kvstore.interrupts import Terminated, exit_status, sigterm_raises
 
 COMMAND_MODULES: tuple[str, ...] = (
     "kvstore.cli.config_cmd",
@@ -27,14 +29,16 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
-def installed_version() -> str:
-    """The version of the installed ``kvstore`` distribution (``kvstore.__version__`` when run uninstalled)."""
-    try:
-        return importlib.metadata.version("kvstore")
-    except importlib.metadata.PackageNotFoundError:
-        from kvstore import __version__
+class _VersionAction(argparse.Action):
+    """``--version``: like argparse's ``version`` action, but looks the version up only when the flag is given."""
 
-        return __version__
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        sys.stdout.write(f"{parser.prog} {installed_version()}\n")  # on stdout, as argparse's own version action
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,8 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvstore",
         description="Tiered KV-cache offload service for LLM inference (GPU pool, host RAM, LMDB on NVMe).",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}",
-                        help="print the installed version and exit")
+    parser.add_argument("--version", action=_VersionAction, help="print the installed version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMAND_MODULES:
@@ -57,12 +60,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        code = int(args.func(args) or 0)
+        # SIGTERM unwinds like Ctrl-C, so temporary directories and child processes are cleaned up
+        # (``kvstore serve`` installs its own handlers: there SIGTERM means flush and stop).
+        with sigterm_raises():
+            code = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader that went away shows up here, not in the interpreter's exit-time flush
         return code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print("terminated" if isinstance(exc, Terminated) else "interrupted", file=sys.stderr)
+        return exit_status(exc)
     except BrokenPipeError:
         # The reader closed the pipe (`kvstore ... | head -1`): stop quietly. Python's documented recipe:
         # point stdout at devnull so the exit-time flush cannot raise again.

@@ -8,17 +8,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pydantic import TypeAdapter, ValidationError
-
 from kvstore.bench.planner import PRESETS, load_model, make_plan
-from kvstore.config.units import Size
-
-_SIZE = TypeAdapter(Size)
 
 
 def _size(text: str) -> int:
+    """An argparse ``type``: a size with units, parsed as config files parse them."""
+    # pydantic is imported only when a size is given: `kvstore --help` registers this command too
+    from pydantic import TypeAdapter, ValidationError
+
+    from kvstore.config.units import Size
+
     try:
-        return int(_SIZE.validate_python(text))
+        return int(TypeAdapter(Size).validate_python(text))
     except ValidationError as exc:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size like 80GiB or 2TB ({exc.errors()[0]['msg']})")
 
@@ -75,11 +76,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--disk-bw), read from a `kvstore bench tiers` results.json (--from-results), or measured now.")
     p.add_argument("--model", required=True, metavar="PRESET_OR_CONFIG_JSON",
                    help=f"a preset ({', '.join(PRESETS)}) or the path of a Hugging Face config.json")
-    p.add_argument("--gpu-mem", type=_size, default=_size("0"), metavar="SIZE",
+    p.add_argument("--gpu-mem", type=_size, default=0, metavar="SIZE",
                    help="GPU memory given to the KV cache, e.g. 40GiB (default 0)")
-    p.add_argument("--host-mem", type=_size, default=_size("0"), metavar="SIZE",
+    p.add_argument("--host-mem", type=_size, default=0, metavar="SIZE",
                    help="host RAM given to the host tier, e.g. 256GiB (default 0)")
-    p.add_argument("--disk-size", type=_size, default=_size("0"), metavar="SIZE",
+    p.add_argument("--disk-size", type=_size, default=0, metavar="SIZE",
                    help="disk given to the LMDB tier, e.g. 2TB (default 0)")
     p.add_argument("--prefix-tokens", type=int, default=131072, metavar="N",
                    help="prefix length whose load time is estimated (default 131072)")

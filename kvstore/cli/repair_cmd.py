@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvstore.config import ConfigError, load_config
 from kvstore.errors import KVStoreError
 
 
 def _run(args: argparse.Namespace) -> int:
+    from kvstore.config import ConfigError, load_config  # here, not at the top: pydantic costs `kvstore --help` ~0.3 s
     from kvstore.tiers.repair import repair_disk
 
     try:

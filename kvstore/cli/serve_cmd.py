@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-from kvstore.config import ConfigError, load_config
-from kvstore.config.schema import KVStoreConfig
 from kvstore.errors import KVStoreError
+
+if TYPE_CHECKING:
+    from kvstore.config.schema import KVStoreConfig
 
 log = logging.getLogger("kvstore.serve")
 EXIT_NOT_DURABLE = 3
@@ -38,6 +39,8 @@ def _setup_logging(level: str, fmt: str) -> None:
 
 
 async def _serve(cfg: KVStoreConfig, config_name: str) -> int:
+    import asyncio
+
     from kvstore.daemon.server import DaemonServer
 
     server = DaemonServer(cfg, config_source=config_name)
@@ -61,6 +64,8 @@ async def _serve(cfg: KVStoreConfig, config_name: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from kvstore.config import ConfigError, load_config  # here, not at the top: pydantic costs `kvstore --help` ~0.3 s
+
     try:
         cfg = load_config(args.config)
         if args.socket is not None:
@@ -75,6 +80,8 @@ def _run(args: argparse.Namespace) -> int:
               "kvstore serve needs it (its shared-memory arena is how engines exchange blocks)", file=sys.stderr)
         return 2
     _setup_logging(args.log_level or cfg.logging.level, cfg.logging.format)
+    import asyncio  # here, not at the top, like the config: `kvstore --help` must not pay for it
+
     try:
         from kvstore.config.loader import config_file
 

@@ -7,18 +7,10 @@ import json
 import sys
 from typing import Any
 
-from kvstore.config import ConfigError, load_config
-
-
-def _gib(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
 
 def format_stats(s: dict[str, Any]) -> str:
     """Human-readable summary of a STATS reply."""
+    from kvstore.config.units import format_size
     d, c = s["daemon"], s["counters"]
     lines = [
         f"daemon pid {d['pid']}, up {d['uptime_s']:.0f} s, model {d['model_id']!r}, {d['bytes_per_block']} bytes/block",
@@ -35,14 +27,18 @@ def format_stats(s: dict[str, Any]) -> str:
         rate = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
         occ = f"{t['used_bytes'] / t['capacity_bytes']:.1%}" if t["capacity_bytes"] else "-"
         lines.append(
-            f"{tier:<6}{t['num_blocks']:>10}{_gib(t['used_bytes']):>12}{_gib(t['capacity_bytes']):>12}{occ:>11}"
+            f"{tier:<6}{t['num_blocks']:>10}{format_size(t['used_bytes']):>12}{format_size(t['capacity_bytes']):>12}{occ:>11}"
             f"{hits:>10}{misses:>10}{rate:>10}{t['evictions']:>9}{t['corrupt_dropped']:>9}"
         )
+    queried, hit = c["prefix_query_tokens"], c["prefix_hit_tokens"]
+    lines.append(f"prefix cache: {hit} of {queried} tokens looked up were cached"
+                 + (f" ({hit / queried:.1%})" if queried else "") + " (blocks x block size; as vLLM counts)")
     lines.append(f"host slot holds {s['holds']} (expired {s['holds_expired']}), pending disk writes {s['pending_writes']}")
     return "\n".join(lines)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from kvstore.config import ConfigError, load_config  # here, not at the top: pydantic costs `kvstore --help` ~0.3 s
     from kvstore.daemon.client import DaemonClient, DaemonUnavailable
     from kvstore.daemon.frames import DaemonError
 

@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ByteSize
 
 from kvstore.config.schema import KVStoreConfig
+from kvstore.config.units import exact_size
 
 HEADER = """\
 # kvstore configuration: every field with its default and what it means.
@@ -25,16 +26,9 @@ def _comment(text: str | None, indent: str) -> list[str]:
     return [f"{indent}# {line}" for line in textwrap.wrap(flat, 96 - len(indent), break_on_hyphens=False)]  # paths stay whole
 
 
-def _exact_size(n: int) -> str:
-    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n and n % factor == 0:
-            return f"{n // factor}{unit}"
-    return str(n)
-
-
 def _scalar(value: Any) -> str:
     if isinstance(value, ByteSize):
-        return _exact_size(int(value))
+        return exact_size(int(value))
     dumped = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
     return dumped.removesuffix("\n...").removesuffix("...").strip()
 

@@ -25,11 +25,34 @@ PositiveSize = Annotated[ByteSize, BeforeValidator(_reject_negative), Field(gt=0
 """Byte count greater than zero."""
 
 
+_UNITS: tuple[tuple[str, int], ...] = (
+    ("TiB", 1 << 40), ("TB", 10**12), ("GiB", 1 << 30), ("GB", 10**9),
+    ("MiB", 1 << 20), ("MB", 10**6), ("KiB", 1 << 10), ("KB", 10**3),
+)
+"""The units :data:`Size` accepts that sizes are shown in, binary and SI (as pydantic reads them)."""
+
+
+def exact_size(n: int) -> str:
+    """``n`` bytes written exactly, in the unit giving the shortest text: ``4GB``, ``4GiB``, ``1536MiB``, ``100``.
+
+    Sizes keep the unit family they were given in (``4GB`` is 4 x 10^9 bytes: shown as ``4GB``, not
+    ``3906250KiB``), and the text parses back to the same number. On a tie a unit wins over plain bytes
+    (``1KiB``, not ``1024``) and a binary unit over an SI one. Pure.
+    """
+    with_units = [f"{n // factor}{unit}" for unit, factor in _UNITS if n and n % factor == 0]
+    best = min(with_units, key=len, default=None)  # min keeps the first of equals: binary before SI
+    return best if best is not None and len(best) <= len(str(n)) else str(n)
+
+
 def format_size(n: int) -> str:
-    """Human-readable binary size, e.g. ``1.5 GiB``."""
+    """``n`` bytes for a person: :func:`exact_size` when that has at most four digits (``4GB``, ``512GiB``),
+    else rounded to one decimal in a binary unit (``117.7MiB`` for a measured occupancy). Pure."""
+    exact = exact_size(n)
+    if len(exact.rstrip("KMGTiB")) <= 4:
+        return f"{exact}B" if exact.isdigit() else exact
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(size) < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+            return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
         size /= 1024
-    return f"{n} B"
+    return f"{n}B"  # pragma: no cover - the loop always returns

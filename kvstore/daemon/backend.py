@@ -60,6 +60,10 @@ class BackendCounters:
     """FLUSH requests (and the shutdown flush) that reported blocks not durable."""
     owner_releases: int = 0
     """Holds ended at once because the client process holding them was gone."""
+    prefix_query_tokens: int = 0
+    """Tokens of the prefixes clients looked up (EXISTS_PREFIX keys x block size: the daemon sees keys, not tokens)."""
+    prefix_hit_tokens: int = 0
+    """Of those, the tokens of the leading blocks the daemon held (host or disk)."""
 
 
 class DaemonBackend:
@@ -80,7 +84,10 @@ class DaemonBackend:
 
     # ---------------------------------------------------------------- reads
     def exists_prefix(self, keys: Sequence[bytes]) -> int:
-        """How many of ``keys``, from the first, are in the host or disk tier. Changes nothing."""
+        """How many of ``keys``, from the first, are in the host or disk tier.
+
+        Changes only the prefix-cache counters (queried and hit tokens).
+        """
         i, n = 0, len(keys)
         while i < n:
             i += self.host.contains_prefix(keys[i:])
@@ -90,6 +97,9 @@ class DaemonBackend:
             if step == 0:
                 break
             i += step
+        with self._mu:
+            self.counters.prefix_query_tokens += n * self.layout.block_size
+            self.counters.prefix_hit_tokens += i * self.layout.block_size
         return i
 
     def hold_for_read(self, owner: int, keys: Sequence[bytes]) -> list[int | None]:

@@ -65,8 +65,14 @@ def _fmt(value: float) -> str:
     return repr(float(value)) if isinstance(value, float) else str(value)
 
 
-def render_prometheus(m: DaemonMetrics, backend: dict[str, Any]) -> str:
-    """The ``/metrics`` body for the metrics ``m`` and a :meth:`DaemonBackend.stats` snapshot."""
+def _label_value(text: str) -> str:
+    """``text`` escaped for a Prometheus label value (backslash, double quote, newline)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render_prometheus(m: DaemonMetrics, backend: dict[str, Any], build: dict[str, str]) -> str:
+    """The ``/metrics`` body for the metrics ``m``, a :meth:`DaemonBackend.stats` snapshot and the
+    :func:`~kvstore.build_info.build_info` of this process."""
     lines: list[str] = []
 
     def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
@@ -81,6 +87,15 @@ def render_prometheus(m: DaemonMetrics, backend: dict[str, Any]) -> str:
            [('{tier="host"}', c["host_hits"])] + ([('{tier="disk"}', c["disk_hits"])] if backend.get("disk") else []))
     family("kvstore_misses_total", "counter", "Blocks asked for and not found in the tier.",
            [('{tier="host"}', c["host_misses"])] + ([('{tier="disk"}', c["disk_misses"])] if backend.get("disk") else []))
+    family("kvstore_prefix_cache_queries_total", "counter",
+           "Prompt tokens looked up in the daemon's tiers, as vLLM's prefix_cache_queries counts them. The daemon "
+           "sees block keys, not tokens: counted as blocks probed (EXISTS_PREFIX) x block size, and an engine "
+           "asks only for blocks beyond its own GPU cache.", [("", c["prefix_query_tokens"])])
+    family("kvstore_prefix_cache_hits_total", "counter",
+           "Of kvstore_prefix_cache_queries_total, the tokens found cached (leading blocks held in host or disk, "
+           "x block size), as vLLM's prefix_cache_hits.", [("", c["prefix_hit_tokens"])])
+    family("kvstore_build_info", "gauge", "Always 1; the labels say which build is running.",
+           [("{" + ",".join(f'{k}="{_label_value(v)}"' for k, v in sorted(build.items())) + "}", 1)])
     family("kvstore_block_bytes_out_total", "counter", "Block bytes served to clients (shared memory or inline).",
            [("", c["bytes_out"])])
     family("kvstore_block_bytes_in_total", "counter", "Block bytes stored by clients.", [("", c["bytes_in"])])

@@ -34,6 +34,7 @@ from kvstore.daemon.frames import ErrorCode, Op, encode_frame
 from kvstore.daemon.messages import encode_error
 from kvstore.daemon.http import HttpEndpoints
 from kvstore.daemon.holds import HoldTable
+from kvstore.build_info import build_info
 from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
 from kvstore.daemon.peer import PeerProcess
 from kvstore.daemon.session import Session, SessionContext
@@ -72,6 +73,7 @@ class DaemonServer:
         self.config_source = config_source
         self.metrics = DaemonMetrics()
         self.started_at = time.time()
+        self._build = build_info()  # the kvstore_build_info labels (torch is loaded by now: the tiers use it)
         self._executor = ThreadPoolExecutor(executor_threads, thread_name_prefix="kvstore-daemon")
         self._sessions: set[Session] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -245,7 +247,7 @@ class DaemonServer:
     async def _metrics_text(self) -> str:
         assert self.backend is not None
         snapshot = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.stats)
-        return render_prometheus(self.metrics, snapshot)
+        return render_prometheus(self.metrics, snapshot, self._build)
 
     # -------------------------------------------------------------- stop
     def request_stop(self) -> None:

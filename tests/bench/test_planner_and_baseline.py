@@ -43,6 +43,9 @@ def test_plan_cli_prints_the_table() -> None:
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert "327,680 B" in res.stdout and "40.00 GiB" in res.stdout and "131,072" in res.stdout
+    capacities = {line.split()[0]: line.split()[1] for line in res.stdout.splitlines()
+                  if line.split()[:1] in (["gpu"], ["host"], ["disk"])}
+    assert capacities == {"gpu": "40GiB", "host": "256GiB", "disk": "2TB"}  # as given, not 1862.6 GiB
     bad = subprocess.run([sys.executable, "-m", "kvstore", "plan", "--model", "no-such-model"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "neither a preset" in bad.stderr

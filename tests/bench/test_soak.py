@@ -9,11 +9,16 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from kvstore.bench.soak import SoakPlan
 from kvstore.bench.soak_blocks import Journal, OpCounts, block_bytes, block_key, journal_path, read_journals
@@ -31,8 +36,19 @@ FIGURES = {
 }
 
 
-def _soak_dirs() -> set[str]:
-    return {p.name for p in Path("/tmp").glob("kvsoak*")}
+@pytest.fixture
+def run_tmp() -> Iterator[Path]:
+    """A private, short $TMPDIR for the soak's run directory (its socket path must stay short), so a check
+    that the run left nothing there does not see other processes' runs."""
+    path = Path(tempfile.mkdtemp(prefix="kvst", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _soak_dirs(tmp: Path) -> set[str]:
+    return {p.name for p in tmp.glob("kvsoak*")}
 
 
 def _value(doc: dict, name: str, **params: object) -> float:
@@ -40,12 +56,11 @@ def _value(doc: dict, name: str, **params: object) -> float:
                 if f["name"] == name and all(f["params"].get(k) == v for k, v in params.items()))
 
 
-def test_short_soak_loses_nothing_and_serves_nothing_wrong(tmp_path: Path) -> None:
-    before = _soak_dirs()
+def test_short_soak_loses_nothing_and_serves_nothing_wrong(tmp_path: Path, run_tmp: Path) -> None:
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "kvstore", "bench", "soak", "--quick", "--minutes", "0.1", "--clients", "2",
            "--no-progress", "--out", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(run_tmp)})
     assert res.returncode == 0, res.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
     _check_schema(doc, "soak", out)
@@ -62,20 +77,19 @@ def test_short_soak_loses_nothing_and_serves_nothing_wrong(tmp_path: Path) -> No
     assert _value(doc, "disk.evictions") == 0
     assert _value(doc, "daemon.exit_code") == 0
     assert _value(doc, "holds.client_death", when="after_deadline") == 0
-    assert _soak_dirs() <= before, "the run's temporary directory must be removed"
+    assert _soak_dirs(run_tmp) == set(), "the run's temporary directory must be removed"
 
 
-def test_sigterm_stops_the_soak_and_removes_its_children_and_files(tmp_path: Path) -> None:
-    before = _soak_dirs()
+def test_sigterm_stops_the_soak_and_removes_its_children_and_files(tmp_path: Path, run_tmp: Path) -> None:
     data = tmp_path / "data"
     proc = subprocess.Popen([sys.executable, "-m", "kvstore", "bench", "soak", "--minutes", "5", "--clients", "1",
                              "--no-progress", "--out", str(tmp_path / "out"), "--data-dir", str(data)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(run_tmp)})
     try:
         deadline = time.monotonic() + 120
         journals: list[Path] = []
         while not journals and time.monotonic() < deadline and proc.poll() is None:
-            journals = [j for d in _soak_dirs() - before for j in Path("/tmp", d).glob("journal-*.jsonl")
+            journals = [j for d in _soak_dirs(run_tmp) for j in (run_tmp / d).glob("journal-*.jsonl")
                         if j.stat().st_size]
             time.sleep(0.1)
         assert journals, "the soak's client never connected"
@@ -89,7 +103,7 @@ def test_sigterm_stops_the_soak_and_removes_its_children_and_files(tmp_path: Pat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert rc == 130, proc.stderr.read().decode()[-2000:] if proc.stderr else rc
+    assert rc == 143, proc.stderr.read().decode()[-2000:] if proc.stderr else rc
     assert not Path(run_dir).exists() and list(data.iterdir()) == []
     assert not [pid for pid in children if Path(f"/proc/{pid}").exists() and _state(pid) != "Z"]
 

@@ -5,6 +5,7 @@ Numbers are never checked (no timing assertions); only the schema, units and fil
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import subprocess
@@ -13,24 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.bench import SUITES
+from kvstore.bench import DEFAULT_TRACE, SUITES
 from kvstore.bench.harness import SCHEMA
-from kvstore.bench.mooncake import DEFAULT_TRACE
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _trace_slice(tmp_path: Path) -> Path:
-    """The first 200 requests of the real trace, or a small synthetic one in its format when it is absent."""
-    path = tmp_path / "trace.jsonl"
-    if DEFAULT_TRACE.is_file():
-        with DEFAULT_TRACE.open() as fh:
-            path.write_text("".join(line for _, line in zip(range(200), fh)))
-    else:
-        rows = [{"timestamp": i, "input_length": 512 * (2 + i % 3) + 7, "output_length": 10,
-                 "hash_ids": [0, 1 + i % 5] + [100 + 3 * i + j for j in range(1 + i % 3)]} for i in range(60)]
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def _check_schema(doc: dict, suite: str, out: Path) -> None:
@@ -56,22 +43,38 @@ def _check_schema(doc: dict, suite: str, out: Path) -> None:
 @pytest.mark.parametrize("suite", [s for s in SUITES if s != "soak"])  # soak: tests/bench/test_soak.py
 def test_suite_quick_writes_results_and_plot(suite: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "kvstore", "bench", suite, "--quick", "--no-progress",
-           "--out", str(out), "--trace", str(_trace_slice(tmp_path))]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    cmd = [sys.executable, "-m", "kvstore", "bench", suite, "--quick", "--no-progress", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)  # from any directory
     assert res.returncode == 0, res.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
     _check_schema(doc, suite, out)
     assert doc["command"].startswith("kvstore bench " + suite)
     assert [p.name for p in out.iterdir() if p.is_dir()] == [], "scratch data must be removed"
+    if suite == "hitrate":  # with no --trace, the trace shipped in the package is replayed
+        assert doc["skipped"] == {} and doc["config"]["trace"] == str(DEFAULT_TRACE)
+        assert doc["config"]["trace"].endswith("kvstore/bench/data/mooncake_conversation_trace.jsonl.gz")
+        assert _value(doc, "requests", workload="mooncake") == 300  # --quick replays the first 300
 
 
-def test_missing_trace_is_skipped_with_a_note(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "kvstore", "bench", "hitrate", "--quick", "--no-progress",
-           "--out", str(tmp_path), "--trace", str(tmp_path / "absent.jsonl")]
+def test_shipped_trace_is_the_whole_mooncake_conversation_trace() -> None:
+    with gzip.open(DEFAULT_TRACE, "rt") as fh:
+        rows = [json.loads(line) for line in fh]
+    assert len(rows) == 12031 and set(rows[0]) == {"timestamp", "input_length", "output_length", "hash_ids"}
+    assert (DEFAULT_TRACE.parent / "README.md").read_text().count("Apache License") == 1
+
+
+@pytest.mark.parametrize("suite", ["hitrate", "all"])
+def test_missing_trace_is_a_one_line_error_naming_where_it_looked(suite: str, tmp_path: Path) -> None:
+    absent = tmp_path / "absent.jsonl"
+    cmd = [sys.executable, "-m", "kvstore", "bench", suite, "--quick", "--no-progress",
+           "--out", str(tmp_path / "out"), "--trace", str(absent)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-3000:]
-    doc = json.loads((tmp_path / "results.json").read_text())
-    assert "mooncake" in doc["skipped"] and "not found" in doc["skipped"]["mooncake"]
-    assert "skipped mooncake" in res.stderr
-    assert "mooncake" not in {f["params"].get("workload") for f in doc["figures"]}
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr == (f"error: the hitrate suite's Mooncake trace is not at {absent} (--trace); "
+                          "pass another copy with --trace PATH (JSON lines, plain or .gz)\n")
+    assert not (tmp_path / "out").exists(), "nothing runs before the check"
+
+
+def _value(doc: dict, name: str, **params: object) -> float:
+    return next(f["value"] for f in doc["figures"]
+                if f["name"] == name and all(f["params"].get(k) == v for k, v in params.items()))

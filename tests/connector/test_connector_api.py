@@ -210,3 +210,12 @@ def test_demo_and_benchmark_use_the_api_not_the_store(path: str) -> None:
     reach = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("store", "h")]
     assert reach == [], f"{path} reaches into the store at lines {reach}"
     assert not {m for m in _imported_modules(REPO / path) if m.startswith(("kvstore.store", "kvstore.prefetch"))}
+
+
+def test_match_tiers_are_the_connectors_own() -> None:
+    m = PrefixMatch((b"a", b"b"), ("gpu", "sidecar"), 4, 9, tier_names=("gpu", "host", "sidecar"))
+    assert m.tokens_by_tier() == {"gpu": 4, "host": 0, "sidecar": 4}
+    with pytest.raises(ValueError, match="unknown tier"):
+        PrefixMatch((b"a",), ("sidecar",), 4, 4)  # a local connector has no sidecar tier
+    with pytest.raises(ValueError, match="unknown tier name"):
+        PrefixMatch((), (), 4, 0, tier_names=("gpu", "ssd"))

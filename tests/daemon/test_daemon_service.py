@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -135,6 +136,9 @@ def test_stats_command(daemon: Daemon) -> None:
     out = subprocess.run(run, capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "hit rate" in out.stdout and "host" in out.stdout and daemon.socket_path in out.stdout
+    assert re.search(r"^prefix cache: \d+ of \d+ tokens looked up were cached( \(\d+\.\d%\))? "
+                     r"\(blocks x block size; as vLLM counts\)$", out.stdout, re.M), out.stdout
+    assert " 32KiB " in out.stdout  # the host capacity, 64 blocks of 512 bytes
     raw = subprocess.run(run + ["--json"], capture_output=True, text=True, cwd=REPO, timeout=60)
     data = json.loads(raw.stdout)
     assert data["host"]["capacity_bytes"] == 64 * LAYOUT.bytes_per_block and data["daemon"]["clients"] >= 1
@@ -161,3 +165,45 @@ def test_serve_help_documents_every_flag() -> None:
     assert out.returncode == 0
     for flag in ("--config", "--socket", "--metrics-port", "--log-level", "SIGTERM"):
         assert flag in out.stdout
+
+
+def _scrape(daemon: Daemon) -> dict[str, str]:
+    """``/metrics`` as {sample name with labels: value}."""
+    with urllib.request.urlopen(f"{daemon.metrics_url}/metrics", timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    return dict(line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))
+
+
+def test_prefix_cache_metrics_count_tokens_as_vllm_does(daemon: Daemon) -> None:
+    tier = daemon.tier()
+    keys = keys_for(100, seed=49)
+    assert tier.put(keys[:49], [block_for(k) for k in keys[:49]]) == [True] * 49
+    before = _scrape(daemon)
+    # What an engine does for a prompt of 100 blocks whose first 49 are cached: probe it all, load the 49.
+    assert tier.contains_prefix(keys) == 49
+    assert tier.get(keys[:49], empty_blocks(49)) == [True] * 49
+    after = _scrape(daemon)
+    tier.client.close()
+
+    def delta(name: str) -> int:
+        return int(float(after[name])) - int(float(before.get(name, "0")))
+
+    queries, hits = delta("kvstore_prefix_cache_queries_total"), delta("kvstore_prefix_cache_hits_total")
+    assert (queries, hits) == (100 * LAYOUT.block_size, 49 * LAYOUT.block_size)  # tokens: 49 %, not 100 %
+    assert delta('kvstore_hits_total{tier="host"}') + delta('kvstore_hits_total{tier="disk"}') == 49
+    assert delta('kvstore_misses_total{tier="host"}') == 0  # why the block hit counters cannot give the hit rate
+    observer = DaemonClient(None, socket_path=daemon.socket_path, use_shm=False)
+    counters = observer.stats()["counters"]  # `kvstore stats` reads the same counters
+    observer.close()
+    assert counters["prefix_query_tokens"] == int(float(after["kvstore_prefix_cache_queries_total"]))
+    assert counters["prefix_hit_tokens"] == int(float(after["kvstore_prefix_cache_hits_total"]))
+
+
+def test_build_info_metric_names_the_running_build(daemon: Daemon) -> None:
+    import platform
+
+    from kvstore.build_info import installed_version
+
+    info = [name for name, value in _scrape(daemon).items() if name.startswith("kvstore_build_info{") and value == "1"]
+    assert info == [f'kvstore_build_info{{python="{platform.python_version()}",torch="{torch.__version__}",'
+                    f'version="{installed_version()}"}}']

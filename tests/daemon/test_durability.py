@@ -41,7 +41,7 @@ def test_flush_reports_acknowledged_blocks_that_did_not_reach_disk(tmp_path: Pat
         assert (again.value.blocks, again.value.total) == (4, 6)
         stats = backend.stats()
         assert (stats["write_failures"], stats["not_durable"], stats["counters"]["flush_failures"]) == (6, 6, 2)
-        text = render_prometheus(DaemonMetrics(), stats)
+        text = render_prometheus(DaemonMetrics(), stats, {"version": "test"})
         for line in ("kvstore_write_failures_total 6", "kvstore_not_durable_total 6", "kvstore_flush_failures_total 2"):
             assert line in text.splitlines()
         disk.mode = "ok"

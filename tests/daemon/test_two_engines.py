@@ -28,9 +28,10 @@ ENGINE = textwrap.dedent("""
     conn = build_connector(load_config({config!r}))
     llm = LLM(config=engine_config(), connector=conn)
     out = llm.generate([prompt(1, 45)], GREEDY)[0]
+    lower = [t for t in ("disk", "sidecar") if t in conn.stats()]
     conn.close()  # flushes the daemon tier
     print(json.dumps({{"connector": type(conn).__name__, "tokens": out.token_ids,
-                      "cached": out.metrics.cached_tokens_by_tier}}))
+                      "cached": out.metrics.cached_tokens_by_tier, "lower": lower}}))
 """)
 
 
@@ -60,7 +61,9 @@ def test_second_engine_reuses_first_engines_prefix() -> None:
         second = run_engine(engine_cfg)
         assert first["connector"] == "SidecarConnector"
         assert sum(first["cached"].values()) == 0
-        assert second["cached"] == {"gpu": 0, "host": 0, "disk": 44}  # 11 full blocks, from the daemon's tier
+        # 11 full blocks served by the daemon: labelled "sidecar", not "disk", in the engine's metrics and stats
+        assert second["cached"] == {"gpu": 0, "host": 0, "sidecar": 44}
+        assert first["lower"] == second["lower"] == ["sidecar"]
         assert first["tokens"] == reference and second["tokens"] == reference
         assert daemon.stop() == 0
     finally:
