@@ -40,7 +40,8 @@ env -u TRITON_INTERPRET "$PY" benchmarks/engine_bench.py --preset gpu --device c
 env -u TRITON_INTERPRET "$PY" benchmarks/engine_bench.py --preset gpu --device cuda --backend torch \
     --batch 16 --decode-tokens 32 --out "$DEST/engine_gpu_torch_backend.json"
 
-# Tiered end to end: the engine picks CUDA when present, so spills and loads copy
-# between the GPU pool, host RAM and LMDB. Also the host/disk tier benchmark.
+# Tiered end to end on SmolLM2-135M-Instruct (installed by `make venv`): the engine
+# picks CUDA when present, so spills and loads copy between the GPU pool, host RAM
+# and LMDB. Also the host/disk tier benchmark.
 env -u TRITON_INTERPRET "$PY" benchmarks/bench_e2e.py --no-progress --out "$DEST/e2e_gpu"
 env -u TRITON_INTERPRET "$PY" benchmarks/bench_tiers.py --quick --no-progress --out "$DEST/tiers"

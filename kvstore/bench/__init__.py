@@ -32,7 +32,7 @@ SUITE_HELP: dict[str, str] = {
     "lookup": "hash chain + radix match against a vLLM-style SHA-256 (pickle) baseline, 1k-128k tokens",
     "evict": "GPU victim selection time with 1k / 10k / 100k host-only radix nodes (must stay flat)",
     "hitrate": "replayed workloads: tiered hit rate against GPU-only LRU and Belady's optimum",
-    "e2e": "engine TTFT and throughput: full recompute, GPU prefix cache, tiered",
+    "e2e": "TTFT on SmolLM2 with a long shared prefix: recompute vs cached in the GPU pool, host RAM, LMDB",
     "plan": "capacity plan of model presets from the bandwidths measured in the same run",
     "soak": "reliability: daemon + client processes under kill -9; lost/wrong blocks, memory growth, holds",
 }

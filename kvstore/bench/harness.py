@@ -58,6 +58,18 @@ class SuiteOptions:
     """Length of the ``soak`` run's main phase; ``None``: the suite's default (fractions allowed)."""
     clients: int | None = None
     """Client processes of the ``soak`` run; ``None``: the suite's default."""
+    model: str | None = None
+    """Engine model of the ``e2e`` suite, as ``kvstore generate --model`` takes it (``default``, ``builtin``,
+    a path); ``None``: the suite's default (``default``; ``builtin`` with ``quick``)."""
+    prefix_tokens: int | None = None
+    """Shared prompt prefix of the ``e2e`` suite in tokens; ``None``: the suite's default."""
+    repeats: int | None = None
+    """Timed repeats of the ``e2e`` suite; ``None``: the suite's default."""
+
+
+class SuiteError(RuntimeError):
+    """A suite cannot run (a missing model, sizes that do not fit) or measured something it must not report
+    (cached output that differs from recompute); the message says what. The run fails with it."""
 
 
 @dataclass(frozen=True)

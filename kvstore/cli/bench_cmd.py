@@ -20,16 +20,21 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     base = args.out or Path("bench-results")
     # Imported here, not at the top: they pull in tqdm and numpy, which `kvstore --help` must not pay for.
-    from kvstore.bench.harness import SuiteOptions
+    from kvstore.bench.harness import SuiteError, SuiteOptions
     from kvstore.bench.runner import run_suite
 
     for name in names:
         out = base / name if (args.suite == "all" or args.out is None) else base
         options = SuiteOptions(out_dir=out, quick=args.quick, seed=args.seed,
                                trace=args.trace, trace_limit=args.trace_limit, data_dir=args.data_dir,
-                               minutes=args.minutes, clients=args.clients,
+                               minutes=args.minutes, clients=args.clients, model=args.model,
+                               prefix_tokens=args.prefix_tokens, repeats=args.repeats,
                                command="kvstore " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "kvstore bench")
-        run_suite(name, options, show_progress=not args.no_progress)
+        try:
+            run_suite(name, options, show_progress=not args.no_progress)
+        except SuiteError as exc:
+            print(f"error: bench {name}: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -72,5 +77,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="soak: length of the run with kills, in minutes, fractions allowed (default 2; 0.1 with --quick)")
     p.add_argument("--clients", type=_positive(int), default=None, metavar="N",
                    help="soak: client processes putting, flushing and reading (default 4; 2 with --quick)")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="e2e: the engine model as `kvstore generate --model` takes it: 'default' "
+                   "(SmolLM2-135M-Instruct), a .gguf file, a checkpoint directory, or 'builtin' (the tiny random "
+                   "model) (default: default; builtin with --quick)")
+    p.add_argument("--prefix-tokens", type=_positive(int), default=None, metavar="N",
+                   help="e2e: shared document prefix in tokens, a multiple of the block size (default 2048 on "
+                   "SmolLM2, 4096 on builtin; 256 / 512 with --quick)")
+    p.add_argument("--repeats", type=_positive(int), default=None, metavar="N",
+                   help="e2e: timed repeats, each in every mode (default 5; 2 with --quick)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=_bench)
