@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -56,6 +56,16 @@ class _Prompt:
     tokens: Any
     """``Request.all_token_ids``: vLLM appends output tokens to it; it never changes what it held."""
     chain: PromptKeys
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """How a job ended: what :class:`JobResult` reports."""
+
+    ok: bool
+    nbytes: int
+    loaded_keys: list[OffloadKey] | None = None
+    """For a load that failed in part, the vLLM keys that did load (``None``: all share ``ok``)."""
 
 
 class PromptRegistry:
@@ -149,32 +159,35 @@ class KVStoreSecondaryTier(SecondaryTierManager):
         self._submit(job_metadata.job_id, lambda: self._store(keys, chunks))
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        keys = [self.kvstore_key(k, job_metadata.req_context) for k in job_metadata.keys]
+        vllm_keys = list(job_metadata.keys)
+        keys = [self.kvstore_key(k, job_metadata.req_context) for k in vllm_keys]
         chunks = [int(c) for c in job_metadata.chunk_ids]
-        self._submit(job_metadata.job_id, lambda: self._load(keys, chunks))
+        self._submit(job_metadata.job_id, lambda: self._load(vllm_keys, keys, chunks))
 
-    def _store(self, keys: list[bytes | None], chunks: list[int]) -> tuple[bool, int]:
-        """Copy primary chunks into kvstore; ``(every chunk stored, bytes)``. A chunk without a key is not stored."""
+    def _store(self, keys: list[bytes | None], chunks: list[int]) -> _Outcome:
+        """Copy primary chunks into kvstore. A chunk without a kvstore key is not stored (the job fails)."""
         pairs = [(k, c) for k, c in zip(keys, chunks) if k is not None]
         stored = self.store.put([k for k, _ in pairs], [self._primary[c] for _, c in pairs])
-        return len(pairs) == len(keys) and all(stored), sum(stored) * self.block_size_bytes
+        return _Outcome(len(pairs) == len(keys) and all(stored), sum(stored) * self.block_size_bytes)
 
-    def _load(self, keys: list[bytes | None], chunks: list[int]) -> tuple[bool, int]:
-        """Copy kvstore blocks into primary chunks; ``(every chunk loaded, bytes)``."""
-        if any(k is None for k in keys):
-            return False, 0
-        found = self.store.get([k for k in keys if k is not None], [self._primary[c] for c in chunks])
-        return all(found), sum(found) * self.block_size_bytes
+    def _load(self, vllm_keys: list[OffloadKey], keys: list[bytes | None], chunks: list[int]) -> _Outcome:
+        """Copy kvstore blocks into primary chunks; a missing or corrupt block fails the job (the others load)."""
+        todo = [i for i, k in enumerate(keys) if k is not None]
+        got = self.store.get([keys[i] for i in todo], [self._primary[chunks[i]] for i in todo])  # type: ignore[misc]
+        loaded = [vllm_keys[i] for i, ok in zip(todo, got) if ok]
+        ok = len(loaded) == len(keys)
+        return _Outcome(ok, len(loaded) * self.block_size_bytes, None if ok else loaded)
 
-    def _submit(self, job_id: int, work: Any) -> None:
+    def _submit(self, job_id: int, work: Callable[[], _Outcome]) -> None:
         def run() -> None:
             try:
-                ok, nbytes = work()
+                out = work()
             except Exception:  # a failed job is reported as failed; vLLM recomputes or skips the chunks
                 log.exception("KVStoreSecondaryTier job %d failed", job_id)
-                ok, nbytes = False, 0
+                out = _Outcome(False, 0, [])
             with self._done_lock:
-                self._done.append(JobResult(job_id=job_id, success=ok, transfer_bytes=nbytes))
+                self._done.append(JobResult(job_id=job_id, success=out.ok, successful_keys=out.loaded_keys,
+                                            transfer_bytes=out.nbytes))
                 self._inflight.discard(fut)
 
         with self._done_lock:  # held so that run() cannot discard fut before it is added

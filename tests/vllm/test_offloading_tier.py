@@ -9,7 +9,9 @@ import pytest
 import yaml
 
 import harness as h
-from offload_worker import FakeOffloadWorker
+import torch
+
+from offload_worker import FakeOffloadWorker, kv_bytes
 
 PROMPT = list(range(100, 150))  # 50 tokens: 3 full 16-token chunks and a 2-token tail
 
@@ -63,3 +65,30 @@ def _chain(tier: Any, tokens: list[int], n: int) -> list[bytes]:
     from connectors.engine_keys import PromptKeys
 
     return PromptKeys(tier.layout, None).keys(tokens, n)
+
+
+def test_corrupt_block_in_kvstore_is_a_load_failure_and_recomputed(tmp_path: Path) -> None:
+    config = kvstore_config(tmp_path, tiers=["lmdb"])  # no host copy to fall back on
+    w = engine(h.model_dir(tmp_path), config)
+    w.scheduler.add_request(h.make_request("a", PROMPT))
+    w.run("a")
+    tier = tier_of(w)
+    disk = tier.store.tiers[0]
+    keys = _chain(tier, PROMPT, 3)
+    with disk.env.begin(write=True) as txn:  # flip one byte of the middle chunk's stored value
+        value = bytearray(txn.get(keys[1], db=disk._blocks))
+        value[len(value) // 2] ^= 0x01
+        txn.put(keys[1], bytes(value), db=disk._blocks)
+
+    assert w.scheduler.reset_prefix_cache(reset_connector=True)
+    w.scheduler.add_request(h.make_request("b", PROMPT))
+    outs = w.run("b")
+    scheduled = [o.num_scheduled_tokens["b"] for o in outs if "b" in o.num_scheduled_tokens]
+    assert scheduled == [34]  # chunk 0 loaded; chunk 1 (corrupt) and everything after it recomputed
+    assert w.loaded_kv_is("b", PROMPT) and len(w.loaded["b"]) == 1
+    s = disk.stats()
+    assert s.corrupt_dropped == 1
+    assert disk.contains(keys[1])  # request b stored its recomputed chunk again, a clean copy
+    dest = torch.empty(tier.layout.bytes_per_block, dtype=torch.uint8)
+    assert disk.get([keys[1]], [dest]) == [True]
+    assert torch.equal(dest, kv_bytes(PROMPT[:32], tier.layout.bytes_per_block))
