@@ -66,18 +66,22 @@ def vllm_config(model: Path, connector: dict[str, Any], num_gpu_blocks: int = 64
                       kv_transfer_config=KVTransferConfig(**connector), device_config=DeviceConfig("cpu"))
 
 
-def make_scheduler(config: VllmConfig, num_gpu_blocks: int = 64) -> Scheduler:
-    """vLLM's scheduler over a KV cache of ``num_gpu_blocks`` blocks (one full-attention group)."""
+def make_kv_cache_config(config: VllmConfig, num_gpu_blocks: int = 64) -> KVCacheConfig:
+    """A KV cache of ``num_gpu_blocks`` blocks, one full-attention group over every layer of the model."""
     layers = [f"model.layers.{i}.self_attn.attn" for i in range(config.model_config.get_num_layers(config.parallel_config))]
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_DIM, dtype=torch.float16)
-    kv_cache_config = KVCacheConfig(
+    return KVCacheConfig(
         num_blocks=num_gpu_blocks,
         kv_cache_tensors=[KVCacheTensor(size=spec.page_size_bytes * num_gpu_blocks * len(layers), layers=layers,
                                         layer_stride=spec.page_size_bytes * num_gpu_blocks,
                                         block_stride=spec.page_size_bytes)],
         kv_cache_groups=[KVCacheGroupSpec(layers, spec)],
     )
-    return Scheduler(vllm_config=config, kv_cache_config=kv_cache_config, block_size=BLOCK_SIZE,
+
+
+def make_scheduler(config: VllmConfig, num_gpu_blocks: int = 64) -> Scheduler:
+    """vLLM's scheduler over :func:`make_kv_cache_config`'s KV cache."""
+    return Scheduler(vllm_config=config, kv_cache_config=make_kv_cache_config(config, num_gpu_blocks), block_size=BLOCK_SIZE,
                      structured_output_manager=StructuredOutputManager(config), log_stats=True)
 
 
