@@ -47,6 +47,8 @@ class _PagedCache:
         self.tensors = [kv_caches[n] for n in layer_names]
         self.axes = [_block_axis(n, t, num_blocks) for n, t in zip(layer_names, self.tensors)]
         self.page_bytes = page_bytes
+        self.on_cuda = self.tensors[0].is_cuda
+        """Copies into the cache are asynchronous (CUDA): :meth:`fence` must wait for them."""
         for name, t, axis in zip(layer_names, self.tensors, self.axes):
             got = t.select(axis, 0).numel() * t.element_size()
             if got != page_bytes:
@@ -70,9 +72,8 @@ class _PagedCache:
 
     def fence(self) -> None:
         """Return once the copies this thread issued have landed (CUDA: sync its current stream; CPU: they have)."""
-        device = self.tensors[0].device
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()
+        if self.on_cuda:
+            torch.cuda.current_stream(self.tensors[0].device).synchronize()
 
 
 def _block_axis(name: str, t: torch.Tensor, num_blocks: int) -> int:

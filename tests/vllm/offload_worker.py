@@ -89,9 +89,9 @@ class FakeOffloadWorker:
         raise AssertionError(f"request {req_id} did not finish in {max_steps} steps")
 
     def _pending(self) -> bool:
+        """Whether the connector still wants steps (vLLM's own answer: jobs in flight, cascades, tier work)."""
         connector: Any = self.scheduler.connector
-        manager = connector.scheduler.manager
-        return bool(connector.scheduler._jobs) or any(t.has_pending_work() for t in manager.secondary_tiers)
+        return bool(connector.has_pending_push_work())
 
     def loaded_kv_is(self, req_id: str, tokens: list[int]) -> bool:
         """Whether the blocks loaded for ``req_id`` hold, in order, the KV of ``tokens``' first blocks."""

@@ -35,10 +35,12 @@ def test_corrupt_block_in_kvstore_is_a_load_failure_and_recomputed(tmp_path: Pat
     tier = tier_of(w)
     disk = tier.store.tiers[0]
     keys = prompt_keys(tier.layout)
-    with disk.env.begin(write=True) as txn:  # flip one byte of the middle chunk's stored value
+    def flip_one_byte(txn: Any) -> None:  # of the middle chunk's stored value
         value = bytearray(txn.get(keys[1], db=disk._blocks))
         value[len(value) // 2] ^= 0x01
         txn.put(keys[1], bytes(value), db=disk._blocks)
+
+    disk._txn(flip_one_byte)  # the tier's own write path (its LMDB environment is open in this process)
 
     assert w.scheduler.reset_prefix_cache(reset_connector=True)
     w.scheduler.add_request(h.make_request("b", PROMPT))
