@@ -31,7 +31,6 @@ venv: $(STAMP)
 
 $(VLLM_STAMP): pyproject.toml Makefile $(VLLM_REQS)
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps '$(TORCH_PIN)'
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -r $(VLLM_REQS)
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
