@@ -77,10 +77,18 @@ class EngineBlockStore:
         return any(t.contains(key) for t in self.tiers)
 
     def contains_prefix(self, keys: Sequence[bytes]) -> int:
-        """How many of ``keys``, consecutively from the first, some tier holds. Changes nothing."""
-        n = 0
-        for t in self.tiers:
-            n = max(n, t.contains_prefix(keys))
+        """How many of ``keys``, consecutively from the first, some tier holds. Changes nothing.
+
+        The run may alternate between tiers (a block evicted from the host tier is still on disk), so
+        each tier extends it from where the others stopped until none can.
+        """
+        n, grew = 0, True
+        while grew and n < len(keys):
+            grew = False
+            for t in self.tiers:
+                more = t.contains_prefix(keys[n:])
+                if more:
+                    n, grew = n + more, True
         return n
 
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
