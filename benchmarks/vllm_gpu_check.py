@@ -46,10 +46,12 @@ def make_model(root: Path) -> Path:
 
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=2048, max_position_embeddings=2048, torch_dtype="float16",
+                      num_key_value_heads=2, vocab_size=2048, max_position_embeddings=2048, dtype="float16",
                       bos_token_id=1, eos_token_id=2)
     path = root / "tiny-llama-random"
-    LlamaForCausalLM(cfg).to(torch.float16).save_pretrained(path)
+    model = LlamaForCausalLM(cfg)
+    model.half()
+    model.save_pretrained(path)
     return path
 
 
