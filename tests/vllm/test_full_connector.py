@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from needs_vllm import require_vllm
+
+require_vllm()
+
+# ruff: noqa: E402 - the imports below need vLLM
 import signal
 import sys
 from collections.abc import Iterator
