@@ -45,3 +45,16 @@ env -u TRITON_INTERPRET "$PY" benchmarks/engine_bench.py --preset gpu --device c
 # and LMDB. Also the host/disk tier benchmark.
 env -u TRITON_INTERPRET "$PY" benchmarks/bench_e2e.py --no-progress --out "$DEST/e2e_gpu"
 env -u TRITON_INTERPRET "$PY" benchmarks/bench_tiers.py --quick --no-progress --out "$DEST/tiers"
+
+# vLLM end to end with kvstore (both adapters: output with kvstore == output without).
+# vLLM's CUDA kernels need its own pins (torch 2.14 ...), so this uses a separate
+# environment with vLLM installed normally and kvstore on top (.venv-vllm, made by
+# `make venv-vllm`, holds the CPU build for the scheduler tests only).
+VLLM_GPU_VENV=${VLLM_GPU_VENV:-.venv-vllm-gpu}
+if [ ! -x "$VLLM_GPU_VENV/bin/python" ]; then
+    python3 -m venv "$VLLM_GPU_VENV"
+    "$VLLM_GPU_VENV/bin/pip" install --quiet vllm==0.33.0
+    "$VLLM_GPU_VENV/bin/pip" install --quiet --no-deps -e .
+    "$VLLM_GPU_VENV/bin/pip" install --quiet lmdb zstandard aiofiles gguf
+fi
+OUT="$DEST" "$VLLM_GPU_VENV/bin/python" benchmarks/vllm_gpu_check.py 2>&1 | tee "$DEST/vllm_gpu_check.txt"

@@ -1,0 +1,143 @@
+"""The kvstore tiers an engine adapter stores engine chunks in: embedded, or a ``kvstore serve`` daemon.
+
+An adapter for another engine (vLLM's secondary tier, SGLang's HiCache
+storage backend) keeps its own GPU and host caches and needs from kvstore
+only a key-addressed block store below them. :class:`EngineBlockStore` is
+that store for one :func:`~connectors.engine_keys.engine_layout`, built from
+a kvstore config: ``connector: embedded`` opens the tiers the config names
+in this process (the host tier in front of the disk tier, written through
+to both), ``connector: sidecar`` talks to the daemon at
+``daemon.socket_path`` (whose own host and disk tiers do the same). Disk
+blocks are checksummed: a corrupt block is deleted, counted and reported as
+missing, never served.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+import yaml
+
+from kvstore.config.schema import KVStoreConfig
+from kvstore.daemon.client import DaemonClient
+from kvstore.daemon.frames import DaemonError
+from kvstore.daemon.tier import DaemonTier
+from kvstore.hashing import Salt
+from kvstore.layout import KVLayout
+from kvstore.tiers import build_tier
+from kvstore.tiers.base import Buffer, Tier
+
+log = logging.getLogger(__name__)
+
+CONNECT_WAIT_S = 10.0
+"""How long opening a sidecar store waits for the daemon to answer."""
+
+
+class EngineBlockStore:
+    """kvstore's tiers for one engine layout: lookups, reads and writes of whole blocks. Thread-safe as its tiers are."""
+
+    def __init__(self, layout: KVLayout, tiers: Sequence[Tier], forced_salt: bytes | None = None) -> None:
+        self.layout = layout
+        self.tiers = list(tiers)
+        """Fastest first: every ``put`` goes to all of them, a ``get`` reads the fastest that has the block."""
+        self._forced_salt = forced_salt
+
+    @classmethod
+    def open(cls, cfg: KVStoreConfig, layout: KVLayout, client_name: str = "") -> EngineBlockStore:
+        """The store ``cfg`` describes, for ``layout`` (the engine's; ``cfg.model`` is not used).
+
+        ``cfg.connector == "sidecar"``: connect to the daemon (raises
+        :class:`~kvstore.daemon.client.DaemonUnavailable` if none answers within
+        :data:`CONNECT_WAIT_S`; a daemon started for another layout refuses
+        with a :class:`~kvstore.daemon.frames.DaemonError` whose message
+        includes the ``model:`` section its config needs). Otherwise build
+        ``cfg.tiers`` here (``host`` evicting on its own).
+        """
+        if cfg.connector == "sidecar":
+            d = cfg.daemon
+            client = DaemonClient(layout, socket_path=d.socket_path, token=d.token,
+                                  client_name=client_name or f"engine pid {os.getpid()}")
+            try:
+                hello = client.connect(CONNECT_WAIT_S)
+            except DaemonError as exc:
+                raise DaemonError(exc.code, f"{exc.message}; a daemon for this engine needs this model section in its "
+                                            f"config:\n{daemon_model_section(layout)}") from None
+            return cls(layout, [DaemonTier(layout, client)], forced_salt=hello.salt)
+        sections = {"host": cfg.host, "lmdb": cfg.disk, "file": cfg.file}
+        return cls(layout, [build_tier(name, sections[name], layout) for name in cfg.tiers])
+
+    def salt(self, requested: Salt) -> Salt:
+        """The salt keys are made with: the daemon's tenant salt when it assigned one (the trusted side decides), else ``requested``."""
+        return self._forced_salt if self._forced_salt is not None else requested
+
+    def contains(self, key: bytes) -> bool:
+        """Whether any tier holds ``key``. Changes nothing."""
+        return any(t.contains(key) for t in self.tiers)
+
+    def contains_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, consecutively from the first, some tier holds. Changes nothing.
+
+        The run may alternate between tiers (a block evicted from the host tier is still on disk), so
+        each tier extends it from where the others stopped until none can.
+        """
+        n, grew = 0, True
+        while grew and n < len(keys):
+            grew = False
+            for t in self.tiers:
+                more = t.contains_prefix(keys[n:])
+                if more:
+                    n, grew = n + more, True
+        return n
+
+    def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
+        """Copy each block into its destination from the fastest tier holding it; ``result[i]``: ``dests[i]`` filled.
+
+        A block found only in a slower tier is copied into the faster ones too.
+        A corrupt copy counts as not found (that tier deleted it).
+        """
+        found = [False] * len(keys)
+        for i, tier in enumerate(self.tiers):
+            todo = [j for j, ok in enumerate(found) if not ok]
+            if not todo:
+                break
+            got = tier.get([keys[j] for j in todo], [dests[j] for j in todo])
+            hits = [j for j, ok in zip(todo, got) if ok]
+            for j in hits:
+                found[j] = True
+            for faster in self.tiers[:i]:
+                faster.put([keys[j] for j in hits], [dests[j] for j in hits])
+        return found
+
+    def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
+        """Store blocks in every tier; ``result[i]``: some tier holds ``keys[i]`` afterwards. Stored blocks never change."""
+        stored = [False] * len(keys)
+        for tier in self.tiers:
+            for j, ok in enumerate(tier.put(keys, srcs)):
+                stored[j] = stored[j] or ok
+        return stored
+
+    def flush(self) -> None:
+        """Make every acknowledged put durable in the durable tiers."""
+        for t in self.tiers:
+            t.flush()
+
+    def close(self) -> None:
+        """Flush and release every tier."""
+        for t in self.tiers:
+            t.close()
+
+
+def load_store_config(path: str | None) -> KVStoreConfig:
+    """The kvstore config at ``path`` (kvstore's own loader and validation), or the defaults for ``None``."""
+    from kvstore.config import load_config
+
+    return load_config(path)
+
+
+def daemon_model_section(layout: KVLayout) -> str:
+    """The ``model:`` YAML section a daemon's config needs to accept clients of ``layout``."""
+    return yaml.safe_dump({"model": {
+        "model_id": layout.model_id, "num_layers": layout.num_layers, "num_kv_heads": layout.num_kv_heads,
+        "head_dim": layout.head_dim, "block_size": layout.block_size, "dtype": layout.dtype}}, sort_keys=False)

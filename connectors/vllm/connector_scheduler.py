@@ -1,0 +1,127 @@
+"""Scheduler side of kvstore's full vLLM connector: what is cached, what to load, what to save.
+
+Per request it keeps kvstore's key chain of the request's tokens (one key
+per vLLM block: the layout's ``block_size`` is vLLM's block size) and how
+many of its blocks kvstore already has. ``get_num_new_matched_tokens`` asks
+kvstore how many blocks after vLLM's own prefix-cache hit are stored;
+``update_state_after_alloc`` records which GPU blocks receive them;
+``build_connector_meta`` sends those loads, and a save for every block that
+becomes full in the step, to the workers. Loads are synchronous (they finish
+before each layer runs, see the worker side), so a request never waits in
+``WAITING_FOR_REMOTE_KVS`` and ``request_finished`` holds no blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from connectors.engine_keys import PromptKeys
+from connectors.engine_store import EngineBlockStore
+from connectors.vllm.connector_meta import BlockTransfer, KVStoreConnectorMetadata
+from kvstore.layout import KVLayout
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+
+@dataclass
+class _RequestState:
+    request: Request
+    chain: PromptKeys
+    stored_blocks: int = 0
+    """Blocks ``[0, stored_blocks)`` are in kvstore, loaded from it, or already sent to be saved."""
+    pending_load: BlockTransfer | None = None
+    last_load: tuple[int, BlockTransfer] | None = None
+    """The latest load sent to the workers, with the index of its first block in the request."""
+
+
+class KVStoreConnectorScheduler:
+    """The scheduler half of :class:`~connectors.vllm.connector.KVStoreConnector`."""
+
+    def __init__(self, store: EngineBlockStore, layout: KVLayout) -> None:
+        self.store = store
+        self.layout = layout
+        self._requests: dict[str, _RequestState] = {}
+        self._kv_cache_manager: KVCacheManager | None = None
+
+    def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
+        """Where the GPU block ids of scheduled requests are read from."""
+        self._kv_cache_manager = manager
+
+    def _state(self, request: Request) -> _RequestState:
+        st = self._requests.get(request.request_id)
+        if st is None:
+            st = _RequestState(request, PromptKeys(self.layout, self.store.salt(request.cache_salt)))
+            self._requests[request.request_id] = st
+        return st
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        """Tokens after ``num_computed_tokens`` whose blocks kvstore holds (loaded synchronously: ``False``).
+
+        The last prompt token is always computed (vLLM needs its logits), so at most
+        ``(num_tokens - 1) // block_size`` blocks count.
+        """
+        st = self._state(request)
+        bs = self.layout.block_size
+        first, last = num_computed_tokens // bs, (request.num_tokens - 1) // bs
+        st.stored_blocks = max(st.stored_blocks, first)  # vLLM's own cache had them: computed here, so saved here
+        if last <= first:
+            return 0, False
+        keys = st.chain.keys(request.all_token_ids, last)[first:]
+        hits = self.store.contains_prefix(keys)
+        return hits * bs, False
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        """Plan the load of the ``num_external_tokens`` matched tokens into the blocks vLLM allocated for them."""
+        if num_external_tokens == 0:
+            return
+        st = self._state(request)
+        bs = self.layout.block_size
+        first = request.num_computed_tokens // bs  # vLLM's own prefix hit, set before this call
+        n = num_external_tokens // bs
+        block_ids = blocks.get_block_ids()[0][first : first + n]
+        keys = st.chain.keys(request.all_token_ids, first + n)[first:]
+        st.pending_load = BlockTransfer(request.request_id, tuple(block_ids), tuple(keys))
+        st.last_load = (first, st.pending_load)
+        st.stored_blocks = max(st.stored_blocks, first + n)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVStoreConnectorMetadata:
+        """This step's loads (planned at allocation) and saves (blocks the step fills)."""
+        meta = KVStoreConnectorMetadata()
+        bs = self.layout.block_size
+        for req_id, n in scheduler_output.num_scheduled_tokens.items():
+            st = self._requests.get(req_id)
+            if st is None:
+                continue
+            if st.pending_load is not None:
+                meta.loads.append(st.pending_load)
+                st.pending_load = None
+            full = min(st.request.num_computed_tokens + n, st.request.num_tokens) // bs
+            if full <= st.stored_blocks:
+                continue
+            assert self._kv_cache_manager is not None, "bind_kv_cache_manager was not called"
+            block_ids = self._kv_cache_manager.get_block_ids(req_id)[0][st.stored_blocks : full]
+            keys = st.chain.keys(st.request.all_token_ids, full)[st.stored_blocks :]
+            meta.saves.append(BlockTransfer(req_id, tuple(block_ids), tuple(keys)))
+            st.stored_blocks = full
+        return meta
+
+    def on_load_errors(self, invalid_block_ids: set[int]) -> None:
+        """Blocks the workers could not load will be recomputed: save them again from the first failed one on."""
+        if not invalid_block_ids:
+            return
+        for st in self._requests.values():
+            if st.last_load is None:
+                continue
+            first, load = st.last_load
+            failed = [i for i, b in enumerate(load.block_ids) if b in invalid_block_ids]
+            if failed:
+                st.stored_blocks = min(st.stored_blocks, first + failed[0])
+
+    def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
+        """Forget the request. Saves finish within their step, so no block is held (``False``)."""
+        self._requests.pop(request.request_id, None)
+        return False, None

@@ -1,0 +1,238 @@
+"""Worker side of kvstore's full vLLM connector: copies between vLLM's paged KV cache and kvstore.
+
+One kvstore block is one vLLM block of every layer: the layers' block
+slices (each ``page_size_bytes``: K and V of ``block_size`` tokens) one after
+another, in the order of the KV cache group's layer names.
+
+Loads map kvstore's per-layer lease onto ``wait_for_layer_load``:
+``start_load_kv`` starts one background job per step that reads the blocks
+from kvstore into a host staging buffer, then copies them into the paged
+cache layer by layer, setting one event per layer; ``wait_for_layer_load``
+waits for that layer's event only, so layer 0 runs while later layers are
+still being copied. A block kvstore does not return (evicted meanwhile, or
+corrupt: kvstore deletes a block failing its checksum) is reported by
+``get_block_ids_with_load_errors`` and vLLM recomputes from it on.
+
+Saves: ``save_kv_layer`` copies the layer's slice of the blocks the step
+fills into a host staging buffer as each layer finishes; ``wait_for_save``
+writes the staged blocks to kvstore and returns when kvstore holds them, so
+vLLM may reuse the blocks at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from connectors.engine_store import EngineBlockStore
+from connectors.vllm.connector_meta import BlockTransfer, KVStoreConnectorMetadata
+from kvstore.layout import KVLayout
+
+log = logging.getLogger(__name__)
+
+
+class _PagedCache:
+    """vLLM's per-layer KV tensors seen as blocks: ``[layer] -> tensor`` with one axis of ``num_blocks``."""
+
+    def __init__(self, kv_caches: dict[str, torch.Tensor], layer_names: Sequence[str], num_blocks: int,
+                 page_bytes: int) -> None:
+        missing = [n for n in layer_names if n not in kv_caches]
+        if missing:
+            raise ValueError(f"register_kv_caches: no KV cache for layer(s) {missing}")
+        self.layers = list(layer_names)
+        self.tensors = [kv_caches[n] for n in layer_names]
+        self.axes = [_block_axis(n, t, num_blocks) for n, t in zip(layer_names, self.tensors)]
+        self.page_bytes = page_bytes
+        self.on_cuda = self.tensors[0].is_cuda
+        """Copies into the cache are asynchronous (CUDA): :meth:`fence` must wait for them."""
+        for name, t, axis in zip(layer_names, self.tensors, self.axes):
+            got = t.select(axis, 0).numel() * t.element_size()
+            if got != page_bytes:
+                raise ValueError(f"KV cache of layer {name} holds {got} bytes per block, expected {page_bytes}")
+
+    def read(self, layer: int, block_ids: Sequence[int]) -> torch.Tensor:
+        """``[len(block_ids), page_bytes]`` uint8 copy of those blocks of ``layer`` (on the cache's device)."""
+        t, axis = self.tensors[layer], self.axes[layer]
+        idx = torch.tensor(list(block_ids), dtype=torch.long, device=t.device)
+        blocks = t.index_select(axis, idx).movedim(axis, 0).contiguous()
+        return blocks.view(torch.uint8).reshape(len(block_ids), -1)
+
+    def write(self, layer: int, block_ids: Sequence[int], data: torch.Tensor) -> None:
+        """Put ``data`` (``[len(block_ids), page_bytes]`` uint8, any device) into those blocks of ``layer``."""
+        t, axis = self.tensors[layer], self.axes[layer]
+        idx = torch.tensor(list(block_ids), dtype=torch.long, device=t.device)
+        shape = list(t.shape)
+        shape.pop(axis)
+        src = data.to(t.device, non_blocking=True).view(t.dtype).reshape(len(block_ids), *shape)
+        t.index_copy_(axis, idx, src.movedim(0, axis))
+
+    def fence(self) -> None:
+        """Return once the copies this thread issued have landed (CUDA: sync its current stream; CPU: they have)."""
+        if self.on_cuda:
+            torch.cuda.current_stream(self.tensors[0].device).synchronize()
+
+
+def _block_axis(name: str, t: torch.Tensor, num_blocks: int) -> int:
+    """The block axis of a layer's KV tensor: ``[2, num_blocks, ...]`` (K/V first) or ``[num_blocks, ...]``."""
+    if t.dim() >= 2 and t.shape[0] == 2 and t.shape[1] == num_blocks:
+        return 1
+    if t.shape[0] == num_blocks:
+        return 0
+    raise ValueError(f"KV cache of layer {name} has shape {tuple(t.shape)}: no block axis of size {num_blocks} "
+                     f"in front (expected [2, num_blocks, ...] or [num_blocks, ...])")
+
+
+class _StepLoad:
+    """One step's loads: a background read from kvstore, then a copy per layer, each announced by an event."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.layer_done = [threading.Event() for _ in range(num_layers)]
+        self.failed_block_ids: set[int] = set()
+        self.future: Future[None] | None = None
+
+    def wait_layer(self, layer: int) -> None:
+        self.layer_done[layer].wait()
+
+    def wait(self) -> None:
+        for ev in self.layer_done:
+            ev.wait()
+        if self.future is not None:
+            self.future.result()
+
+
+class KVStoreConnectorWorker:
+    """The worker half of :class:`~connectors.vllm.connector.KVStoreConnector`."""
+
+    def __init__(self, store: EngineBlockStore, layout: KVLayout, layer_names: Sequence[str], num_blocks: int,
+                 page_bytes: int) -> None:
+        if page_bytes * len(layer_names) != layout.bytes_per_block:
+            raise ValueError(f"{len(layer_names)} layers of {page_bytes} bytes per block do not make the layout's "
+                             f"{layout.bytes_per_block}-byte block")
+        self.store = store
+        self.layout = layout
+        self.layer_names = list(layer_names)
+        self._layer_index = {n: i for i, n in enumerate(layer_names)}
+        self.num_blocks = num_blocks
+        self.page_bytes = page_bytes
+        self.cache: _PagedCache | None = None
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-vllm-load")
+        self._load: _StepLoad | None = None
+        self._load_errors: set[int] = set()
+        self._saves: list[BlockTransfer] = []
+        self._save_staging: torch.Tensor | None = None  # [n_blocks, layers, page_bytes] host copy of this step's saves
+        self._staged: list[bool] = []  # per layer: save_kv_layer copied it this step
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Attach vLLM's paged KV tensors (checked: one block axis, ``page_bytes`` per block per layer)."""
+        self.cache = _PagedCache(kv_caches, self.layer_names, self.num_blocks, self.page_bytes)
+
+    def _cache(self) -> _PagedCache:
+        if self.cache is None:
+            raise RuntimeError("KVStoreConnector: register_kv_caches was not called")
+        return self.cache
+
+    # ----------------------------------------------------------------- loads
+    def start_load_kv(self, meta: KVStoreConnectorMetadata) -> None:
+        """Start this step's loads in the background (returns at once); prepare the step's saves."""
+        self._saves = list(meta.saves)
+        n_save = sum(len(s.block_ids) for s in self._saves)
+        self._save_staging = torch.empty((n_save, len(self.layer_names), self.page_bytes), dtype=torch.uint8) \
+            if n_save else None
+        self._staged = [False] * len(self.layer_names)
+        self._load = None
+        if not meta.loads:
+            return
+        load = _StepLoad(len(self.layer_names))
+        load.future = self._io.submit(self._run_load, load, list(meta.loads))
+        self._load = load
+
+    def _run_load(self, load: _StepLoad, transfers: list[BlockTransfer]) -> None:
+        cache = self._cache()
+        try:
+            keys = [k for t in transfers for k in t.keys]
+            block_ids = [b for t in transfers for b in t.block_ids]
+            staging = torch.empty((len(keys), self.layout.bytes_per_block), dtype=torch.uint8)
+            found = self.store.get(keys, list(staging))
+            ok = [i for i, f in enumerate(found) if f]
+            load.failed_block_ids = {b for b, f in zip(block_ids, found) if not f}
+            per_layer = staging.view(len(keys), len(self.layer_names), self.page_bytes)
+            ok_ids = [block_ids[i] for i in ok]
+            for layer in range(len(self.layer_names)):
+                if ok_ids:
+                    cache.write(layer, ok_ids, per_layer[ok, layer])
+                    cache.fence()  # the forward may read the layer as soon as the event is set
+                load.layer_done[layer].set()
+        except BaseException:
+            load.failed_block_ids = {b for t in transfers for b in t.block_ids}
+            log.exception("kvstore load failed; %d blocks will be recomputed", len(load.failed_block_ids))
+            raise
+        finally:
+            for ev in load.layer_done:
+                ev.set()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Block until this step's loads have reached layer ``layer_name`` (no-op for a layer kvstore does not hold)."""
+        layer = self._layer_index.get(layer_name)
+        if self._load is not None and layer is not None:
+            self._load.wait_layer(layer)
+
+    # ----------------------------------------------------------------- saves
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor) -> None:
+        """Copy layer ``layer_name``'s slice of the blocks this step fills to the host staging buffer."""
+        layer = self._layer_index.get(layer_name)
+        if layer is None or self._save_staging is None:
+            return
+        self._stage(layer)
+
+    def _stage(self, layer: int) -> None:
+        assert self._save_staging is not None
+        ids = [b for s in self._saves for b in s.block_ids]
+        self._save_staging[:, layer].copy_(self._cache().read(layer, ids))
+        self._staged[layer] = True
+
+    def wait_for_save(self) -> None:
+        """Write the staged blocks to kvstore (stored blocks never change); return when it holds them."""
+        if self._load is not None:
+            self._finish_load()
+        if self._save_staging is None:
+            return
+        for layer, staged in enumerate(self._staged):
+            if not staged:  # a layer whose attention did not call save_kv_layer: its KV is complete now
+                self._stage(layer)
+        keys = [k for s in self._saves for k in s.keys]
+        blocks = self._save_staging.view(len(keys), -1)
+        stored = self.store.put(keys, list(blocks))
+        if not all(stored):
+            log.warning("kvstore kept %d of %d saved blocks (no room); they will be recomputed when needed",
+                        sum(stored), len(stored))
+        self._saves, self._save_staging = [], None
+
+    def _finish_load(self) -> None:
+        load, self._load = self._load, None
+        assert load is not None
+        try:
+            load.wait()
+        except Exception:  # already logged; its blocks are in failed_block_ids
+            pass
+        self._load_errors |= load.failed_block_ids
+
+    # -------------------------------------------------------------- results
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """Nothing is asynchronous across steps: no request is ever still sending or receiving."""
+        return None, None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """Blocks this step's loads could not fill (then cleared)."""
+        if self._load is not None:
+            self._finish_load()
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def shutdown(self) -> None:
+        self._io.shutdown(wait=True)
+        self.store.close()
+
