@@ -64,6 +64,20 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Nothing to run: the module is its placeholders."""
 
 
+def require_sglang() -> None:
+    """Skip the calling test module, saying why and what to do, when SGLang cannot be imported here."""
+    import pytest
+
+    try:
+        import sglang.srt.mem_cache.hicache_storage  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(
+            f"SGLang 0.5.23 cannot be imported by {sys.executable} ({exc}); create its environment with "
+            "`make venv-sglang` and run these tests with .venv-sglang/bin/python -m pytest tests/sglang",
+            allow_module_level=True,
+        )
+
+
 def install() -> tuple[str, ...]:
     """Stub each of :data:`STUBBED` that is not installed; returns the ones stubbed. Idempotent."""
     if any(isinstance(f, _StubFinder) for f in sys.meta_path):

@@ -9,6 +9,10 @@ pages (the default path), and the v2 pool-transfer calls.
 
 from __future__ import annotations
 
+from sglang_stubs import require_sglang
+
+require_sglang()
+
 from pathlib import Path
 
 import lmdb

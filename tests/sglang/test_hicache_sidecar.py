@@ -7,6 +7,10 @@ daemon-assigned tenant salt keeps tenants apart.
 
 from __future__ import annotations
 
+from sglang_stubs import require_sglang
+
+require_sglang()
+
 import os
 import signal
 from collections.abc import Iterator
