@@ -93,7 +93,7 @@ class LocalTier(Tier):
     def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
         """Store blocks in the host tier (written behind to disk); ``result[i]``: ``keys[i]`` is stored now."""
         check_buffers(keys, srcs, self.bpb, "local")
-        out = self.backend.put_inline(keys, [memoryview(s.numpy()) for s in srcs])
+        out = self.backend.put_inline(keys, [s.numpy().data for s in srcs])
         self._stats.puts += sum(out)
         self._stats.bytes_written += sum(out) * self.bpb
         return out
