@@ -20,8 +20,9 @@ Keys: SGLang hands a storage backend its own page hashes (a SHA-256 chain
 over all earlier tokens, seeded by the request's ``cache_salt``/``extra_key``),
 never the tokens. Each is turned into a kvstore key by
 :func:`connectors.engine_keys.engine_page_keys`: BLAKE2b over kvstore's root
-key (layout fingerprint + tenant salt), a namespace (SGLang, the flat page's
-element order, the TP and PP shard) and the page hash. So two models, two
+key (layout fingerprint + tenant salt), a namespace (SGLang, the served
+model's name, the flat page's element order, the TP/PP/CP shard) and the page
+hash. So two models, two
 dtypes, two tenants, two shards or two host byte orders never share a page.
 
 Pages: one SGLang host page is one kvstore block (``--page-size`` ==
@@ -91,8 +92,10 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         geometry.check_against(self.layout, self.config_source)
         c = self.storage_config
         self.geometry = geometry
-        self.namespace = (f"sglang|page={geometry.byte_order}|tp={c.tp_rank}/{c.tp_size}|pp={c.pp_rank}/{c.pp_size}"
-                          f"|cp={c.attn_cp_rank}/{c.attn_cp_size}")
+        # The served model's name as SGLang knows it (--model-path, or --served-model-name) joins the layout's
+        # model_id: two models of one geometry behind one kvstore config still never share a page.
+        self.namespace = (f"sglang|model={c.model_name or ''}|page={geometry.byte_order}|tp={c.tp_rank}/{c.tp_size}"
+                          f"|pp={c.pp_rank}/{c.pp_size}|cp={c.attn_cp_rank}/{c.attn_cp_size}")
         super().register_mem_pool_host(mem_pool_host)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:

@@ -55,17 +55,19 @@ def write_kvstore_config(root: Path, name: str = "kvstore.yaml", **over: Any) ->
     return path
 
 
-def storage_config(extra: dict[str, Any], tp_rank: int = 0, tp_size: int = 1) -> HiCacheStorageConfig:
+def storage_config(extra: dict[str, Any], tp_rank: int = 0, tp_size: int = 1,
+                   model_name: str = "sglang-test") -> HiCacheStorageConfig:
     """What HiCacheController hands a storage backend (``_generate_storage_config``), for one MHA rank."""
     return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
                                 attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
-                                is_page_first_layout=False, model_name="sglang-test", extra_config=extra)
+                                is_page_first_layout=False, model_name=model_name, extra_config=extra)
 
 
-def open_backend(config: Path, host: MHATokenToKVPoolHost, **extra: Any) -> KVStoreHiCacheStorage:
+def open_backend(config: Path, host: MHATokenToKVPoolHost, model_name: str = "sglang-test",
+                 **extra: Any) -> KVStoreHiCacheStorage:
     """The backend as SGLang makes it for ``--hicache-storage-backend dynamic``: through its factory, then
     ``register_mem_pool_host`` (what ``HiCacheController.attach_storage_backend`` does)."""
-    cfg = storage_config({**EXTRA, "kvstore_config": str(config), **extra})
+    cfg = storage_config({**EXTRA, "kvstore_config": str(config), **extra}, model_name=model_name)
     backend = StorageBackendFactory.create_backend("dynamic", cfg, host)
     assert isinstance(backend, KVStoreHiCacheStorage)
     backend.register_mem_pool_host(host)

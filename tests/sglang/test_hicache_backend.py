@@ -135,6 +135,9 @@ def test_tenants_models_and_byte_orders_never_share_pages(tmp_path: Path, kv) ->
     m = open_backend(other_model, host, tenant="tenant-a")
     assert m.batch_exists(keys) == 0
     m.close()
+    served = open_backend(config, host, model_name="another/served-model", tenant="tenant-a")
+    assert served.batch_exists(keys) == 0  # same geometry and kvstore config, another model behind SGLang
+    served.close()
     # page_first orders a page's elements differently: its pages are not these bytes
     pf = open_backend(config, host_pool(kv, "page_first"), tenant="tenant-a")
     assert pf.batch_exists(keys) == 0
