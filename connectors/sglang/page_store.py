@@ -15,10 +15,10 @@ SGLang's HiCache L3 interface asks for: ``contains_prefix`` is its
   daemon's shared-memory host tier in front of its disk tier; pages survive
   the SGLang process and are shared by every engine on the host.
 
-SGLang's own ``TieredStore`` is not used: it is kvstore's GPU block pool and
-radix index, keyed by tokens, while SGLang keeps its own device and host pools
-and hands over host pages with its own page hashes; a GPU pool here would be an
-idle staging copy.
+kvstore's :class:`~kvstore.store.TieredStore` is not used here: it is kvstore's
+GPU block pool and radix index, keyed by tokens, while SGLang keeps its own
+device and host pools and hands over host pages with its own page hashes; a
+GPU pool here would only be an idle staging copy.
 """
 
 from __future__ import annotations
