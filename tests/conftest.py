@@ -12,17 +12,17 @@ from kvstore.layout import KVLayout
 REPO = Path(__file__).resolve().parent.parent
 
 
-
-def _has_vllm() -> bool:
-    """Whether the real vLLM is importable (not the namespace package ``tests/vllm`` makes of itself on sys.path)."""
-    spec = importlib.util.find_spec("vllm")
+def _installed(package: str) -> bool:
+    """Whether the real ``package`` is importable (not the namespace package ``tests/<package>`` makes of itself)."""
+    spec = importlib.util.find_spec(package)
     return spec is not None and spec.origin is not None
 
 
-# tests/vllm needs vLLM, which lives in its own environment (.venv-vllm, `make venv-vllm`; vLLM's pins
-# would override the project's). `make test` runs it there, after this suite; a run in an
-# environment without vLLM does not collect it.
-collect_ignore = [] if _has_vllm() else ["vllm"]
+# tests/vllm and tests/sglang need their engines, which live in their own environments (.venv-vllm,
+# .venv-sglang: `make venv-vllm`, `make venv-sglang`; the engines' pins would override the project's).
+# `make test` runs each suite there, after this one; a run in an environment without the engine does
+# not collect its folder.
+collect_ignore = [name for name in ("vllm", "sglang") if not _installed(name)]
 
 
 @pytest.fixture
