@@ -8,34 +8,33 @@ cannot be derived from one of its earlier blocks; the caller passes the chain.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
-from kvstore.tiers.base import Buffer
+from kvstore.tiers.base import Buffer, Tier
 
 
-@runtime_checkable
-class ChainTier(Protocol):
-    """Grouped access by chain position (see the module docstring)."""
+class ChainTier(Tier):
+    """A :class:`Tier` with grouped access by chain position (see the module docstring)."""
 
-    group_blocks: int
+    group_blocks: int = 1
     """``G``: blocks per stored value."""
 
+    @abstractmethod
     def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
         """How many blocks of ``chain``, from position 0, are stored, assuming those before the group of
         ``start`` are: checks groups from ``start // G`` on, up to the first missing one. A multiple of
         ``G`` (or ``start`` rounded down to one). Changes nothing."""
-        ...
 
+    @abstractmethod
     def load(self, chain: Sequence[bytes], start: int, dests: Sequence[Buffer]) -> list[bool]:
         """Fill ``dests[i]`` with the block at position ``start + i`` of ``chain``; ``result[i]`` says
         whether it was filled. ``chain`` must reach the end of the last group asked for."""
-        ...
 
+    @abstractmethod
     def store(self, chain: Sequence[bytes], start: int, srcs: Sequence[Buffer]) -> int:
         """Store the full groups covered by positions ``[start, start + len(srcs))`` (``start`` a multiple
         of ``G``; a trailing partial group is not stored). Returns the blocks stored or already present."""
-        ...
 
 
 def groups_of(start: int, stop: int, g: int) -> range:

@@ -36,8 +36,8 @@ from kvstore.config.remote import RemoteConfig
 from kvstore.errors import CorruptBlock, short_key
 from kvstore.layout import KVLayout
 from kvstore.tiers.backoff import Backoff
-from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
-from kvstore.tiers.chain import groups_of
+from kvstore.tiers.base import Buffer, TierStats, check_buffers
+from kvstore.tiers.chain import ChainTier, groups_of
 from kvstore.tiers.group_value import decode_group, encode_group
 from kvstore.tiers.redis_client import make_client, node_client, parse_target
 from kvstore.tiers.redis_evictions import EvictionListener
@@ -66,7 +66,7 @@ class RemoteStats(TierStats):
     """Values newly stored (each ``group_blocks`` blocks)."""
 
 
-class RedisTier(Tier):
+class RedisTier(ChainTier):
     """Blocks in groups of ``cfg.group_blocks`` on a Redis server or cluster (see the module docstring).
 
     As a :class:`Tier`, ``keys`` passed to :meth:`contains_prefix`, :meth:`get` and :meth:`put` are a
