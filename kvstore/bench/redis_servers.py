@@ -121,7 +121,9 @@ def start_server(dir: Path, port: int | None = None, *, maxmemory: str | None = 
         args += ["--requirepass", password, "--masterauth", password]
     if cluster_node_timeout_ms is not None:
         args += ["--cluster-enabled", "yes", "--cluster-config-file", str(dir / "nodes.conf"),
-                 "--cluster-node-timeout", str(cluster_node_timeout_ms)]
+                 "--cluster-node-timeout", str(cluster_node_timeout_ms),
+                 # a replica may always take over (the default refuses one disconnected for 10 node timeouts)
+                 "--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0"]
     args += list(extra)
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     server = RedisServer(port, dir, proc, password)
@@ -158,12 +160,17 @@ class RedisClusterProcs:
         return [s for s in self.servers if roles.get(s.port) == "master"]
 
     def healthy(self) -> bool:
-        """Whether every running node reports ``cluster_state:ok`` and three primaries run."""
+        """Whether every running node reports ``cluster_state:ok``, three primaries run, and every running
+        replica's link to its primary is up (synchronised, so it can take over)."""
         try:
-            ok = all("cluster_state:ok" in s.cli("CLUSTER", "INFO") for s in self.servers if s.alive())
+            up = [s for s in self.servers if s.alive()]
+            ok = all("cluster_state:ok" in s.cli("CLUSTER", "INFO") for s in up)
+            roles = self.roles()
+            linked = all("master_link_status:up" in s.cli("INFO", "replication") for s in up
+                         if roles.get(s.port) == "slave")
         except subprocess.SubprocessError:
             return False
-        return ok and len(self.masters()) == 3
+        return ok and linked and len(self.masters()) == 3
 
     def wait_healthy(self, timeout: float = 30) -> None:
         """Wait until :meth:`healthy` (raises ``TimeoutError``)."""
