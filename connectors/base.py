@@ -30,10 +30,12 @@ from kvstore.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt
 from kvstore.layout import KVLayout
 
-__all__ = ["TIER_NAMES", "KVConnector", "Lease", "PrefixMatch"]
+__all__ = ["REMOTE_TIER", "TIER_NAMES", "KVConnector", "Lease", "PrefixMatch"]
 
 TIER_NAMES: tuple[str, ...] = ("gpu", "host", "disk")
 """Where a cached block's fastest copy can be, fastest first (a daemon's tiers count as ``"disk"``)."""
+REMOTE_TIER = "remote"
+"""The shared tier below disk (Redis): a match or a per-tier count names it only when a block came from it."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class PrefixMatch:
     keys: tuple[bytes, ...]
     """Keys of the matched full blocks, in prompt order."""
     tiers: tuple[str, ...]
-    """Per matched block, the tier of its fastest copy (one of :data:`TIER_NAMES`)."""
+    """Per matched block, the tier of its fastest copy (one of :data:`TIER_NAMES`, or :data:`REMOTE_TIER`)."""
     block_size: int
     """Tokens per block."""
     prompt_tokens: int
@@ -60,9 +62,9 @@ class PrefixMatch:
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.tiers):
             raise ValueError(f"PrefixMatch: {len(self.keys)} keys but {len(self.tiers)} tiers")
-        bad = sorted(set(self.tiers) - set(TIER_NAMES))
+        bad = sorted(set(self.tiers) - {*TIER_NAMES, REMOTE_TIER})
         if bad:
-            raise ValueError(f"PrefixMatch: unknown tier(s) {bad}; expected one of {TIER_NAMES}")
+            raise ValueError(f"PrefixMatch: unknown tier(s) {bad}; expected one of {(*TIER_NAMES, REMOTE_TIER)}")
         if self.block_size <= 0:
             raise ValueError(f"PrefixMatch: block_size must be positive, got {self.block_size}")
 
@@ -81,8 +83,11 @@ class PrefixMatch:
         return self.tiers.count(tier) * self.block_size
 
     def tokens_by_tier(self) -> dict[str, int]:
-        """Matched tokens per tier, every tier of :data:`TIER_NAMES` present."""
-        return {t: self.tokens_in(t) for t in TIER_NAMES}
+        """Matched tokens per tier, every tier of :data:`TIER_NAMES` present (:data:`REMOTE_TIER` when matched)."""
+        out = {t: self.tokens_in(t) for t in TIER_NAMES}
+        if REMOTE_TIER in self.tiers:
+            out[REMOTE_TIER] = self.tokens_in(REMOTE_TIER)
+        return out
 
 
 class Lease(ABC):
@@ -134,7 +139,8 @@ class Lease(ABC):
 
     @abstractmethod
     def tokens_by_tier(self) -> dict[str, int]:
-        """Tokens of :attr:`block_ids` by the tier each block came from (every tier of :data:`TIER_NAMES`)."""
+        """Tokens of :attr:`block_ids` by the tier each block came from (every tier of :data:`TIER_NAMES`;
+        :data:`REMOTE_TIER` too when a block came from there)."""
 
     @property
     def num_cached_tokens(self) -> int:
