@@ -7,9 +7,9 @@
     commit k10 k11                           group 2 is full: its 4 blocks are read from wherever
                                              they live now (GPU, host, disk) and stored as one value
 
-Sources are held (a GPU reference, a host pin) under the hierarchy lock, read and sent on this
-writer's own thread (a slow or dead server never delays the local write-downs or the engine), then
-given back. A group one of whose blocks has left every local tier is skipped (counted).
+Sources are held (a GPU reference, a host pin) under the hierarchy lock, copied to private host
+buffers on this writer's own thread and given back at once; only then are the groups sent (a slow or
+dead server never delays the local write-downs or the engine, nor holds a GPU block). A group one of whose blocks has left every local tier is skipped (counted).
 """
 
 from __future__ import annotations
@@ -98,19 +98,31 @@ class RemoteWriter:
         return out
 
     def _write(self, jobs: list[tuple[list[bytes], int, list[_Source]]]) -> None:
+        """Copy every group's blocks to private host buffers and give the sources back, then send.
+
+        The GPU references and host pins last only as long as the copies, never a network round trip.
+        """
         h = self.h
+        copied: list[tuple[list[bytes], int, list[_Source], list[torch.Tensor]]] = []
         for chain, start, srcs in jobs:
             try:
                 bufs = self._read(srcs)
-                stored = self.remote.store(chain, start, bufs) if bufs is not None else 0
-                if bufs is None:
-                    self.skipped_groups += 1
-            except Exception:  # noqa: BLE001 - a failed remote write is a lost optimisation, never an engine error
-                log.exception("writing group ending %s to the remote tier failed", chain[-1].hex()[:16])
-                stored = 0
+            except Exception:  # noqa: BLE001 - a failed copy loses an optimisation, never an engine error
+                log.exception("reading group ending %s for the remote tier failed", chain[-1].hex()[:16])
+                bufs = None
             finally:
                 with h.lock:
                     self._release(srcs)
+            if bufs is None:
+                self.skipped_groups += 1
+            else:
+                copied.append((chain, start, srcs, bufs))
+        for chain, start, srcs, bufs in copied:
+            try:
+                stored = self.remote.store(chain, start, bufs)
+            except Exception:  # noqa: BLE001 - as above
+                log.exception("writing group ending %s to the remote tier failed", chain[-1].hex()[:16])
+                stored = 0
             if stored:
                 with h.lock:
                     h.counters.spilled_blocks["remote"] += stored
@@ -118,21 +130,20 @@ class RemoteWriter:
                         h.events.put("stored", s.key, "remote")
 
     def _read(self, srcs: list[_Source]) -> list[torch.Tensor] | None:
-        """CPU bytes of each block (outside the lock); ``None`` if a disk read fails."""
+        """A private CPU copy of each block (outside the lock); ``None`` if a disk read fails."""
         h, pl = self.h, self.h.placement
         out: list[torch.Tensor] = []
         for s in srcs:
+            buf = staging_buffer(h.layout, pin=False)
             if s.gpu_block is not None:
-                src = h.pool.block_bytes(s.gpu_block)
-                out.append(src if src.device.type == "cpu" else copy_bytes(staging_buffer(h.layout, pin=False), src))
+                copy_bytes(buf, h.pool.block_bytes(s.gpu_block))
             elif s.host is not None:
-                out.append(pl.view(s.host))
+                copy_bytes(buf, pl.view(s.host))
             else:
                 assert h.disk is not None
-                buf = staging_buffer(h.layout, pin=False)
                 if not h.disk.get([s.key], [buf])[0]:
                     return None
-                out.append(buf)
+            out.append(buf)
         return out
 
     def _release(self, srcs: list[_Source]) -> None:
@@ -143,6 +154,10 @@ class RemoteWriter:
                 pl.unref([s.gpu_block])
             elif s.host is not None:
                 pl.release(s.host)
+
+    def pending(self) -> bool:
+        """Whether group writes are scheduled or running."""
+        return bool(self._pending)
 
     def wait(self) -> None:
         """Block until every scheduled group write has finished."""

@@ -362,8 +362,8 @@ class TieredStore:
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` GPU blocks for new tokens, evicting unused cached blocks first if needed.
 
-        Blocks still being copied down by the write policy hold a reference;
-        when only they stand in the way, this waits for those copies. Raises
+        Blocks still being copied down by the write policy (or for the remote tier) hold a
+        reference; when only they stand in the way, this waits for those copies. Raises
         :class:`OutOfBlocks` (nothing taken) when even that is not enough.
         """
         free = 0
@@ -375,6 +375,8 @@ class TieredStore:
                 free = self.h.pool.num_free
             if attempt == 0 and self.spiller.pending():
                 self.spiller.wait()  # outside the lock: the copies need it to finish
+            if attempt == 0 and self.remote_writer is not None and self.remote_writer.pending():
+                self.remote_writer.wait()  # queued group writes hold GPU blocks until they are copied
         raise OutOfBlocks(n, free)
 
     def free(self, block_ids: Sequence[int]) -> None:
