@@ -57,6 +57,8 @@ class RedisServer:
     dir: Path
     proc: subprocess.Popen[bytes]
     password: str | None = None
+    tls_dir: Path | None = None
+    """Directory of ``ca.crt``, ``server.crt`` and ``server.key`` when the server speaks TLS only."""
 
     @property
     def pidfile(self) -> Path:
@@ -75,13 +77,15 @@ class RedisServer:
     def url(self) -> str:
         """``redis://[:password@]127.0.0.1:port/0``."""
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"{'rediss' if self.tls_dir else 'redis'}://{auth}127.0.0.1:{self.port}/0"
 
     def cli(self, *args: str) -> str:
         """Run ``redis-cli`` against this server; returns its stdout."""
         cmd = ["redis-cli", "-h", "127.0.0.1", "-p", str(self.port)]
         if self.password:
             cmd += ["--no-auth-warning", "-a", self.password]
+        if self.tls_dir:
+            cmd += ["--tls", "--cacert", str(self.tls_dir / "ca.crt")]
         return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=10, check=True).stdout
 
     def alive(self) -> bool:
@@ -107,8 +111,11 @@ class RedisServer:
 
 def start_server(dir: Path, port: int | None = None, *, maxmemory: str | None = None,
                  policy: str = "allkeys-lru", notify: str = "Exe", password: str | None = None,
-                 cluster_node_timeout_ms: int | None = None, extra: tuple[str, ...] = ()) -> RedisServer:
-    """Start ``redis-server`` on ``127.0.0.1:port`` (a free one by default) with no persistence; waits for PING."""
+                 cluster_node_timeout_ms: int | None = None, tls_dir: Path | None = None,
+                 extra: tuple[str, ...] = ()) -> RedisServer:
+    """Start ``redis-server`` on ``127.0.0.1:port`` (a free one by default) with no persistence; waits for PING.
+
+    With ``tls_dir`` (see :func:`make_tls_files`) the port speaks TLS only."""
     port = port or free_port(cluster=cluster_node_timeout_ms is not None)
     dir.mkdir(parents=True, exist_ok=True)
     args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--daemonize", "no",
@@ -124,12 +131,32 @@ def start_server(dir: Path, port: int | None = None, *, maxmemory: str | None = 
                  "--cluster-node-timeout", str(cluster_node_timeout_ms),
                  # a replica may always take over (the default refuses one disconnected for 10 node timeouts)
                  "--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0"]
+    if tls_dir is not None:
+        args[1:3] = ["--port", "0", "--tls-port", str(port)]
+        args += ["--tls-cert-file", str(tls_dir / "server.crt"), "--tls-key-file", str(tls_dir / "server.key"),
+                 "--tls-ca-cert-file", str(tls_dir / "ca.crt"), "--tls-auth-clients", "no"]
     args += list(extra)
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    server = RedisServer(port, dir, proc, password)
+    server = RedisServer(port, dir, proc, password, tls_dir)
     _wait(lambda: server.cli("PING").strip() == "PONG", 10, f"redis-server on port {port} (log {dir}/redis.log)",
           server)
     return server
+
+
+def make_tls_files(dir: Path) -> Path:
+    """A throwaway CA and a server certificate for 127.0.0.1 (``openssl``) in ``dir``; returns ``dir``."""
+    dir.mkdir(parents=True, exist_ok=True)
+    (dir / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    steps = [
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+         "-subj", "/CN=kvstore-test-ca"],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+         "server.crt", "-days", "2", "-extfile", "san.cnf"],
+    ]
+    for step in steps:
+        subprocess.run(["openssl", *step], cwd=dir, capture_output=True, check=True, timeout=60)
+    return dir
 
 
 @dataclass

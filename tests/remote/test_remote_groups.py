@@ -5,6 +5,7 @@ down, paused or refusing."""
 from __future__ import annotations
 
 import itertools
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 from remotelib import remote_tier, wait_for
 from tiers_testlib import BIG, LAYOUTS, empty_blocks, make_blocks, make_keys
 
-from kvstore.bench.redis_servers import RedisServer, start_server
+from kvstore.bench.redis_servers import RedisServer, make_tls_files, start_server
 from kvstore.codec import HEADER_SIZE
 from kvstore.tiers.redis_client import parse_target
 
@@ -205,3 +206,23 @@ def test_concurrent_readers_and_writers_share_one_tier(redis_server: RedisServer
         t.join(20)
     assert errors == [] and tier.stats().hits == 48
     tier.close()
+
+
+def test_tls_url_with_a_private_ca(tmp_path: Path) -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not on PATH: cannot make a test certificate")
+    server = start_server(tmp_path / "tls", tls_dir=make_tls_files(tmp_path / "certs"))
+    try:
+        assert server.url.startswith("rediss://")
+        keys, blocks = make_keys(L, 2, seed=9), make_blocks(L, 2, seed=9)
+        tier = remote_tier(L, server.url, group_blocks=2, listen_evictions=False,
+                           tls_ca_file=str(tmp_path / "certs" / "ca.crt"))
+        assert tier.put(keys, blocks) == [True, True]
+        dests = empty_blocks(L, 2)
+        assert tier.get(keys, dests) == [True, True] and torch.equal(dests[1], blocks[1])
+        tier.close()
+        plain = remote_tier(L, server.url.replace("rediss://", "redis://"), group_blocks=2, listen_evictions=False)
+        assert plain.probe(keys) == 0 and plain.stats().errors == 1  # plain text to a TLS port: a counted error
+        plain.close()
+    finally:
+        server.stop()
