@@ -468,6 +468,8 @@ class TieredStore:
                 d["hit_tokens"] = c.hit_tokens[name]
                 d["loaded_blocks"] = c.loaded_blocks[name]
                 d["spilled_blocks"] = c.spilled_blocks[name]
+                if name == "remote" and self.remote_writer is not None:
+                    d["skipped_groups"] = self.remote_writer.skipped_groups
                 out[name] = d
         return out
 

@@ -50,7 +50,11 @@ FAILURES = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 @dataclass
 class RemoteStats(TierStats):
-    """:class:`TierStats` plus what only a remote tier has (``evictions`` = notified + inferred, in blocks)."""
+    """:class:`TierStats` plus what only a remote tier has (``evictions`` = notified + inferred, in blocks).
+
+    ``used_bytes``, ``capacity_bytes`` and ``num_blocks`` stay 0: the server is shared by a fleet and
+    evicts on its own, so only it knows (``INFO memory``, ``DBSIZE``).
+    """
 
     errors: int = 0
     """Round trips (or single commands in one) that failed: connection refused or lost, timeout, cluster down."""

@@ -52,6 +52,7 @@ def test_groups_go_remote_once_their_last_block_is_committed(redis_server: Redis
     store.flush()
     assert store.h.remote.probe(keys) == 8 and store.stats()["remote"]["spilled_blocks"] == 8
     assert store.stats()["remote"]["groups_stored"] == 2  # block 8, 9: a partial group stays local
+    assert store.stats()["remote"]["skipped_groups"] == 0
     store.free(blocks)
     store.check_integrity()
     store.close()
