@@ -24,7 +24,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_REQS := connectors/vllm/requirements.txt
 TORCH_PIN := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: run test venv venv-vllm venv-sglang test-vllm test-sglang clean
+.PHONY: run test venv venv-vllm venv-sglang test-vllm test-sglang clean redis-tools
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -52,10 +52,14 @@ $(SGLANG_STAMP): $(SGLANG_REQS) pyproject.toml Makefile
 
 venv-sglang: $(SGLANG_STAMP)
 
+# redis-server and redis-cli for the remote-tier tests (installed with apt when missing; never fails).
+redis-tools:
+	@sh scripts/ensure_redis.sh
+
 run: $(STAMP)
 	$(VENV)/bin/kvstore serve --config $(CONFIG)
 
-test: $(STAMP)
+test: $(STAMP) redis-tools
 	$(VENV)/bin/python -m mypy
 	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest
 	$(MAKE) --no-print-directory test-vllm test-sglang

@@ -30,7 +30,7 @@ from kvstore.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt
 from kvstore.layout import KVLayout
 
-__all__ = ["LOCAL_TIERS", "TIER_NAMES", "KVConnector", "Lease", "PrefixMatch"]
+__all__ = ["LOCAL_TIERS", "REMOTE_TIER", "TIER_NAMES", "KVConnector", "Lease", "PrefixMatch"]
 
 TIER_NAMES: tuple[str, ...] = ("gpu", "host", "disk", "sidecar")
 """Where a cached block's fastest copy can be, fastest first. ``"sidecar"``: a ``kvstore serve`` daemon's
@@ -39,6 +39,9 @@ tiers (its shared-memory host tier or its disk; the engine is not told which).""
 LOCAL_TIERS: tuple[str, ...] = ("gpu", "host", "disk")
 """The tiers of a connector whose store lives in the engine's process (the default of
 :attr:`PrefixMatch.tier_names`)."""
+
+REMOTE_TIER = "remote"
+"""The shared tier below disk (Redis): a match or a per-tier count names it only when a block came from it."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class PrefixMatch:
     keys: tuple[bytes, ...]
     """Keys of the matched full blocks, in prompt order."""
     tiers: tuple[str, ...]
-    """Per matched block, the tier of its fastest copy (one of :data:`TIER_NAMES`)."""
+    """Per matched block, the tier of its fastest copy (one of :data:`TIER_NAMES`, or :data:`REMOTE_TIER`)."""
     block_size: int
     """Tokens per block."""
     prompt_tokens: int
@@ -71,9 +74,9 @@ class PrefixMatch:
         unknown = sorted(set(self.tier_names) - set(TIER_NAMES))
         if unknown:
             raise ValueError(f"PrefixMatch: unknown tier name(s) {unknown}; expected some of {TIER_NAMES}")
-        bad = sorted(set(self.tiers) - set(self.tier_names))
+        bad = sorted(set(self.tiers) - {*self.tier_names, REMOTE_TIER})
         if bad:
-            raise ValueError(f"PrefixMatch: unknown tier(s) {bad}; expected one of {self.tier_names}")
+            raise ValueError(f"PrefixMatch: unknown tier(s) {bad}; expected one of {(*self.tier_names, REMOTE_TIER)}")
         if self.block_size <= 0:
             raise ValueError(f"PrefixMatch: block_size must be positive, got {self.block_size}")
 
@@ -92,8 +95,11 @@ class PrefixMatch:
         return self.tiers.count(tier) * self.block_size
 
     def tokens_by_tier(self) -> dict[str, int]:
-        """Matched tokens per tier, every tier of :attr:`tier_names` present."""
-        return {t: self.tokens_in(t) for t in self.tier_names}
+        """Matched tokens per tier, every tier of :attr:`tier_names` present (:data:`REMOTE_TIER` when matched)."""
+        out = {t: self.tokens_in(t) for t in self.tier_names}
+        if REMOTE_TIER in self.tiers:
+            out[REMOTE_TIER] = self.tokens_in(REMOTE_TIER)
+        return out
 
 
 class Lease(ABC):
@@ -146,7 +152,7 @@ class Lease(ABC):
     @abstractmethod
     def tokens_by_tier(self) -> dict[str, int]:
         """Tokens of :attr:`block_ids` by the tier each block came from (every tier of the match's
-        :attr:`PrefixMatch.tier_names`)."""
+        :attr:`PrefixMatch.tier_names`; :data:`REMOTE_TIER` too when a block came from there)."""
 
     @property
     def num_cached_tokens(self) -> int:

@@ -338,6 +338,19 @@ def decode_into(value: Any, dest: Any, fingerprint: bytes, key: bytes) -> None:
         raise CorruptBlock(key, "checksum mismatch", "damaged, or a value stored under another key")
 
 
+def encoded_length(value: Any, offset: int, key: bytes) -> int:
+    """Length of the encoded block starting at ``offset`` of ``value`` (header + payload), read from its
+    header; for values that hold several encoded blocks back to back. Raises :class:`CorruptBlock`
+    (``"truncated"``) when the header or the payload it announces runs past the end. Changes nothing."""
+    mv = memoryview(value).cast("B")
+    if len(mv) - offset < HEADER_SIZE:
+        raise CorruptBlock(key, "truncated", f"{max(0, len(mv) - offset)} bytes at offset {offset}, header needs {HEADER_SIZE}")
+    payload_len = _HEADER.unpack_from(mv, offset)[6]
+    if len(mv) - offset - HEADER_SIZE < payload_len:
+        raise CorruptBlock(key, "truncated", f"payload {len(mv) - offset - HEADER_SIZE} of {payload_len} bytes at offset {offset}")
+    return int(HEADER_SIZE + payload_len)
+
+
 def encoded_size_bound(raw_len: int) -> int:
     """Upper bound of ``len(encode(...))`` for a raw block of ``raw_len`` bytes (for capacity planning)."""
     return HEADER_SIZE + raw_len + raw_len // 128 + 1024

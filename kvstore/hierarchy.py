@@ -21,7 +21,11 @@ from kvstore.layout import KVLayout
 from kvstore.placement import Placement
 from kvstore.radix import RadixIndex
 from kvstore.tiers.base import Tier
+from kvstore.tiers.chain import ChainTier
 from kvstore.tiers.host import HostTier
+
+LOWER_TIERS = ("host", "disk", "remote")
+"""The lower tiers in their fixed order, fastest first; a store has any subset of them."""
 
 
 @dataclass
@@ -30,14 +34,14 @@ class StoreCounters:
 
     lookups: int = 0
     prompt_tokens: int = 0
-    hit_tokens: dict[str, int] = field(default_factory=lambda: {"gpu": 0, "host": 0, "disk": 0})
+    hit_tokens: dict[str, int] = field(default_factory=lambda: {"gpu": 0, "host": 0, "disk": 0, "remote": 0})
     """Tokens of looked-up prompts found in each tier (fastest copy)."""
-    loaded_blocks: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0})
+    loaded_blocks: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0, "remote": 0})
     """Blocks brought up to the GPU from each tier by prefetches."""
     load_failures: int = 0
     """Blocks a prefetch planned but could not load (gone, corrupt, no room)."""
     gpu_evictions: int = 0
-    spilled_blocks: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0})
+    spilled_blocks: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0, "remote": 0})
     """Blocks copied down by eviction or by the write policy."""
     dropped_blocks: int = 0
     """Blocks removed from the index because no tier held them any more."""
@@ -57,6 +61,7 @@ class Hierarchy:
         pool: GPUBlockPool,
         host: HostTier | None,
         disk: Tier | None,
+        remote: ChainTier | None = None,
     ) -> None:
         if pool.layout != layout:
             raise ValueError("the GPU pool's layout differs from the store's")
@@ -64,6 +69,9 @@ class Hierarchy:
         self.pool = pool
         self.host = host
         self.disk = disk
+        self.remote = remote
+        """The shared tier below disk. Never mirrored in the index (other engines write to it and its
+        server evicts on its own): lookups probe it beyond the local match, loads read it by chain position."""
         self.disk_reports_evictions = disk is None or disk.reports_evictions
         """Whether the disk tier announces its evictions; when not, a lookup asks it instead of trusting ``on_disk``."""
         self.index = RadixIndex(layout)
@@ -73,13 +81,9 @@ class Hierarchy:
         self.placement = Placement(self)
 
     def lower_tiers(self) -> list[tuple[str, Tier]]:
-        """``[("host", tier), ("disk", tier)]`` for the tiers that exist."""
-        out: list[tuple[str, Tier]] = []
-        if self.host is not None:
-            out.append(("host", self.host))
-        if self.disk is not None:
-            out.append(("disk", self.disk))
-        return out
+        """``[("host", tier), ("disk", tier), ("remote", tier)]`` for the tiers that exist, fastest first."""
+        tiers: dict[str, Tier | None] = {"host": self.host, "disk": self.disk, "remote": self.remote}
+        return [(name, t) for name in LOWER_TIERS if (t := tiers[name]) is not None]
 
     def sync_tier_events(self) -> None:
         """Apply what the lower tiers did on their own (capacity evictions, corrupt drops) to the index.
@@ -90,5 +94,6 @@ class Hierarchy:
             for name, tier in self.lower_tiers():
                 for ev in tier.drain_events():
                     self.events.put("corrupt" if ev.kind == "corrupt" else "evicted", ev.key, name)
-                    self.placement.lost(ev.key, name)
+                    if name != "remote":  # the index records no remote copies
+                        self.placement.lost(ev.key, name)
             self.placement.reap()

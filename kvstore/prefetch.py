@@ -2,7 +2,7 @@
 
 A :class:`Lease` moves through two phases::
 
-    acquire ─► phase 1 (worker): disk ─► host slot, batch by batch, under the byte budget
+    acquire ─► phase 1 (worker): disk or remote ─► host slot, batch by batch, under the byte budget
     resolve ─► stop policy decides how many blocks are usable; the rest is cancelled
            ─► phase 2 (worker): host slot ─► GPU block, layer 0 first, ... layer n-1
     wait_layer(i) returns once layer i of every usable block is on the GPU
@@ -32,6 +32,9 @@ from kvstore.transfer import CopyStreams, LayerSync, copy_layer, default_copy_st
 
 log = logging.getLogger("kvstore.prefetch")
 
+PHASE1_SOURCES = ("disk", "remote")
+"""Sources read into host memory by phase 1 before the GPU copy."""
+
 
 @dataclass
 class BlockPlan:
@@ -39,7 +42,7 @@ class BlockPlan:
 
     key: bytes
     source: str
-    """``"gpu"`` (already there), ``"host"`` or ``"disk"``."""
+    """``"gpu"`` (already there), ``"host"``, ``"disk"`` or ``"remote"`` (the last two are read in phase 1)."""
     gpu_block: int
     """The GPU block the lease holds (a reference) for this position."""
     host: HostSlot | None = None
@@ -78,6 +81,9 @@ class Lease:
     """Tokens of the planned blocks (so loaded blocks can be indexed for token lookups)."""
     salt: object = field(default=None, repr=False)
     """Tenant salt of the keys."""
+    chain: tuple[bytes, ...] = field(default=(), repr=False)
+    """The matched keys from the chain's first block (``keys`` is a prefix of them): the remote tier
+    finds a block's group by its position in this chain."""
     _resolver: object = field(default=None, repr=False)
     _sync: LayerSync | None = field(default=None, repr=False)
     _phase1: Future[None] | None = field(default=None, repr=False)
@@ -97,10 +103,10 @@ class Lease:
         return len(self.block_ids) * self.block_size
 
     def tokens_by_tier(self) -> dict[str, int]:
-        """Usable tokens by the tier they came from."""
+        """Usable tokens by the tier they came from (``"remote"`` appears when a block came from there)."""
         out = {"gpu": 0, "host": 0, "disk": 0}
         for p in self.plan[: len(self.block_ids)]:
-            out[p.source] += self.block_size
+            out[p.source] = out.get(p.source, 0) + self.block_size
         return out
 
     def resolve(self) -> int:
@@ -153,7 +159,7 @@ class Prefetcher:
         """Begin phase 1 for the lease's disk blocks (if any)."""
         lease._resolver = self
         lease._sync = LayerSync(lease.num_layers, self.streams)
-        if any(p.source == "disk" for p in lease.plan):
+        if any(p.source in PHASE1_SOURCES for p in lease.plan):
             lease._phase1 = self._pool.submit(self._phase1, lease)
         else:
             lease._phase1_done.set()
@@ -161,12 +167,16 @@ class Prefetcher:
     def _phase1(self, lease: Lease) -> None:
         h = self.h
         bpb = h.layout.bytes_per_block
-        todo = [p for p in lease.plan if p.source == "disk"]
+        todo = [(pos, p) for pos, p in enumerate(lease.plan) if p.source in PHASE1_SOURCES]
         batch_blocks = max(1, min(32, self.budget.limit // bpb))
         try:
             i = 0
             while i < len(todo) and not lease._cancel.is_set():
-                batch = todo[i : i + batch_blocks]
+                source = todo[i][1].source
+                run = todo[i : i + batch_blocks]
+                run = run[: next((j for j, t in enumerate(run) if t[1].source != source), len(run))]
+                first_pos = run[0][0]
+                batch = [p for _, p in run]
                 nbytes = len(batch) * bpb
                 self.budget.acquire(nbytes)
                 try:
@@ -176,8 +186,12 @@ class Prefetcher:
                         for p in batch:
                             p.in_flight = True
                     dests = [self._dest(p) for p in batch]
-                    assert h.disk is not None
-                    found = h.disk.get([p.key for p in batch], dests)
+                    if source == "remote":  # a contiguous run of the chain: read by position
+                        assert h.remote is not None
+                        found = h.remote.load(lease.chain or lease.keys, first_pos, dests)
+                    else:
+                        assert h.disk is not None
+                        found = h.disk.get([p.key for p in batch], dests)
                 finally:
                     self.budget.release(nbytes)
                 n_ok = 0
@@ -186,7 +200,7 @@ class Prefetcher:
                     prefix_ok = True
                     for p, ok in zip(batch, found):
                         p.in_flight = False
-                        if not ok:
+                        if not ok and source == "disk":
                             pl.lost(p.key, "disk")  # the same path as an eviction: never reported again
                         prefix_ok = prefix_ok and ok
                         if p.dropped:
@@ -197,7 +211,7 @@ class Prefetcher:
                             if p.host is not None:
                                 pl.publish(p.host)  # stays pinned by the lease until phase 2 has copied it
                 if n_ok < len(batch) and not lease._cancel.is_set():
-                    lease.shortfall = f"disk tier returned {n_ok} of {len(batch)} blocks (missing or corrupt)"
+                    lease.shortfall = f"{source} tier returned {n_ok} of {len(batch)} blocks (missing, corrupt or unreachable)"
                     break
                 i += len(batch)
         finally:
@@ -231,7 +245,7 @@ class Prefetcher:
         with self.h.lock:  # ready flags change under this lock, so the decision below is consistent
             usable = 0
             for p in lease.plan:
-                if p.source == "disk" and not p.ready:
+                if p.source in PHASE1_SOURCES and not p.ready:
                     break
                 usable += 1
             self._trim(lease, usable)

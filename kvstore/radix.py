@@ -295,6 +295,20 @@ class RadixIndex:
             n = n.parent
         return d
 
+    @staticmethod
+    def path_to(entry: BlockEntry) -> list[BlockEntry]:
+        """The indexed entries of ``entry``'s chain from its first block through ``entry`` (so a block's
+        list index is its chain position); empty for an entry not in the index. Changes nothing."""
+        node = entry.node
+        if node is None:
+            return []
+        runs = [node.entries[: node.entries.index(entry) + 1]]
+        n = node.parent
+        while n is not None:
+            runs.append(n.entries)
+            n = n.parent
+        return [e for run in reversed(runs) for e in run]
+
     def nodes(self) -> Iterator[RadixNode]:
         """Every node but the root, parents before children."""
         stack = list(self.root.children.values())

@@ -1,4 +1,4 @@
-"""The tiered store: GPU block pool + radix index + host and disk tiers, behind one small API.
+"""The tiered store: GPU block pool + radix index + host, disk and remote tiers, behind one small API.
 
 Request flow (see ``DESIGN.md``)::
 
@@ -27,8 +27,10 @@ from kvstore.hierarchy import Hierarchy
 from kvstore.layout import KVLayout
 from kvstore.prefetch import BlockPlan, Lease, Prefetcher
 from kvstore.radix import BlockEntry, RadixIndex
+from kvstore.remote_writer import RemoteWriter
 from kvstore.spill import Spiller
 from kvstore.tiers.base import Tier
+from kvstore.tiers.chain import ChainTier
 from kvstore.tiers.host import HostTier
 from kvstore.transfer import CopyStreams
 
@@ -42,7 +44,7 @@ class PrefixMatch:
     keys: tuple[bytes, ...]
     """Keys of the matched blocks, in order."""
     tiers: tuple[str, ...]
-    """``"gpu"``, ``"host"`` or ``"disk"`` per matched block."""
+    """``"gpu"``, ``"host"``, ``"disk"`` or ``"remote"`` per matched block."""
     block_size: int
     prompt_tokens: int
     tokens: Sequence[int] | None = None
@@ -82,10 +84,14 @@ class TieredStore:
         disk: Tier | None = None,
         policy: PolicyConfig | None = None,
         copy_streams: CopyStreams | None = None,
+        remote: ChainTier | None = None,
+        remote_write: bool = True,
     ) -> None:
         self.policy = policy or PolicyConfig()
-        self.h = Hierarchy(layout, pool, host, disk)
+        self.h = Hierarchy(layout, pool, host, disk, remote)
         self.spiller = Spiller(self.h, self.policy)
+        self.remote_writer = RemoteWriter(self.h, remote, remote_write) if remote is not None else None
+        """Writes full groups to the remote tier at commit (its own write policy, ``remote.write``)."""
         self.prefetcher = Prefetcher(self.h, self.policy, streams=copy_streams)
         self.layout = layout
 
@@ -102,13 +108,14 @@ class TieredStore:
         if pool is None:
             device = None if cfg.gpu.device == "auto" else cfg.gpu.device
             pool = GPUBlockPool(layout, cfg.gpu.num_blocks, device=device)
-        host, disk = build_lower_tiers(cfg, layout)
+        tiers = build_lower_tiers(cfg, layout)
+        host, disk, remote = tiers.host, tiers.disk, tiers.remote
         log.info(
-            "tiered store: gpu %d blocks on %s, host %s, disk %s, write %s, prefetch %s",
+            "tiered store: gpu %d blocks on %s, host %s, disk %s, remote %s, write %s (remote %s), prefetch %s",
             pool.num_blocks, pool.device, host.name if host else "off", disk.name if disk else "off",
-            cfg.policy.write, cfg.policy.prefetch,
+            remote.name if remote else "off", cfg.policy.write, cfg.remote.write, cfg.policy.prefetch,
         )
-        return cls(layout, pool, host, disk, cfg.policy)
+        return cls(layout, pool, host, disk, cfg.policy, remote=remote, remote_write=cfg.remote.write == "write_through")
 
     # ------------------------------------------------------------ accessors
     @property
@@ -178,7 +185,12 @@ class TieredStore:
         for name, tier in h.lower_tiers():
             if not rest:
                 break
-            k = tier.contains_prefix(rest)
+            if name == "remote":  # grouped by chain position: probe from the first missing block's group
+                assert h.remote is not None
+                chain = keys + rest
+                k = max(0, h.remote.probe(chain, len(keys)) - len(keys))
+            else:
+                k = tier.contains_prefix(rest)
             keys.extend(rest[:k])
             tiers.extend([name] * k)
             rest = rest[k:]
@@ -189,7 +201,7 @@ class TieredStore:
             c = h.counters
             c.lookups += 1
             c.prompt_tokens += prompt_tokens
-            for t in ("gpu", "host", "disk"):
+            for t in c.hit_tokens:
                 c.hit_tokens[t] += match.tokens_in(t)
         return match
 
@@ -236,8 +248,8 @@ class TieredStore:
             # below cannot evict a block this lease is about to read.
             sources: list[BlockPlan] = []
             known: list[BlockEntry | None] = [*entries, *[None] * (len(match.keys) - len(entries))]
-            for key, entry in zip(match.keys, known):
-                src = self._hold_source(key, entry)
+            for key, entry, tier in zip(match.keys, known, match.tiers):
+                src = self._hold_source(key, entry, tier)
                 if src is None:
                     shortfall = "part of the matched prefix left the lower tiers before acquire"
                     break
@@ -245,7 +257,7 @@ class TieredStore:
         need = sum(1 for p in sources if p.source != "gpu")
         if need:
             self.spiller.make_gpu_room(need)
-            self.spiller.ensure_host_free(sum(1 for p in sources if p.source == "disk"))
+            self.spiller.ensure_host_free(sum(1 for p in sources if p.source in ("disk", "remote")))
         plan: list[BlockPlan] = []
         with h.lock:
             for i, src in enumerate(sources):
@@ -258,7 +270,7 @@ class TieredStore:
                 plan.append(src)
         tokens = list(match.tokens[: len(plan) * bs]) if match.tokens is not None else None
         lease = Lease(tuple(p.key for p in plan), plan, node, bs, self.layout.num_layers, shortfall=shortfall,
-                      tokens=tokens, salt=match.salt)
+                      tokens=tokens, salt=match.salt, chain=tuple(match.keys))
         if shortfall:
             log.info("acquire: %d of %d matched blocks planned: %s", len(plan), match.num_blocks, shortfall)
         self.prefetcher.start(lease)
@@ -279,8 +291,11 @@ class TieredStore:
             out.append(e)
         return out
 
-    def _hold_source(self, key: bytes, entry: BlockEntry | None) -> BlockPlan | None:
+    def _hold_source(self, key: bytes, entry: BlockEntry | None, tier: str) -> BlockPlan | None:
         """Reference or pin where one block will be read from (under the lock); ``None``: nowhere known.
+
+        ``tier`` is where the lookup found it; only the remote tier is taken on the lookup's word
+        (the index never records remote copies).
 
         The returned plan's ``gpu_block`` is a placeholder (-1) until :meth:`_plan_block` for
         lower-tier sources.
@@ -292,8 +307,10 @@ class TieredStore:
         pin = pl.pin_host(key)
         if pin is not None:
             return BlockPlan(key, "host", -1, host=pin, ready=True)
-        if h.disk is not None and (entry is None or entry.on_disk):
+        if h.disk is not None and (entry is None or entry.on_disk) and tier != "remote":
             return BlockPlan(key, "disk", -1)  # phase 1 finds out if it is really there
+        if h.remote is not None and tier == "remote":
+            return BlockPlan(key, "remote", -1)  # likewise
         return None
 
     def _drop_source(self, p: BlockPlan) -> None:
@@ -303,7 +320,8 @@ class TieredStore:
         self.prefetcher.release_host(p)
 
     def _plan_block(self, p: BlockPlan) -> str | None:
-        """Take a GPU block and, for a disk source, a host slot for ``p`` (under the lock); a string says why not."""
+        """Take a GPU block and, for a disk or remote source, a host slot for ``p`` (under the lock); a string
+        says why not. The host slot is the promotion: the loaded block stays in the host tier."""
         h, pl = self.h, self.h.placement
         if p.source == "gpu":
             return None
@@ -348,8 +366,8 @@ class TieredStore:
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` GPU blocks for new tokens, evicting unused cached blocks first if needed.
 
-        Blocks still being copied down by the write policy hold a reference;
-        when only they stand in the way, this waits for those copies. Raises
+        Blocks still being copied down by the write policy (or for the remote tier) hold a
+        reference; when only they stand in the way, this waits for those copies. Raises
         :class:`OutOfBlocks` (nothing taken) when even that is not enough.
         """
         free = 0
@@ -361,6 +379,8 @@ class TieredStore:
                 free = self.h.pool.num_free
             if attempt == 0 and self.spiller.pending():
                 self.spiller.wait()  # outside the lock: the copies need it to finish
+            if attempt == 0 and self.remote_writer is not None and self.remote_writer.pending():
+                self.remote_writer.wait()  # queued group writes hold GPU blocks until they are copied
         raise OutOfBlocks(n, free)
 
     def free(self, block_ids: Sequence[int]) -> None:
@@ -388,6 +408,8 @@ class TieredStore:
             for entry in new:
                 h.events.put("stored", entry.key, "gpu")
         self.spiller.on_commit(new)
+        if self.remote_writer is not None:
+            self.remote_writer.on_commit(new)
         return len(new)
 
     def offload(self, tier: str) -> int:
@@ -450,6 +472,8 @@ class TieredStore:
                 d["hit_tokens"] = c.hit_tokens[name]
                 d["loaded_blocks"] = c.loaded_blocks[name]
                 d["spilled_blocks"] = c.spilled_blocks[name]
+                if name == "remote" and self.remote_writer is not None:
+                    d["skipped_groups"] = self.remote_writer.skipped_groups
                 out[name] = d
         return out
 
@@ -459,14 +483,18 @@ class TieredStore:
         return self.h.events.drain()
 
     def flush(self) -> None:
-        """Wait for scheduled write-downs and make the disk tier durable."""
+        """Wait for scheduled write-downs (remote ones too) and make the disk tier durable."""
         self.spiller.wait()
+        if self.remote_writer is not None:
+            self.remote_writer.wait()
         for _, tier in self.h.lower_tiers():
             tier.flush()
 
     def close(self) -> None:
         """Flush, stop the workers and close the tiers."""
         self.spiller.close()
+        if self.remote_writer is not None:
+            self.remote_writer.close()
         self.prefetcher.close()
         for _, tier in self.h.lower_tiers():
             tier.close()

@@ -115,12 +115,26 @@ def test_wrong_type_and_non_mapping(tmp_path: Path) -> None:
 def test_tiers_by_name() -> None:
     assert parse_config({"tiers": ["host", "file"]}).tiers == ["host", "file"]
     assert parse_config({"tiers": []}).tiers == []
-    with pytest.raises(ConfigError, match=r"tiers.0: Input should be 'host', 'lmdb' or 'file'"):
+    with pytest.raises(ConfigError, match=r"tiers.0: Input should be 'host', 'lmdb', 'file' or 'remote'"):
         parse_config({"tiers": ["nvme"]})
     with pytest.raises(ConfigError, match="one disk tier"):
         parse_config({"tiers": ["host", "lmdb", "file"]})
     with pytest.raises(ConfigError, match="'host' must come first"):
         parse_config({"tiers": ["lmdb", "host"]})
+
+
+def test_remote_tier_order_and_url() -> None:
+    cfg = parse_config({"tiers": ["host", "lmdb", "remote"], "remote": {"url": "redis-cluster://a:1,b:2", "group_blocks": 16}})
+    assert cfg.tiers == ["host", "lmdb", "remote"] and cfg.remote.group_blocks == 16
+    assert parse_config({"tiers": ["remote"]}).tiers == ["remote"]
+    with pytest.raises(ConfigError, match="'remote' must come last"):
+        parse_config({"tiers": ["host", "remote", "lmdb"]})
+    with pytest.raises(ConfigError, match=r"remote.url: remote.url 'http://x:1': the scheme must be one of redis://, rediss://"):
+        parse_config({"remote": {"url": "http://x:1"}})
+    with pytest.raises(ConfigError, match=r"remote.url .* names no host"):
+        parse_config({"remote": {"url": "redis:///0"}})
+    with pytest.raises(ConfigError, match=r"remote.group_blocks"):
+        parse_config({"remote": {"group_blocks": 0}})
 
 
 def test_tcp_without_token_refused() -> None:

@@ -24,6 +24,7 @@ SUITES: dict[str, str] = {
     "e2e": "kvstore.bench.e2e",
     "plan": "kvstore.bench.plan",
     "soak": "kvstore.bench.soak",
+    "remote": "kvstore.bench.remote",
 }
 """Suite name -> module implementing ``run(options, progress)``."""
 
@@ -35,6 +36,7 @@ SUITE_HELP: dict[str, str] = {
     "e2e": "TTFT on SmolLM2 with a long shared prefix: recompute vs cached in the GPU pool, host RAM, LMDB",
     "plan": "capacity plan of model presets from the bandwidths measured in the same run",
     "soak": "reliability: daemon + client processes under kill -9; lost/wrong blocks, memory growth, holds",
+    "remote": "Redis tier get/put GB/s by block and group size vs raw redis-py and redis-benchmark; fleet hit rate",
 }
 """One line per suite for ``--help``."""
 

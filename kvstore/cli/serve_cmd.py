@@ -79,6 +79,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: invalid config {args.config or '<built-in defaults>'}: tiers {cfg.tiers} lacks 'host'; "
               "kvstore serve needs it (its shared-memory arena is how engines exchange blocks)", file=sys.stderr)
         return 2
+    if "remote" in cfg.tiers:
+        print(f"error: invalid config {args.config or '<built-in defaults>'}: tiers {cfg.tiers} names 'remote'; "
+              "kvstore serve does not serve the remote tier (engines reach Redis themselves through the embedded "
+              "connector)", file=sys.stderr)
+        return 2
     _setup_logging(args.log_level or cfg.logging.level, cfg.logging.format)
     import asyncio  # here, not at the top, like the config: `kvstore --help` must not pay for it
 

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, ConfigDict, Field, model_validator
 
 from kvstore.config.datadirs import DataRole, default_data_dir
+from kvstore.config.remote import RemoteConfig
+from kvstore.config.section import Section
 from kvstore.config.units import PositiveSize, Size
 from kvstore.daemon.frames import KEY_BYTES, PRELOGIN_FRAME_BYTES
 from kvstore.layout import DTypeName, KVLayout, auto_dtype
 
 
-TierName = Literal["host", "lmdb", "file"]
+TierName = Literal["host", "lmdb", "file", "remote"]
 """A tier below the GPU, by its YAML name."""
 
 
@@ -30,14 +32,6 @@ def _set_path(path: str | None, field: str) -> str:
         raise ValueError(f"{field} is unset: KVStoreConfig.for_role(role) gives each kind of process its default "
                          "directory; set it before opening the tier")
     return path
-
-
-class Section(BaseModel):
-    """Base of every config section: strict about unknown keys, docstrings as descriptions."""
-
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, validate_default=True, use_attribute_docstrings=True
-    )
 
 
 class ModelConfig(Section):
@@ -276,7 +270,8 @@ class KVStoreConfig(Section):
     """Where the lower tiers live: in the engine's process, or in a ``kvstore serve`` daemon."""
     tiers: list[TierName] = Field(default_factory=_default_tiers)
     """Tiers below the GPU, fastest first, by name: ``host`` (RAM), then ``lmdb`` (disk) or ``file``
-    (one file per block, the baseline). An empty list keeps the cache on the GPU only."""
+    (one file per block, the baseline), then ``remote`` (Redis, shared by a fleet; see ``remote``).
+    Any subset in that order; an empty list keeps the cache on the GPU only."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """Model layout and identity."""
     gpu: GPUConfig = Field(default_factory=GPUConfig)
@@ -287,6 +282,8 @@ class KVStoreConfig(Section):
     """LMDB disk tier."""
     file: FileConfig = Field(default_factory=FileConfig)
     """File-per-block tier."""
+    remote: RemoteConfig = Field(default_factory=RemoteConfig)
+    """Remote tier on Redis or Valkey (standalone or cluster); used when ``tiers`` names ``remote``."""
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     """Write and prefetch policies."""
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
@@ -305,6 +302,8 @@ class KVStoreConfig(Section):
             raise ValueError("tiers: choose one disk tier, 'lmdb' or 'file', not both")
         if "host" in t and t[0] != "host":
             raise ValueError(f"tiers: 'host' must come first (fastest first), got {t}")
+        if "remote" in t and t[-1] != "remote":
+            raise ValueError(f"tiers: 'remote' must come last (fastest first), got {t}")
         return self
 
     @model_validator(mode="after")

@@ -1,4 +1,4 @@
-"""Tiers below the GPU: host RAM (L2), LMDB disk (L3) and the file-per-block baseline.
+"""Tiers below the GPU: host RAM (L2), LMDB disk (L3), the file-per-block baseline and Redis (remote).
 
 ``TIERS`` maps the YAML name of a tier to a builder taking ``(section, layout)``::
 
@@ -14,14 +14,16 @@ from kvstore.tiers.base import Tier, TierEvent, TierRegistry, TierStats
 from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.file import FileTier
 from kvstore.tiers.host import HostTier
+from kvstore.tiers.remote import RedisTier
 
 
 def default_tiers() -> TierRegistry:
-    """A registry holding ``host``, ``lmdb`` and ``file``, each built by its ``from_config``."""
+    """A registry holding ``host``, ``lmdb``, ``file`` and ``remote``, each built by its ``from_config``."""
     reg = TierRegistry()
     reg.register("host", HostTier.from_config)
     reg.register("lmdb", DiskTier.from_config)
     reg.register("file", FileTier.from_config)
+    reg.register("remote", RedisTier.from_config)
     return reg
 
 
@@ -39,6 +41,7 @@ __all__ = [
     "DiskTier",
     "FileTier",
     "HostTier",
+    "RedisTier",
     "Tier",
     "TierEvent",
     "TierRegistry",

@@ -2,29 +2,45 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvstore.config.schema import KVStoreConfig
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Tier
+from kvstore.tiers.chain import ChainTier
 from kvstore.tiers.host import HostTier
 
 
-def build_lower_tiers(cfg: KVStoreConfig, layout: KVLayout) -> tuple[HostTier | None, Tier | None]:
-    """``(host, disk)`` for the names in ``cfg.tiers``; either may be ``None``.
+@dataclass(frozen=True)
+class LowerTiers:
+    """The lower tiers of one store, each ``None`` when ``tiers`` does not name it."""
 
-    Tiers are created through the :data:`kvstore.tiers.TIERS` registry by
-    name. The host tier is built with ``auto_evict=False``: the tiered store
+    host: HostTier | None = None
+    disk: Tier | None = None
+    remote: ChainTier | None = None
+
+
+def build_lower_tiers(cfg: KVStoreConfig, layout: KVLayout) -> LowerTiers:
+    """The tiers named in ``cfg.tiers``, built through the :data:`kvstore.tiers.TIERS` registry.
+
+    The host tier is built with ``auto_evict=False``: the tiered store
     evicts from it itself so it can copy victims to disk first (write-back).
     """
     from kvstore.tiers import build_tier
 
-    sections = {"host": cfg.host, "lmdb": cfg.disk, "file": cfg.file}
+    sections = {"host": cfg.host, "lmdb": cfg.disk, "file": cfg.file, "remote": cfg.remote}
     host: HostTier | None = None
     disk: Tier | None = None
+    remote: ChainTier | None = None
     for name in cfg.tiers:
         if name == "host":
             built = build_tier(name, sections[name], layout, auto_evict=False)
             assert isinstance(built, HostTier)  # the store reserves and pins its slots (the HostTier slot API)
             host = built
+        elif name == "remote":
+            chained = build_tier(name, sections[name], layout)
+            assert isinstance(chained, ChainTier)  # loads and stores go by chain position
+            remote = chained
         else:
             disk = build_tier(name, sections[name], layout)
-    return host, disk
+    return LowerTiers(host, disk, remote)

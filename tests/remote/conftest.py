@@ -1,0 +1,51 @@
+"""Fixtures that start real ``redis-server`` processes on loopback ports (skipped, naming what is missing,
+when Redis is not installed); each is stopped by its pid."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tiers"))
+sys.path.insert(0, str(HERE.parent / "connector"))
+
+from kvstore.bench.redis_servers import (  # noqa: E402
+    RedisClusterProcs,
+    RedisServer,
+    redis_missing,
+    start_cluster,
+    start_server,
+)
+
+
+def _need_redis() -> None:
+    why = redis_missing()
+    if why is not None:
+        pytest.skip(f"remote-tier tests need Redis: {why}")
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One standalone server for the module (no maxmemory, notifications on); flushed by the tests that need it."""
+    _need_redis()
+    server = start_server(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcs]:
+    """A six-node cluster (three primaries, one replica each, cluster-node-timeout 500 ms) for the module."""
+    _need_redis()
+    cluster = start_cluster(tmp_path_factory.mktemp("redis-cluster"), node_timeout_ms=500)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,49 @@
+"""Redis evicts (``maxmemory`` + ``allkeys-lru``): no errors, the probe never reports a block that cannot
+be loaded, and evictions reach the tier's stats, from keyspace notifications or from failed reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from remotelib import remote_tier, wait_for
+from tiers_testlib import BIG, empty_blocks, make_blocks, make_keys
+
+from kvstore.bench.redis_servers import start_server
+
+G = 4
+CHAINS = 40
+BLOCKS = 16  # 4 groups of 4 x 7.5 KiB blocks: ~31 KiB per value, ~5 MB in all
+
+
+def test_small_maxmemory_evicts_groups_without_errors_and_probes_stay_loadable(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "small", maxmemory="3mb", notify="Exe")
+    tier = remote_tier(BIG, server.url, group_blocks=G)
+    try:
+        assert tier._listener is not None and tier._listener.wait_subscribed(5)
+        chains = [(make_keys(BIG, BLOCKS, seed=i), make_blocks(BIG, BLOCKS, seed=i)) for i in range(CHAINS)]
+        for keys, blocks in chains:
+            assert tier.put(keys, blocks) == [True] * BLOCKS  # maxmemory is never an error: Redis makes room
+        wait_for(lambda: tier.stats().evictions_notified > 0, 5, "eviction notifications")
+        surviving = 0
+        for keys, blocks in chains:
+            n = tier.probe(keys)
+            assert n % G == 0
+            dests = empty_blocks(BIG, n)
+            assert tier.load(keys, 0, dests) == [True] * n, "the probe reported a block it could not load"
+            assert all(torch.equal(d, b) for d, b in zip(dests, blocks[:n]))
+            surviving += n
+        s = tier.stats()
+        assert 0 < surviving < CHAINS * BLOCKS
+        assert s.errors == 0 and s.corrupt_dropped == 0
+        assert s.evictions == s.evictions_notified + s.evictions_inferred and s.evictions_notified % G == 0
+        assert {e.kind for e in tier.drain_events()} == {"evicted"}
+        # Without notifications a read that finds no value is the eviction signal.
+        server.cli("CONFIG", "SET", "notify-keyspace-events", "")
+        before = tier.stats().evictions_inferred
+        for keys, _ in chains:
+            tier.load(keys, 0, empty_blocks(BIG, BLOCKS))
+        assert tier.stats().evictions_inferred > before
+    finally:
+        tier.close()
+        server.stop()
