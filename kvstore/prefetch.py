@@ -173,7 +173,12 @@ class Prefetcher:
             i = 0
             while i < len(todo) and not lease._cancel.is_set():
                 source = todo[i][1].source
-                run = todo[i : i + batch_blocks]
+                n = batch_blocks
+                if source == "remote":  # end batches on group boundaries so no group is fetched twice
+                    assert h.remote is not None
+                    g = h.remote.group_blocks
+                    n = max(g, (todo[i][0] + batch_blocks) // g * g - todo[i][0])
+                run = todo[i : i + n]
                 run = run[: next((j for j, t in enumerate(run) if t[1].source != source), len(run))]
                 first_pos = run[0][0]
                 batch = [p for _, p in run]
