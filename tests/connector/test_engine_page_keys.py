@@ -1,4 +1,4 @@
-"""Keys for blocks an engine hands over (connectors/engine_keys.py): kvstore's rules, tenant and model apart."""
+"""Keys for pages an engine names only by its own page hashes (connectors/engine_keys.py): tenant and model apart."""
 
 from __future__ import annotations
 
@@ -8,23 +8,11 @@ import sys
 
 import pytest
 
-from connectors.engine_keys import PromptKeys, engine_page_keys
+from connectors.engine_keys import engine_page_keys
 from kvstore.hashing import block_keys, chain_key, root_key
 from kvstore.layout import KVLayout
 
 HASHES = ["a" * 64, "b" * 64, "c" * 64]
-
-
-def test_prompt_keys_are_kvstores_own_chain_hashed_once_as_the_prompt_grows(layout: KVLayout) -> None:
-    bs = layout.block_size
-    tokens = list(range(3 * bs + 1))
-    chain = PromptKeys(layout, "t")
-    assert chain.keys(tokens[: bs], 1) == block_keys(tokens[: bs], layout, "t")
-    assert chain.keys(tokens, 3) == block_keys(tokens, layout, "t")
-    assert chain.key(tokens, 2) == block_keys(tokens, layout, "t")[1]
-    assert chain.keys(tokens, 3) != PromptKeys(layout, "u").keys(tokens, 3)
-    with pytest.raises(ValueError, match="past the prompt"):
-        chain.keys(tokens, 4)
 
 
 def test_engine_page_keys_separate_tenants_models_and_namespaces(layout: KVLayout) -> None:
