@@ -35,8 +35,9 @@ def _probe(*args: str) -> subprocess.CompletedProcess[str]:
         ("config", "check", "configs/default.yaml"),
         ("plan", "--model", "llama-3.1-70b", "--gpu-mem", "40GiB", "--host-mem", "512GiB",
          "--disk-size", "4TiB", "--host-bw", "25", "--disk-bw", "6"),
+        ("plan", "--model", "llama-3.1-8b"),  # measures memcpy and direct reads itself: still no torch
     ],
-    ids=["help", "config-check", "plan"],
+    ids=["help", "config-check", "plan", "plan-measuring"],
 )
 def test_light_commands_do_not_import_torch(args: tuple[str, ...]) -> None:
     res = _probe(*args)

@@ -53,9 +53,11 @@ def _plan(args: argparse.Namespace) -> int:
     if host_bw is None or disk_bw is None:
         from kvstore.bench.rawio import direct_io_gbps, memcpy_gbps
 
-        host_bw = host_bw or memcpy_gbps(256 << 20)
+        # Small samples (32 MiB each), so that a plan answers in under a second; `kvstore bench
+        # tiers` measures the same limits on the tiers' own sizes.
+        host_bw = host_bw or memcpy_gbps(32 << 20)
         with tempfile.TemporaryDirectory(dir=args.disk_path) as tmp:
-            disk_bw = disk_bw or direct_io_gbps(Path(tmp), 512 << 20).read_gbps
+            disk_bw = disk_bw or direct_io_gbps(Path(tmp), 32 << 20).read_gbps
         source = f"measured now (memcpy; direct reads under {args.disk_path or tempfile.gettempdir()})"
     plan = make_plan(model, args.gpu_mem, args.host_mem, args.disk_size, host_bw, disk_bw, args.prefix_tokens)
     if args.json:
