@@ -45,6 +45,7 @@ PRESETS: dict[str, ModelShape] = {m.name: m for m in (
     ModelShape("qwen2.5-7b", 28, 4, 128),
     ModelShape("qwen2.5-72b", 80, 8, 128),
     ModelShape("mistral-7b", 32, 8, 128),
+    ModelShape("smollm2-135m", 30, 3, 64),  # the engine's default model (bf16 on CUDA)
     ModelShape("kvstore-tiny", 4, 4, 64, "float16"),
 )}
 """Model shapes by name (from each model's published ``config.json``)."""
