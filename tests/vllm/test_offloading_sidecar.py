@@ -9,6 +9,7 @@ require_vllm()
 # ruff: noqa: E402 - the imports below need vLLM
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,7 +84,9 @@ def test_a_daemon_for_another_layout_is_refused_naming_the_model_section_it_need
         (root / "probe").mkdir()
         section = _layout_section(model, root)
         daemon = start_daemon(write_config(root))  # the daemon tests' own tiny layout
-        with pytest.raises(DaemonError, match=r"(?s)layout fingerprint.*model_id: " + section["model_id"].split("|")[0]):
+        # The refusal names each differing field, then prints the model section this engine needs.
+        needs = r"(?s)differs from the daemon's.*model\.num_layers.*needs this model section.*model_id: "
+        with pytest.raises(DaemonError, match=needs + re.escape(section["model_id"])):
             engine(model, _sidecar_config(root, daemon.socket_path))
     finally:
         cleanup(daemon, root)
