@@ -108,8 +108,13 @@ def test_lock_of_a_killed_process_does_not_block_a_restart(tmp_path: Path) -> No
 
 _OWN_SEGMENT = """
 import sys
+from multiprocessing import resource_tracker
 from kvstore.tiers.arena import HostArena
 arena = HostArena.allocate(2, 4096, pin=False, shm_name=sys.argv[1], shared=True)
+# A daemon killed together with its resource tracker (a container stopped, the OOM killer, kill -9 of the
+# group): nothing unlinks the segment. Unregistering models that deterministically; otherwise this
+# process's tracker, which outlives the kill -9 below, may unlink it first.
+resource_tracker.unregister("/" + sys.argv[1], "shared_memory")
 print("owned", flush=True)
 sys.stdin.read()
 """
