@@ -36,6 +36,11 @@ class RemoteConfig(Section):
     """Longest wait to open a connection."""
     timeout_s: float = Field(1.0, gt=0, le=60)
     """Longest wait for one reply; a slower server counts an error and the access is a miss."""
+    probe_timeout_s: float = Field(0.2, gt=0, le=60)
+    """Longest a lookup waits for the prefix probe (one pipelined EXISTS, run on the tier's probe thread):
+    a later answer makes the remote part of the lookup a miss, counted in ``probe_timeouts`` and
+    ``errors``, and the tier backs off as after a failure, so a slow or paused server never stalls the
+    engine's thread for longer than this."""
     reconnect_min_s: float = Field(0.05, gt=0, le=60)
     """First back-off after a failure: accesses in that window are misses without a round trip."""
     reconnect_max_s: float = Field(5.0, gt=0, le=600)

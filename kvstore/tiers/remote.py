@@ -7,9 +7,11 @@
 
 A probe is one pipelined EXISTS per group, cut at the first missing one; a load or a store is one
 pipelined GET or ``SET NX`` per group (in a cluster redis-py's pipeline splits the commands by node,
-where a plain MGET across slots would fail). Round trips happen on the calling worker thread (the
-store's prefetch and write-down workers, or :meth:`get_async`/:meth:`put_async`), never holding
-the store's lock, and under a bound on value bytes in flight.
+where a plain MGET across slots would fail). Loads and stores run on the calling worker thread (the
+store's prefetch and remote-write workers, or :meth:`get_async`/:meth:`put_async`), never holding
+the store's lock, and under a bound on value bytes in flight. A lookup's probe runs on the tier's own
+probe threads and is waited for at most ``probe_timeout_s``: a slow or paused server makes it a miss
+(``probe_timeouts``), never a stalled engine.
 
 Failures never reach the engine: a connection error, a timeout or a cluster that is failing over
 makes the access a miss (or an unstored put), counted in ``errors``; the tier then skips the server
@@ -66,6 +68,8 @@ class RemoteStats(TierStats):
     """Blocks whose value Redis reported evicted (keyspace notifications)."""
     evictions_inferred: int = 0
     """Blocks whose value a read found missing (evicted, expired or deleted elsewhere)."""
+    probe_timeouts: int = 0
+    """Prefix probes not answered within ``probe_timeout_s`` (answered as misses; also in ``errors``)."""
     groups_stored: int = 0
     """Values newly stored (each ``group_blocks`` blocks)."""
 
@@ -96,6 +100,8 @@ class RedisTier(ChainTier):
         self._backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="kvstore-remote")
+        self._probes = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="kvstore-remote-probe")
+        """Its own threads, so a queue of loads or stores never delays a lookup's probe."""
         self._listener: EvictionListener | None = None
         if cfg.listen_evictions:
             self._listener = self._start_listener()
@@ -122,21 +128,37 @@ class RedisTier(ChainTier):
 
     # ------------------------------------------------------------ chain API
     def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
-        """See :meth:`ChainTier.probe`: one pipelined EXISTS per group from ``start``'s. Changes nothing."""
+        """See :meth:`ChainTier.probe`: one pipelined EXISTS per group from ``start``'s, on the probe
+        threads; waits at most ``probe_timeout_s`` (later: the groups are misses, counted). Changes nothing."""
         g = self.group_blocks
         first = start // g
         groups = range(first, len(chain) // g)
         if not groups:
             return first * g
-        res = self._pipeline(lambda p: [p.exists(self.redis_key(chain[i * g + g - 1])) for i in groups])
-        if res is None:
+        if not self._backoff.allow():
+            self._count(skipped=1)
             return first * g
+        fut = self._probes.submit(self._probe_groups, chain, groups)
+        try:
+            found = fut.result(timeout=self.cfg.probe_timeout_s)
+        except TimeoutError:
+            delay = self._backoff.failed()
+            self._count(errors=1, probe_timeouts=1)
+            log.warning("remote tier %s: prefix probe unanswered after %.3fs; a miss, retrying in %.2fs",
+                        self.target.describe(), self.cfg.probe_timeout_s, delay)
+            return first * g
+        return (first + found) * g
+
+    def _probe_groups(self, chain: Sequence[bytes], groups: range) -> int:
+        """How many of ``groups`` (consecutive) are stored, up to the first missing one (one round trip)."""
+        g = self.group_blocks
+        res = self._pipeline(lambda p: [p.exists(self.redis_key(chain[i * g + g - 1])) for i in groups])
         found = 0
-        for r in res:
+        for r in res or []:
             if isinstance(r, BaseException) or not r:
                 break
             found += 1
-        return (first + found) * g
+        return found
 
     def load(self, chain: Sequence[bytes], start: int, dests: Sequence[Buffer]) -> list[bool]:
         """See :meth:`ChainTier.load`: one pipelined GET per group, in batches under the byte bound."""
@@ -245,6 +267,7 @@ class RedisTier(ChainTier):
         if self._listener is not None:
             self._listener.close()
         self._pool.shutdown(wait=True)
+        self._probes.shutdown(wait=True)
         if self._client is not None:
             self._client.close()
 
