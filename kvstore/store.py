@@ -458,6 +458,7 @@ class TieredStore:
         """Per-tier counters and occupancy (a snapshot; changes nothing)."""
         h = self.h
         h.sync_tier_events()
+        tier_stats = {name: tier.stats().as_dict() for name, tier in h.lower_tiers()}  # outside the lock: the remote tier asks its server
         with h.lock:
             c = h.counters
             out: dict[str, Any] = {
@@ -476,8 +477,7 @@ class TieredStore:
                 "load_failures": c.load_failures,
                 "prefetch_backpressure_waits": self.prefetcher.budget.waits,
             }
-            for name, tier in h.lower_tiers():
-                d: dict[str, Any] = tier.stats().as_dict()
+            for name, d in tier_stats.items():
                 d["hit_tokens"] = c.hit_tokens[name]
                 d["loaded_blocks"] = c.loaded_blocks[name]
                 d["spilled_blocks"] = c.spilled_blocks[name]

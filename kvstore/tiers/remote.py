@@ -54,8 +54,11 @@ FAILURES = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 class RemoteStats(TierStats):
     """:class:`TierStats` plus what only a remote tier has (``evictions`` = notified + inferred, in blocks).
 
-    ``used_bytes``, ``capacity_bytes`` and ``num_blocks`` stay 0: the server is shared by a fleet and
-    evicts on its own, so only it knows (``INFO memory``, ``DBSIZE``).
+    ``used_bytes`` and ``capacity_bytes`` are the server's ``used_memory`` and ``maxmemory`` from
+    ``INFO memory`` at the time of :meth:`RedisTier.stats` (summed over a cluster's primaries; the
+    replicas hold copies), so they count every key of the shared server, not only this engine's;
+    ``capacity_bytes`` is 0 when a server has no ``maxmemory``, and both are 0 while the server does not
+    answer. ``num_blocks`` stays 0: the server is shared by a fleet and evicts on its own.
     """
 
     errors: int = 0
@@ -258,9 +261,30 @@ class RedisTier(ChainTier):
         return self._pool.submit(self.put, keys, srcs)
 
     def stats(self) -> RemoteStats:
-        """A snapshot copy of the counters."""
+        """A snapshot copy of the counters, with the server's memory use and limit (one ``INFO memory``
+        per primary, at most ``timeout_s`` each; 0 when it does not answer)."""
+        used, capacity = self.server_memory()
         with self._lock:
-            return RemoteStats(**self._stats.as_dict())
+            out = RemoteStats(**self._stats.as_dict())
+        out.used_bytes, out.capacity_bytes = used, capacity
+        return out
+
+    def server_memory(self) -> tuple[int, int]:
+        """``(used_memory, maxmemory)`` of the server, summed over a cluster's primaries; ``maxmemory`` is 0
+        when any of them has none (unbounded). ``(0, 0)`` when the server does not answer. Changes nothing."""
+        if not self._backoff.allow():
+            return 0, 0
+        try:
+            client = self._connected()
+            if self.target.cluster:
+                infos = list(client.info("memory", target_nodes=client.PRIMARIES).values())
+            else:
+                infos = [client.info("memory")]
+        except FAILURES:
+            return 0, 0
+        used = sum(int(i.get("used_memory", 0)) for i in infos)
+        limits = [int(i.get("maxmemory", 0)) for i in infos]
+        return used, 0 if not limits or 0 in limits else sum(limits)
 
     def close(self) -> None:
         """Stop the eviction listeners and the I/O threads, close the connections."""
