@@ -3,6 +3,7 @@ when Redis is not installed); each is stopped by its pid."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from kvstore.bench.redis_servers import (  # noqa: E402
     RedisClusterProcs,
     RedisServer,
     ServerBinaries,
+    make_tls_files,
     redis_missing,
     start_cluster,
     start_server,
@@ -70,6 +72,20 @@ def valkey_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCl
     """As :func:`redis_cluster`, of ``valkey-server`` nodes made a cluster by ``valkey-cli --cluster create``."""
     _need_redis(VALKEY)
     cluster = start_cluster(tmp_path_factory.mktemp("valkey-cluster"), node_timeout_ms=500, binaries=VALKEY)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcs]:
+    """A six-node cluster speaking TLS only (clients, bus, replication), its certificates from a throwaway CA."""
+    _need_redis()
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not on PATH: cannot make a test certificate")
+    certs = make_tls_files(tmp_path_factory.mktemp("tls-certs"))
+    cluster = start_cluster(tmp_path_factory.mktemp("tls-cluster"), node_timeout_ms=500, tls_dir=certs)
     try:
         yield cluster
     finally:
