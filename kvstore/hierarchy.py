@@ -81,9 +81,10 @@ class Hierarchy:
         self.lock = threading.Lock()
         self.placement = Placement(self)
         self.hand_down: Callable[[BlockEntry], None] | None = None
-        """Called under :attr:`lock` just before a block loses its last local copy (a GPU block with no
-        host or disk copy dropped, a host copy evicted with no disk tier and no GPU copy, or a block
-        removed from the index after its prefix broke); the remote
+        """Called under :attr:`lock` just before a block loses its last local copy: a host copy evicted with
+        no disk tier and no GPU copy (:meth:`Placement.evict_host`), or a block removed from the index with
+        its copies (:meth:`Placement.drop_from`: a GPU victim with nowhere to go, or the blocks after a broken
+        prefix); the remote
         tier's ``write_back`` sets it (:meth:`RemoteWriter.hand_down`)."""
 
     def lower_tiers(self) -> list[tuple[str, Tier]]:
