@@ -261,8 +261,7 @@ class RedisTier(ChainTier):
         return self._pool.submit(self.put, keys, srcs)
 
     def stats(self) -> RemoteStats:
-        """A snapshot copy of the counters, with the server's memory use and limit (one ``INFO memory``
-        per primary, at most ``timeout_s`` each; 0 when it does not answer)."""
+        """A snapshot copy of the counters, with the server's memory use and limit (:meth:`server_memory`)."""
         used, capacity = self.server_memory()
         with self._lock:
             out = RemoteStats(**self._stats.as_dict())
@@ -271,9 +270,17 @@ class RedisTier(ChainTier):
 
     def server_memory(self) -> tuple[int, int]:
         """``(used_memory, maxmemory)`` of the server, summed over a cluster's primaries; ``maxmemory`` is 0
-        when any of them has none (unbounded). ``(0, 0)`` when the server does not answer. Changes nothing."""
+        when any of them has none (unbounded). ``(0, 0)`` when the server does not answer within
+        ``probe_timeout_s`` (asked on the probe threads, so a stats call never waits longer), or while
+        the tier backs off. Changes nothing."""
         if not self._backoff.allow():
             return 0, 0
+        try:
+            return self._probes.submit(self._info_memory).result(timeout=self.cfg.probe_timeout_s)
+        except TimeoutError:
+            return 0, 0
+
+    def _info_memory(self) -> tuple[int, int]:
         try:
             client = self._connected()
             if self.target.cluster:
