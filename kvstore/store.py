@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvstore.config.schema import KVStoreConfig, PolicyConfig
+from kvstore.config.write_policy import SELECTIVE_HITS_DEFAULT
 from kvstore.errors import BlockStateError, OutOfBlocks
 from kvstore.events import StoreEvent
 from kvstore.gpu_pool import GPUBlockPool
@@ -27,7 +28,6 @@ from kvstore.hierarchy import Hierarchy
 from kvstore.layout import KVLayout
 from kvstore.prefetch import BlockPlan, Lease, Prefetcher
 from kvstore.radix import BlockEntry, RadixIndex
-from kvstore.config.write_policy import SELECTIVE_HITS_DEFAULT
 from kvstore.remote_writer import RemoteWrite, RemoteWriter
 from kvstore.spill import Spiller
 from kvstore.tiers.base import Tier
