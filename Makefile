@@ -52,7 +52,8 @@ $(SGLANG_STAMP): $(SGLANG_REQS) pyproject.toml Makefile
 
 venv-sglang: $(SGLANG_STAMP)
 
-# redis-server and redis-cli for the remote-tier tests (installed with apt when missing; never fails).
+# redis-server, redis-cli, valkey-server and valkey-cli for the remote-tier tests (installed with apt when
+# missing, Valkey from bookworm-backports on Debian 12; never fails).
 redis-tools:
 	@sh scripts/ensure_redis.sh
 

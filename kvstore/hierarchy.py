@@ -13,13 +13,14 @@ GPU block whose count is 1 is therefore cached but unused, and may be evicted.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvstore.events import EventQueue
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 from kvstore.placement import Placement
-from kvstore.radix import RadixIndex
+from kvstore.radix import BlockEntry, RadixIndex
 from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
 from kvstore.tiers.host import HostTier
@@ -79,6 +80,11 @@ class Hierarchy:
         self.counters = StoreCounters()
         self.lock = threading.Lock()
         self.placement = Placement(self)
+        self.hand_down: Callable[[BlockEntry], None] | None = None
+        """Called under :attr:`lock` just before a block loses its last local copy: a host copy evicted with
+        no disk tier and no GPU copy (:meth:`Placement.evict_host`), or a block removed from the index with
+        its copies (:meth:`Placement.drop_from`: a GPU victim with nowhere to go, or the blocks after a broken
+        prefix). The remote tier's ``write_back`` sets it (:meth:`RemoteWriter.hand_down`)."""
 
     def lower_tiers(self) -> list[tuple[str, Tier]]:
         """``[("host", tier), ("disk", tier), ("remote", tier)]`` for the tiers that exist, fastest first."""

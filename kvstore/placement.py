@@ -316,6 +316,10 @@ class Placement:
         """Delete the unpinned host copy of ``key`` and clear the index's record; ``False`` if it is pinned."""
         host = self.h.host
         assert host is not None
+        entry = self.h.index.get(key)
+        if (self.h.hand_down is not None and entry is not None and entry.gpu_block is None and not entry.on_disk
+                and host.contains(key)):
+            self.h.hand_down(entry)  # its last local copy goes: the remote tier's write_back copies it first
         try:
             host.delete([key])
         except BlockStateError:
@@ -366,6 +370,11 @@ class Placement:
         if any(n.pin_count for n in subtree):
             self._homeless[entry.key] = entry
             return False
+        if self.h.hand_down is not None:  # the blocks after a broken prefix lose their local copies too
+            for n in subtree:
+                for e in n.entries[n.entries.index(entry) if n is node else 0:]:
+                    if e.gpu_block is not None or e.host_slot is not None:
+                        self.h.hand_down(e)
         for n in reversed(subtree[1:]):  # children before parents
             entries = list(n.entries)
             index.remove_leaf(n)

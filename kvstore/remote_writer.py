@@ -1,4 +1,13 @@
-"""Write-through to the remote tier: each group of blocks goes remote once its last block is committed.
+"""Writes to the remote tier under its write policy (``remote.write``), one full group at a time.
+
+``write_through``: a group goes remote once its last block is committed (below).
+``write_through_selective``: once a lookup has matched its last block ``remote.selective_hits`` times
+(the first block of a prefix is matched at least as often as its last, so the last decides).
+``write_back``: when one of its blocks is about to lose its last local copy (the GPU, or the host tier
+with no disk tier below it); the group's blocks are copied to private buffers at once, under the lock
+(``group_blocks`` block copies, once per group), and sent on the writer's thread.
+A group is sent once per writer (:data:`SENT_MEMORY` last keys remembered), so repeated hits or the
+eviction of its other blocks do not send it again.
 
 ::
 
@@ -15,12 +24,15 @@ dead server never delays the local write-downs or the engine, nor holds a GPU bl
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from kvstore.config.write_policy import SELECTIVE_HITS_DEFAULT, WritePolicy
 from kvstore.hierarchy import Hierarchy
 from kvstore.placement import HostSlot
 from kvstore.radix import BlockEntry, RadixIndex
@@ -28,6 +40,12 @@ from kvstore.tiers.chain import ChainTier
 from kvstore.transfer import copy_bytes, staging_buffer
 
 log = logging.getLogger("kvstore.remote_writer")
+
+RemoteWrite = WritePolicy | Literal["read_only"]
+"""The remote tier's write policies (``remote.write``)."""
+
+SENT_MEMORY = 65536
+"""Last keys of the groups a writer remembers having sent (least recently sent forgotten first)."""
 
 
 @dataclass
@@ -37,24 +55,34 @@ class _Source:
     key: bytes
     gpu_block: int | None = None
     host: HostSlot | None = None
-    """Otherwise: read from the disk tier."""
+    data: torch.Tensor | None = None
+    """A private copy made already (a ``write_back`` victim). With none of the three: read from the disk tier."""
 
 
 class RemoteWriter:
-    """Stores full groups of committed blocks in the hierarchy's remote tier (``remote.write: write_through``)."""
+    """Stores full groups of indexed blocks in the hierarchy's remote tier under ``policy`` (see the module docstring)."""
 
-    def __init__(self, h: Hierarchy, remote: ChainTier, enabled: bool) -> None:
+    def __init__(self, h: Hierarchy, remote: ChainTier, policy: RemoteWrite = "write_through",
+                 selective_hits: int = SELECTIVE_HITS_DEFAULT) -> None:
         self.h = h
         self.remote = remote
-        self.enabled = enabled
+        self.policy: RemoteWrite = policy
+        self.selective_hits = selective_hits
         self.skipped_groups = 0
         """Groups not written because a block had left every local tier before the write."""
+        self._sent: OrderedDict[bytes, None] = OrderedDict()  # last keys of groups scheduled (under h.lock)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-remote-write")
         self._pending: set[Future[None]] = set()
 
+    @property
+    def counts_hits(self) -> bool:
+        """Whether lookups must count hits on matched blocks for this writer (``write_through_selective``)."""
+        return self.policy == "write_through_selective"
+
     def on_commit(self, new: Sequence[BlockEntry]) -> None:
-        """Schedule the groups that the freshly committed ``new`` entries complete (call without the lock)."""
-        if not self.enabled or not new:
+        """Under ``write_through``: schedule the groups the freshly committed ``new`` entries complete
+        (call without the lock). Other policies: nothing."""
+        if self.policy != "write_through" or not new:
             return
         g = self.remote.group_blocks
         h = self.h
@@ -68,11 +96,76 @@ class RemoteWriter:
                 end = gi * g + g
                 if end - 1 < first_new:
                     continue  # this group was complete before the commit
-                srcs = self._hold(path[gi * g: end])
-                if srcs is None:
-                    self.skipped_groups += 1
-                    continue
-                jobs.append(([e.key for e in path[:end]], gi * g, srcs))
+                self._schedule(path[:end], gi * g, jobs)
+        self._submit(jobs)
+
+    def on_hit(self, matched: Sequence[BlockEntry]) -> None:
+        """Under ``write_through_selective``: schedule the full groups of the matched prefix ``matched``
+        (from the chain's first block) whose last block has now been matched ``selective_hits`` times and
+        that were not sent yet (call without the lock). Other policies: nothing."""
+        if self.policy != "write_through_selective" or not matched:
+            return
+        g = self.remote.group_blocks
+        jobs: list[tuple[list[bytes], int, list[_Source]]] = []
+        with self.h.lock:
+            for gi in range(len(matched) // g):
+                end = gi * g + g
+                last = matched[end - 1]
+                if last.node is not None and last.hits >= self.selective_hits and last.key not in self._sent:
+                    self._schedule(list(matched[:end]), gi * g, jobs)
+        self._submit(jobs)
+
+    def hand_down(self, entry: BlockEntry) -> None:
+        """Under ``write_back``: ``entry``'s last local copy (its GPU block or host slot) is about to go;
+        copy its full group to private buffers now and schedule the send, unless that group was sent
+        already or one of its blocks has no local copy (call under the lock, before the copy goes). Copying
+        now, rather than holding the sources, keeps the group's other blocks evictable. Other policies: nothing."""
+        if self.policy != "write_back" or entry.node is None:
+            return
+        g = self.remote.group_blocks
+        path = RadixIndex.path_to(entry)
+        pos = len(path) - 1
+        start = pos // g * g
+        node_entries = entry.node.entries
+        at = node_entries.index(entry)
+        group = path[start:] + node_entries[at + 1: at + 1 + start + g - 1 - pos]  # the group's later blocks, if in this run
+        if len(group) < g or group[-1].key in self._sent:
+            return  # a partial group (or one whose end lies beyond a branch) never goes remote
+        srcs = [_Source(e.key, data=self._private_copy(e)) for e in group]
+        if any(src.data is None for src in srcs):
+            self.skipped_groups += 1
+            return
+        self._remember(group[-1].key)
+        self._submit([([e.key for e in path[:start]] + [e.key for e in group], start, srcs)])
+
+    def _private_copy(self, entry: BlockEntry) -> torch.Tensor | None:
+        """A private CPU copy of ``entry``'s GPU block or host slot; ``None`` when it has neither (under the lock)."""
+        h = self.h
+        buf = staging_buffer(h.layout, pin=False)
+        if entry.gpu_block is not None:
+            return copy_bytes(buf, h.pool.block_bytes(entry.gpu_block))
+        if h.host is not None and h.host.contains(entry.key):
+            slot = h.host.slot_of(entry.key)
+            if slot is not None:
+                return copy_bytes(buf, h.host.slot_view(slot))
+        return None
+
+    def _schedule(self, path: list[BlockEntry], start: int, jobs: list[tuple[list[bytes], int, list[_Source]]]) -> None:
+        """Hold the group ``path[start:]`` (under the lock) and add its job, or count it skipped."""
+        srcs = self._hold(path[start:])
+        if srcs is None:
+            self.skipped_groups += 1
+            return
+        self._remember(path[-1].key)
+        jobs.append(([e.key for e in path], start, srcs))
+
+    def _remember(self, last_key: bytes) -> None:
+        self._sent[last_key] = None
+        self._sent.move_to_end(last_key)
+        if len(self._sent) > SENT_MEMORY:
+            self._sent.popitem(last=False)
+
+    def _submit(self, jobs: list[tuple[list[bytes], int, list[_Source]]]) -> None:
         if jobs:
             fut = self._pool.submit(self._write, jobs)
             self._pending.add(fut)
@@ -134,6 +227,9 @@ class RemoteWriter:
         h, pl = self.h, self.h.placement
         out: list[torch.Tensor] = []
         for s in srcs:
+            if s.data is not None:
+                out.append(s.data)
+                continue
             buf = staging_buffer(h.layout, pin=False)
             if s.gpu_block is not None:
                 copy_bytes(buf, h.pool.block_bytes(s.gpu_block))

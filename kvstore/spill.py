@@ -102,7 +102,7 @@ class Spiller:
                     moves.extend(host_moves)  # copy host victims down first; this block goes next round
                     break
             if dst is None and h.disk is None:
-                pl.drop_from(entry)  # nowhere to keep it: the block and its extensions leave the index
+                pl.drop_from(entry)  # nowhere to keep it: the block and its extensions leave the index (handed down first)
                 h.counters.gpu_evictions += 1
                 continue
             pl.ref([b])  # held until the copy is published; out of the eviction queue meanwhile

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvstore.config.schema import KVStoreConfig, PolicyConfig
+from kvstore.config.write_policy import SELECTIVE_HITS_DEFAULT
 from kvstore.errors import BlockStateError, OutOfBlocks
 from kvstore.events import StoreEvent
 from kvstore.gpu_pool import GPUBlockPool
@@ -27,7 +28,7 @@ from kvstore.hierarchy import Hierarchy
 from kvstore.layout import KVLayout
 from kvstore.prefetch import BlockPlan, Lease, Prefetcher
 from kvstore.radix import BlockEntry, RadixIndex
-from kvstore.remote_writer import RemoteWriter
+from kvstore.remote_writer import RemoteWrite, RemoteWriter
 from kvstore.spill import Spiller
 from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
@@ -85,13 +86,17 @@ class TieredStore:
         policy: PolicyConfig | None = None,
         copy_streams: CopyStreams | None = None,
         remote: ChainTier | None = None,
-        remote_write: bool = True,
+        remote_write: RemoteWrite = "write_through",
+        remote_selective_hits: int = SELECTIVE_HITS_DEFAULT,
     ) -> None:
         self.policy = policy or PolicyConfig()
         self.h = Hierarchy(layout, pool, host, disk, remote)
         self.spiller = Spiller(self.h, self.policy)
-        self.remote_writer = RemoteWriter(self.h, remote, remote_write) if remote is not None else None
-        """Writes full groups to the remote tier at commit (its own write policy, ``remote.write``)."""
+        self.remote_writer = (RemoteWriter(self.h, remote, remote_write, remote_selective_hits)
+                              if remote is not None else None)
+        """Writes full groups to the remote tier under its own write policy (``remote.write``)."""
+        if self.remote_writer is not None and remote_write == "write_back":
+            self.h.hand_down = self.remote_writer.hand_down
         self.prefetcher = Prefetcher(self.h, self.policy, streams=copy_streams)
         self.layout = layout
 
@@ -115,7 +120,8 @@ class TieredStore:
             pool.num_blocks, pool.device, host.name if host else "off", disk.name if disk else "off",
             remote.name if remote else "off", cfg.policy.write, cfg.remote.write, cfg.policy.prefetch,
         )
-        return cls(layout, pool, host, disk, cfg.policy, remote=remote, remote_write=cfg.remote.write == "write_through")
+        return cls(layout, pool, host, disk, cfg.policy, remote=remote, remote_write=cfg.remote.write,
+                   remote_selective_hits=cfg.remote.selective_hits)
 
     # ------------------------------------------------------------ accessors
     @property
@@ -150,7 +156,8 @@ class TieredStore:
         n_full = len(toks) // bs
         h = self.h
         h.sync_tier_events()
-        selective = self.policy.write == "write_through_selective"
+        selective = self.policy.write == "write_through_selective" or (
+            self.remote_writer is not None and self.remote_writer.counts_hits)
         with h.lock:
             m = h.index.match(toks, salt, count_hits=selective)
             if m.num_blocks < n_full:
@@ -181,6 +188,8 @@ class TieredStore:
                 entries, tiers, rest = entries[:n], tiers[:n], []
         if due:
             self.spiller.write_down(due)
+        if self.remote_writer is not None:
+            self.remote_writer.on_hit(entries)
         keys = [e.key for e in entries]
         for name, tier in h.lower_tiers():
             if not rest:
@@ -449,6 +458,7 @@ class TieredStore:
         """Per-tier counters and occupancy (a snapshot; changes nothing)."""
         h = self.h
         h.sync_tier_events()
+        tier_stats = {name: tier.stats().as_dict() for name, tier in h.lower_tiers()}  # outside the lock: the remote tier asks its server
         with h.lock:
             c = h.counters
             out: dict[str, Any] = {
@@ -467,8 +477,7 @@ class TieredStore:
                 "load_failures": c.load_failures,
                 "prefetch_backpressure_waits": self.prefetcher.budget.waits,
             }
-            for name, tier in h.lower_tiers():
-                d: dict[str, Any] = tier.stats().as_dict()
+            for name, d in tier_stats.items():
                 d["hit_tokens"] = c.hit_tokens[name]
                 d["loaded_blocks"] = c.loaded_blocks[name]
                 d["spilled_blocks"] = c.spilled_blocks[name]

@@ -1,9 +1,11 @@
-"""Start and stop throwaway ``redis-server`` processes on loopback ports (tests and ``kvstore bench remote``).
+"""Start and stop throwaway ``redis-server`` (or ``valkey-server``) processes on loopback ports (tests and
+``kvstore bench remote``).
 
 Each server runs in the foreground of its own process with a pidfile in its directory and is
 stopped by that pid (never by name). A cluster is six such servers made into three primaries with
 a replica each by ``redis-cli --cluster create``; its ``cluster-node-timeout`` is small so a
-failover takes about a second.
+failover takes about a second. Valkey takes the same arguments (:data:`VALKEY`); with a TLS
+directory (:func:`make_tls_files`) a server, or a whole cluster (bus and replication too), speaks TLS only.
 """
 
 from __future__ import annotations
@@ -18,12 +20,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-def redis_missing() -> str | None:
-    """Why real Redis servers cannot be started here (``None`` when they can)."""
-    missing = [b for b in ("redis-server", "redis-cli") if shutil.which(b) is None]
+@dataclass(frozen=True)
+class ServerBinaries:
+    """The server and command-line programs of one Redis-protocol implementation."""
+
+    server: str
+    cli: str
+    packages: str
+    """The Debian packages that install them (named when they are missing)."""
+
+
+REDIS = ServerBinaries("redis-server", "redis-cli", "redis-server, redis-tools")
+VALKEY = ServerBinaries("valkey-server", "valkey-cli", "valkey-server, valkey-tools from bookworm-backports")
+
+
+def redis_missing(binaries: ServerBinaries = REDIS) -> str | None:
+    """Why real servers of ``binaries`` cannot be started here (``None`` when they can)."""
+    missing = [b for b in (binaries.server, binaries.cli) if shutil.which(b) is None]
     if missing:
-        return (f"{' and '.join(missing)} not on PATH (Debian packages redis-server, redis-tools; "
-                "`make test` installs them with apt when run as root)")
+        return (f"{' and '.join(missing)} not on PATH (Debian packages {binaries.packages}; "
+                "`make test` installs them with apt when run as root, scripts/ensure_redis.sh)")
     try:
         import redis  # noqa: F401
     except ImportError:
@@ -59,6 +75,7 @@ class RedisServer:
     password: str | None = None
     tls_dir: Path | None = None
     """Directory of ``ca.crt``, ``server.crt`` and ``server.key`` when the server speaks TLS only."""
+    binaries: ServerBinaries = REDIS
 
     @property
     def pidfile(self) -> Path:
@@ -81,7 +98,7 @@ class RedisServer:
 
     def cli(self, *args: str) -> str:
         """Run ``redis-cli`` against this server; returns its stdout."""
-        cmd = ["redis-cli", "-h", "127.0.0.1", "-p", str(self.port)]
+        cmd = [self.binaries.cli, "-h", "127.0.0.1", "-p", str(self.port)]
         if self.password:
             cmd += ["--no-auth-warning", "-a", self.password]
         if self.tls_dir:
@@ -112,13 +129,14 @@ class RedisServer:
 def start_server(dir: Path, port: int | None = None, *, maxmemory: str | None = None,
                  policy: str = "allkeys-lru", notify: str = "Exe", password: str | None = None,
                  cluster_node_timeout_ms: int | None = None, tls_dir: Path | None = None,
-                 extra: tuple[str, ...] = ()) -> RedisServer:
-    """Start ``redis-server`` on ``127.0.0.1:port`` (a free one by default) with no persistence; waits for PING.
+                 extra: tuple[str, ...] = (), binaries: ServerBinaries = REDIS) -> RedisServer:
+    """Start ``binaries.server`` on ``127.0.0.1:port`` (a free one by default) with no persistence; waits for PING.
 
-    With ``tls_dir`` (see :func:`make_tls_files`) the port speaks TLS only."""
+    With ``tls_dir`` (see :func:`make_tls_files`) the port speaks TLS only (in a cluster, the bus and
+    replication links too)."""
     port = port or free_port(cluster=cluster_node_timeout_ms is not None)
     dir.mkdir(parents=True, exist_ok=True)
-    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--daemonize", "no",
+    args = [binaries.server, "--port", str(port), "--bind", "127.0.0.1", "--daemonize", "no",
             "--pidfile", str(dir / "redis.pid"), "--dir", str(dir), "--logfile", str(dir / "redis.log"),
             "--save", "", "--appendonly", "no", "--maxmemory-policy", policy,
             "--notify-keyspace-events", notify]
@@ -135,9 +153,14 @@ def start_server(dir: Path, port: int | None = None, *, maxmemory: str | None = 
         args[1:3] = ["--port", "0", "--tls-port", str(port)]
         args += ["--tls-cert-file", str(tls_dir / "server.crt"), "--tls-key-file", str(tls_dir / "server.key"),
                  "--tls-ca-cert-file", str(tls_dir / "ca.crt"), "--tls-auth-clients", "no"]
+        if cluster_node_timeout_ms is not None:
+            # the bus and replication links are TLS too; nodes authenticate each other with the same cert
+            args += ["--tls-cluster", "yes", "--tls-replication", "yes",
+                     "--tls-client-cert-file", str(tls_dir / "server.crt"),
+                     "--tls-client-key-file", str(tls_dir / "server.key")]
     args += list(extra)
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    server = RedisServer(port, dir, proc, password, tls_dir)
+    server = RedisServer(port, dir, proc, password, tls_dir, binaries)
     _wait(lambda: server.cli("PING").strip() == "PONG", 10, f"redis-server on port {port} (log {dir}/redis.log)",
           server)
     return server
@@ -167,8 +190,9 @@ class RedisClusterProcs:
 
     @property
     def url(self) -> str:
-        """``redis-cluster://127.0.0.1:p1,...`` naming every node as a seed."""
-        return "redis-cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
+        """``redis-cluster://127.0.0.1:p1,...`` (``rediss-cluster://`` under TLS) naming every node as a seed."""
+        tls = bool(self.servers) and self.servers[0].tls_dir is not None
+        return f"{'rediss' if tls else 'redis'}-cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
 
     def roles(self) -> dict[int, str]:
         """``{port: "master" | "slave"}`` of the running nodes (from ``ROLE``)."""
@@ -214,14 +238,17 @@ class RedisClusterProcs:
             s.stop()
 
 
-def start_cluster(dir: Path, node_timeout_ms: int = 500, maxmemory: str | None = None) -> RedisClusterProcs:
-    """Six nodes, ``redis-cli --cluster create ... --cluster-replicas 1``, waited until healthy."""
+def start_cluster(dir: Path, node_timeout_ms: int = 500, maxmemory: str | None = None,
+                  binaries: ServerBinaries = REDIS, tls_dir: Path | None = None) -> RedisClusterProcs:
+    """Six nodes, ``redis-cli --cluster create ... --cluster-replicas 1``, waited until healthy (TLS only,
+    client, bus and replication, with ``tls_dir``)."""
     cluster = RedisClusterProcs()
     try:
         for i in range(6):
-            cluster.servers.append(start_server(dir / f"node{i}", maxmemory=maxmemory,
-                                                cluster_node_timeout_ms=node_timeout_ms))
-        subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{s.port}" for s in cluster.servers],
+            cluster.servers.append(start_server(dir / f"node{i}", maxmemory=maxmemory, binaries=binaries,
+                                                cluster_node_timeout_ms=node_timeout_ms, tls_dir=tls_dir))
+        tls = ["--tls", "--cacert", str(tls_dir / "ca.crt")] if tls_dir is not None else []
+        subprocess.run([binaries.cli, *tls, "--cluster", "create", *[f"127.0.0.1:{s.port}" for s in cluster.servers],
                         "--cluster-replicas", "1", "--cluster-yes"], capture_output=True, text=True, timeout=60,
                        check=True)
         cluster.wait_healthy()

@@ -38,8 +38,9 @@ def replay(worker: int, of: int, url: str, trace: Path, limit: int, tiers: list[
     host = HostTier(LAYOUT, HOST_BLOCKS * LAYOUT.bytes_per_block, auto_evict=False, pin_memory="never")
     remote = None
     if "remote" in tiers:
+        # the hit rate is the figure here: a probe is never cut short by a loaded machine
         remote = RedisTier(LAYOUT, RemoteConfig(url=url, group_blocks=GROUP_BLOCKS, key_prefix="replay:",
-                                                listen_evictions=False))
+                                                listen_evictions=False, probe_timeout_s=5.0))
     store = TieredStore(LAYOUT, pool, host, None, PolicyConfig(write="write_back"), remote=remote)
     hits = {"gpu": 0, "host": 0, "disk": 0, "remote": 0}
     blocks = 0

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 
 from kvstore.config.section import Section
 from kvstore.config.units import PositiveSize
+from kvstore.config.write_policy import SELECTIVE_HITS_DEFAULT, WritePolicy
 
 REMOTE_SCHEMES = ("redis", "rediss", "redis-cluster", "rediss-cluster")
 """URL schemes of ``remote.url``: plain or TLS (the ``s``), one server or a Redis Cluster."""
@@ -35,6 +36,11 @@ class RemoteConfig(Section):
     """Longest wait to open a connection."""
     timeout_s: float = Field(1.0, gt=0, le=60)
     """Longest wait for one reply; a slower server counts an error and the access is a miss."""
+    probe_timeout_s: float = Field(0.2, gt=0, le=60)
+    """Longest a lookup waits for the prefix probe (one pipelined EXISTS, run on the tier's probe thread):
+    a later answer makes the remote part of the lookup a miss, counted in ``probe_timeouts`` and
+    ``errors``, and the tier backs off as after a failure, so a slow or paused server never stalls the
+    engine's thread for longer than this."""
     reconnect_min_s: float = Field(0.05, gt=0, le=60)
     """First back-off after a failure: accesses in that window are misses without a round trip."""
     reconnect_max_s: float = Field(5.0, gt=0, le=600)
@@ -45,9 +51,15 @@ class RemoteConfig(Section):
     groups go remote."""
     max_inflight_bytes: PositiveSize = "256MiB"  # type: ignore[assignment]
     """Bound on value bytes in flight to or from the server at once; further batches wait."""
-    write: Literal["write_through", "read_only"] = "write_through"
-    """``write_through``: each group is stored once its last block is committed. ``read_only``: this
-    engine only reads what others stored."""
+    write: WritePolicy | Literal["read_only"] = "write_through"
+    """When a full group goes to the server, as ``policy.write`` for the local tiers: ``write_through``
+    once its last block is committed; ``write_through_selective`` once a lookup has matched its last
+    block ``selective_hits`` times (SGLang HiCache's semantics: only reused prefixes cross the network);
+    ``write_back`` only when one of its blocks is about to leave the tier above (the GPU, or the host
+    tier when ``tiers`` names no disk tier; an LMDB or file tier evicts on its own, so ``write_back``
+    with one is refused). ``read_only``: this engine only reads what others stored."""
+    selective_hits: int = Field(SELECTIVE_HITS_DEFAULT, ge=1, le=1_000_000)
+    """Lookups that must match a group's last block before it is stored under ``write_through_selective``."""
     ttl_s: float | None = Field(None, gt=0)
     """Expiry of stored values in seconds; ``null`` keeps them until Redis evicts them."""
     key_prefix: str = "kvstore:"

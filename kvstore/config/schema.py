@@ -15,6 +15,7 @@ from kvstore.config.datadirs import DataRole, default_data_dir
 from kvstore.config.remote import RemoteConfig
 from kvstore.config.section import Section
 from kvstore.config.units import PositiveSize, Size
+from kvstore.config.write_policy import SELECTIVE_HITS_DEFAULT, WritePolicy
 from kvstore.daemon.frames import KEY_BYTES, PRELOGIN_FRAME_BYTES
 from kvstore.layout import DTypeName, KVLayout, auto_dtype
 
@@ -167,9 +168,9 @@ class FileConfig(Section):
 class PolicyConfig(Section):
     """Write and prefetch policies (eviction is chosen per tier: ``disk.eviction``, ``file.eviction``)."""
 
-    write: Literal["write_through", "write_through_selective", "write_back"] = "write_through"
+    write: WritePolicy = "write_through"
     """When committed blocks are copied down: at once, after ``selective_hits`` hits, or only on eviction."""
-    selective_hits: int = Field(2, ge=1, le=1_000_000)
+    selective_hits: int = Field(SELECTIVE_HITS_DEFAULT, ge=1, le=1_000_000)
     """Hits before a block is written down under ``write_through_selective``."""
     prefetch: Literal["best_effort", "wait_complete", "timeout"] = "wait_complete"
     """How long a request waits for its prefix to load before recomputing the rest."""
@@ -304,6 +305,10 @@ class KVStoreConfig(Section):
             raise ValueError(f"tiers: 'host' must come first (fastest first), got {t}")
         if "remote" in t and t[-1] != "remote":
             raise ValueError(f"tiers: 'remote' must come last (fastest first), got {t}")
+        if "remote" in t and self.remote.write == "write_back" and ("lmdb" in t or "file" in t):
+            raise ValueError(f"remote.write: write_back with tiers {t}: the disk tier above remote evicts on its "
+                             "own and cannot hand its blocks down; use write_through or write_through_selective, "
+                             "or drop the disk tier")
         return self
 
     @model_validator(mode="after")

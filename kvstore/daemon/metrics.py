@@ -81,12 +81,14 @@ def render_prometheus(m: DaemonMetrics, backend: dict[str, Any], build: dict[str
         for labels, value in samples:
             lines.append(f"{name}{labels} {_fmt(value)}")
 
-    tiers = [(t, backend[t]) for t in ("host", "disk") if backend.get(t) is not None]
+    tiers = [(t, backend[t]) for t in ("host", "disk", "remote") if backend.get(t) is not None]
     c = backend["counters"]
     family("kvstore_hits_total", "counter", "Blocks found, by the tier that served them.",
-           [('{tier="host"}', c["host_hits"])] + ([('{tier="disk"}', c["disk_hits"])] if backend.get("disk") else []))
+           [('{tier="host"}', c["host_hits"])] + ([('{tier="disk"}', c["disk_hits"])] if backend.get("disk") else [])
+           + ([('{tier="remote"}', backend["remote"]["hits"])] if backend.get("remote") else []))
     family("kvstore_misses_total", "counter", "Blocks asked for and not found in the tier.",
-           [('{tier="host"}', c["host_misses"])] + ([('{tier="disk"}', c["disk_misses"])] if backend.get("disk") else []))
+           [('{tier="host"}', c["host_misses"])] + ([('{tier="disk"}', c["disk_misses"])] if backend.get("disk") else [])
+           + ([('{tier="remote"}', backend["remote"]["misses"])] if backend.get("remote") else []))
     family("kvstore_prefix_cache_queries_total", "counter",
            "Prompt tokens looked up in the daemon's tiers, as vLLM's prefix_cache_queries counts them. The daemon "
            "sees block keys, not tokens: counted as blocks probed (EXISTS_PREFIX) x block size, and an engine "
@@ -111,6 +113,23 @@ def render_prometheus(m: DaemonMetrics, backend: dict[str, Any], build: dict[str
     family("kvstore_capacity_bytes", "gauge", "Capacity of the tier in bytes.",
            [(f'{{tier="{t}"}}', s["capacity_bytes"]) for t, s in tiers])
     family("kvstore_blocks", "gauge", "Blocks stored in the tier.", [(f'{{tier="{t}"}}', s["num_blocks"]) for t, s in tiers])
+    remote = backend.get("remote")
+    if remote is not None:
+        family("kvstore_remote_errors_total", "counter", "Remote-tier round trips (or commands in one) that failed: "
+               "refused or lost connection, timeout, cluster down; each was answered as a miss.",
+               [("", remote["errors"])])
+        family("kvstore_remote_probe_timeouts_total", "counter", "Remote prefix probes not answered within "
+               "remote.probe_timeout_s (answered as misses).", [("", remote["probe_timeouts"])])
+        family("kvstore_remote_skipped_total", "counter", "Remote accesses answered as misses without a round trip "
+               "while the tier backed off after failures.", [("", remote["skipped"])])
+        family("kvstore_remote_reconnects_total", "counter", "Times the remote server answered again after failures.",
+               [("", remote["reconnects"])])
+        family("kvstore_remote_evictions_total", "counter", "Remote blocks Redis evicted, by how the tier learnt of it "
+               "(keyspace notification, or a read that found no value).",
+               [('{source="notified"}', remote["evictions_notified"]),
+                ('{source="inferred"}', remote["evictions_inferred"])])
+        family("kvstore_remote_groups_stored_total", "counter", "Remote values (groups of blocks) newly stored.",
+               [("", remote["groups_stored"])])
     family("kvstore_no_room_total", "counter", "Keys not served because every host slot was locked or reserved.",
            [("", c["no_room"])])
     family("kvstore_holds", "gauge", "Host slot holds held by clients now.", [("", backend["holds"])])

@@ -7,9 +7,11 @@
 
 A probe is one pipelined EXISTS per group, cut at the first missing one; a load or a store is one
 pipelined GET or ``SET NX`` per group (in a cluster redis-py's pipeline splits the commands by node,
-where a plain MGET across slots would fail). Round trips happen on the calling worker thread (the
-store's prefetch and write-down workers, or :meth:`get_async`/:meth:`put_async`), never holding
-the store's lock, and under a bound on value bytes in flight.
+where a plain MGET across slots would fail). Loads and stores run on the calling worker thread (the
+store's prefetch and remote-write workers, or :meth:`get_async`/:meth:`put_async`), never holding
+the store's lock, and under a bound on value bytes in flight. A lookup's probe runs on the tier's own
+probe threads and is waited for at most ``probe_timeout_s``: a slow or paused server makes it a miss
+(``probe_timeouts``), never a stalled engine.
 
 Failures never reach the engine: a connection error, a timeout or a cluster that is failing over
 makes the access a miss (or an unstored put), counted in ``errors``; the tier then skips the server
@@ -52,8 +54,11 @@ FAILURES = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 class RemoteStats(TierStats):
     """:class:`TierStats` plus what only a remote tier has (``evictions`` = notified + inferred, in blocks).
 
-    ``used_bytes``, ``capacity_bytes`` and ``num_blocks`` stay 0: the server is shared by a fleet and
-    evicts on its own, so only it knows (``INFO memory``, ``DBSIZE``).
+    ``used_bytes`` and ``capacity_bytes`` are the server's ``used_memory`` and ``maxmemory`` from
+    ``INFO memory`` at the time of :meth:`RedisTier.stats` (summed over a cluster's primaries; the
+    replicas hold copies), so they count every key of the shared server, not only this engine's;
+    ``capacity_bytes`` is 0 when a server has no ``maxmemory``, and both are 0 while the server does not
+    answer. ``num_blocks`` stays 0: the server is shared by a fleet and evicts on its own.
     """
 
     errors: int = 0
@@ -66,6 +71,8 @@ class RemoteStats(TierStats):
     """Blocks whose value Redis reported evicted (keyspace notifications)."""
     evictions_inferred: int = 0
     """Blocks whose value a read found missing (evicted, expired or deleted elsewhere)."""
+    probe_timeouts: int = 0
+    """Prefix probes not answered within ``probe_timeout_s`` (answered as misses; also in ``errors``)."""
     groups_stored: int = 0
     """Values newly stored (each ``group_blocks`` blocks)."""
 
@@ -96,6 +103,8 @@ class RedisTier(ChainTier):
         self._backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="kvstore-remote")
+        self._probes = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="kvstore-remote-probe")
+        """Its own threads, so a queue of loads or stores never delays a lookup's probe."""
         self._listener: EvictionListener | None = None
         if cfg.listen_evictions:
             self._listener = self._start_listener()
@@ -122,21 +131,37 @@ class RedisTier(ChainTier):
 
     # ------------------------------------------------------------ chain API
     def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
-        """See :meth:`ChainTier.probe`: one pipelined EXISTS per group from ``start``'s. Changes nothing."""
+        """See :meth:`ChainTier.probe`: one pipelined EXISTS per group from ``start``'s, on the probe
+        threads; waits at most ``probe_timeout_s`` (later: the groups are misses, counted). Changes nothing."""
         g = self.group_blocks
         first = start // g
         groups = range(first, len(chain) // g)
         if not groups:
             return first * g
-        res = self._pipeline(lambda p: [p.exists(self.redis_key(chain[i * g + g - 1])) for i in groups])
-        if res is None:
+        if not self._backoff.allow():
+            self._count(skipped=1)
             return first * g
+        fut = self._probes.submit(self._probe_groups, chain, groups)
+        try:
+            found = fut.result(timeout=self.cfg.probe_timeout_s)
+        except TimeoutError:
+            delay = self._backoff.failed()
+            self._count(errors=1, probe_timeouts=1)
+            log.warning("remote tier %s: prefix probe unanswered after %.3fs; a miss, retrying in %.2fs",
+                        self.target.describe(), self.cfg.probe_timeout_s, delay)
+            return first * g
+        return (first + found) * g
+
+    def _probe_groups(self, chain: Sequence[bytes], groups: range) -> int:
+        """How many of ``groups`` (consecutive) are stored, up to the first missing one (one round trip)."""
+        g = self.group_blocks
+        res = self._pipeline(lambda p: [p.exists(self.redis_key(chain[i * g + g - 1])) for i in groups])
         found = 0
-        for r in res:
+        for r in res or []:
             if isinstance(r, BaseException) or not r:
                 break
             found += 1
-        return (first + found) * g
+        return found
 
     def load(self, chain: Sequence[bytes], start: int, dests: Sequence[Buffer]) -> list[bool]:
         """See :meth:`ChainTier.load`: one pipelined GET per group, in batches under the byte bound."""
@@ -236,15 +261,44 @@ class RedisTier(ChainTier):
         return self._pool.submit(self.put, keys, srcs)
 
     def stats(self) -> RemoteStats:
-        """A snapshot copy of the counters."""
+        """A snapshot copy of the counters, with the server's memory use and limit (:meth:`server_memory`)."""
+        used, capacity = self.server_memory()
         with self._lock:
-            return RemoteStats(**self._stats.as_dict())
+            out = RemoteStats(**self._stats.as_dict())
+        out.used_bytes, out.capacity_bytes = used, capacity
+        return out
+
+    def server_memory(self) -> tuple[int, int]:
+        """``(used_memory, maxmemory)`` of the server, summed over a cluster's primaries; ``maxmemory`` is 0
+        when any of them has none (unbounded). ``(0, 0)`` when the server does not answer within
+        ``probe_timeout_s`` (asked on the probe threads, so a stats call never waits longer), or while
+        the tier backs off. Changes nothing."""
+        if not self._backoff.allow():
+            return 0, 0
+        try:
+            return self._probes.submit(self._info_memory).result(timeout=self.cfg.probe_timeout_s)
+        except TimeoutError:
+            return 0, 0
+
+    def _info_memory(self) -> tuple[int, int]:
+        try:
+            client = self._connected()
+            if self.target.cluster:
+                infos = list(client.info("memory", target_nodes=client.PRIMARIES).values())
+            else:
+                infos = [client.info("memory")]
+        except FAILURES:
+            return 0, 0
+        used = sum(int(i.get("used_memory", 0)) for i in infos)
+        limits = [int(i.get("maxmemory", 0)) for i in infos]
+        return used, 0 if not limits or 0 in limits else sum(limits)
 
     def close(self) -> None:
         """Stop the eviction listeners and the I/O threads, close the connections."""
         if self._listener is not None:
             self._listener.close()
         self._pool.shutdown(wait=True)
+        self._probes.shutdown(wait=True)
         if self._client is not None:
             self._client.close()
 

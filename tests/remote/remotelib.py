@@ -13,8 +13,10 @@ from kvstore.tiers.remote import RedisTier
 
 def remote_tier(layout: KVLayout, url: str, **over: Any) -> RedisTier:
     """A :class:`RedisTier` on ``url`` with test-sized timeouts and back-off (``over`` sets config fields)."""
+    # probe_timeout_s above timeout_s: a probe fails by the reply timeout, as in the tests written before the
+    # bound, and a loaded machine never cuts one short (test_remote_probe_bound.py sets its own)
     fields: dict[str, Any] = {"url": url, "timeout_s": 0.5, "connect_timeout_s": 0.3, "reconnect_min_s": 0.02,
-                              "reconnect_max_s": 0.2}
+                              "reconnect_max_s": 0.2, "probe_timeout_s": 5.0}
     fields.update(over)
     return RedisTier(layout, RemoteConfig(**fields))
 

@@ -21,7 +21,8 @@ PROMPT = prompt(1, 45)  # 11 full blocks of 4 and one partial: two groups of 4 g
 
 def _remote(server: RedisServer, prefix: str) -> dict[str, object]:
     return {"tiers": ["host", "lmdb", "remote"],
-            "remote": {"url": server.url, "group_blocks": 4, "key_prefix": prefix, "timeout_s": 1.0}}
+            "remote": {"url": server.url, "group_blocks": 4, "key_prefix": prefix, "timeout_s": 1.0,
+                       "probe_timeout_s": 5.0}}  # a loaded machine never cuts a probe short here
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ def _store(url: str, prefix: str, *, disk: bool = False, host: bool = True, writ
     host_tier = HostTier(LAYOUT, 32 * LAYOUT.bytes_per_block, auto_evict=False) if host else None
     remote = remote_tier(LAYOUT, url, group_blocks=G, key_prefix=prefix, listen_evictions=False)
     return TieredStore(LAYOUT, pool, host_tier, MemoryTier(LAYOUT) if disk else None, PolicyConfig(**policy),
-                       remote=remote, remote_write=write)
+                       remote=remote, remote_write="write_through" if write else "read_only")
 
 
 def _tokens(n_blocks: int, seed: int) -> list[int]:

@@ -1,6 +1,7 @@
 """The tier contract, checked the same way for every tier that stores blocks by key: LMDB, file, and
-the remote tier on a real Redis server, standalone and cluster (``group_blocks: 1``: one block per
-value, so any key sequence is a whole number of groups; grouping has its own tests).
+the remote tier on a real Redis server and a real Valkey server (unchanged: the same protocol),
+standalone and cluster (``group_blocks: 1``: one block per value, so any key sequence is a whole
+number of groups; grouping has its own tests).
 
 Each tier comes with raw access to its stored values so the damage cases are the same everywhere.
 """
@@ -64,21 +65,28 @@ def _redis_on(url: str, raw: Any) -> Stored:
     return Stored(tier, lambda key: raw.get(tier.redis_key(key)), lambda key, value: raw.set(tier.redis_key(key), value))
 
 
-def _redis(tmp: Path, request: pytest.FixtureRequest) -> Stored:
-    import redis
+def _server(fixture: str) -> Callable[[Path, pytest.FixtureRequest], Stored]:
+    def make(tmp: Path, request: pytest.FixtureRequest) -> Stored:
+        import redis
 
-    server = request.getfixturevalue("redis_server")
-    return _redis_on(server.url, redis.Redis(port=server.port))
+        server = request.getfixturevalue(fixture)
+        return _redis_on(server.url, redis.Redis(port=server.port))
 
-
-def _redis_cluster(tmp: Path, request: pytest.FixtureRequest) -> Stored:
-    from redis.cluster import ClusterNode, RedisCluster
-
-    cluster = request.getfixturevalue("redis_cluster")
-    return _redis_on(cluster.url, RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", cluster.servers[0].port)]))
+    return make
 
 
-MAKERS = {"lmdb": _lmdb, "file": _file, "redis": _redis, "redis-cluster": _redis_cluster}
+def _cluster(fixture: str) -> Callable[[Path, pytest.FixtureRequest], Stored]:
+    def make(tmp: Path, request: pytest.FixtureRequest) -> Stored:
+        from redis.cluster import ClusterNode, RedisCluster
+
+        cluster = request.getfixturevalue(fixture)
+        return _redis_on(cluster.url, RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", cluster.servers[0].port)]))
+
+    return make
+
+
+MAKERS = {"lmdb": _lmdb, "file": _file, "redis": _server("redis_server"), "redis-cluster": _cluster("redis_cluster"),
+          "valkey": _server("valkey_server"), "valkey-cluster": _cluster("valkey_cluster")}
 
 
 @pytest.fixture(params=sorted(MAKERS))
