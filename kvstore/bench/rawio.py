@@ -134,15 +134,19 @@ def direct_io_gbps(directory: Path, nbytes: int, parallel_request: int | None = 
         path.unlink(missing_ok=True)
     mode = "O_DIRECT" if direct and direct_read else "buffered+fsync+fadvise"
     return DirectIO(total / t_write / 1e9, total / t_read / 1e9, mode, best and best[0], best and best[1],
-                    parallel_request if best else None)
+                    _pages(parallel_request) if best and parallel_request else None)
+
+
+def _pages(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole pages (at least one), as ``O_DIRECT`` requests must be."""
+    return max(mmap.PAGESIZE, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
 
 
 def parallel_read_gbps(path: Path, nbytes: int, request: int, threads: int) -> float:
     """Read the first ``nbytes`` of ``path`` in ``request``-byte ``pread`` calls (rounded up to the page
     size, as ``O_DIRECT`` requires) spread round-robin over ``threads`` threads sharing one ``O_DIRECT``
     descriptor; GB/s. Without ``O_DIRECT`` the file's cached pages are dropped first. Changes nothing."""
-    page = mmap.PAGESIZE
-    request = max(page, -(-request // page) * page)
+    request = _pages(request)
     count = max(1, nbytes // request)
     fd, direct = _open_direct(path, os.O_RDONLY)
     try:
