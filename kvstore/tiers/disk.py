@@ -41,6 +41,12 @@ readahead a batch (mostly in put order in ``data.mdb``) streams at disk rate.
 The price is read-around on cold leaf pages. ``contains_prefix`` uses
 ``Cursor.set_key``, which never touches a value.
 
+A large get is split into up to ``read_threads`` contiguous runs (at least
+:data:`READ_SPLIT_BYTES` each) read at once, each in its own read
+transaction: every run's page faults are a separate stream of disk reads, so
+several are in flight, as in the disk's parallel read limit that
+``kvstore bench tiers`` measures (one thread faults one region at a time).
+
 Files: the directory is 0700 and its files 0600 (narrowed if found wider), and
 the tier holds ``<path>/kvstore.lock`` (:mod:`kvstore.tiers.datadir`) while
 open: a second process on the same environment is refused, naming the holder.
