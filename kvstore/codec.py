@@ -272,14 +272,42 @@ def _check_key(key: bytes) -> bytes:
     return bytes(key)
 
 
-def encode(raw: Any, codec: str, level: int, fingerprint: bytes, itemsize: int = 2, *, key: bytes) -> bytes:
-    """Header + payload for the block ``raw`` (bytes-like or uint8 CPU tensor) stored under ``key``. Changes nothing.
+@dataclass(frozen=True)
+class EncodedParts:
+    """One encoded block as its two pieces, unjoined: ``header + payload`` is what :func:`encode` returns.
 
-    ``itemsize`` is the element size the shuffle splits by (``KVLayout.itemsize``);
-    it is stored in the header, so decoding does not need it. ``key`` (32 bytes)
-    is bound into the checksum, not stored: only :func:`decode_into` with the
-    same key accepts the value.
+    For the ``none`` codec ``payload`` is a view of the caller's block (no copy), so the block must stay
+    unchanged until the parts are written. A tier that copies the value anyway (LMDB copies it into its
+    own pages) writes the pieces straight into a reused buffer (:meth:`write_into`) instead of joining
+    them into a freshly allocated object first.
     """
+
+    header: bytes
+    """The :data:`HEADER_SIZE` bytes, checksum included."""
+    payload: Any
+    """The payload as a bytes-like object."""
+
+    def __len__(self) -> int:
+        return HEADER_SIZE + memoryview(self.payload).nbytes
+
+    def write_into(self, buf: bytearray) -> memoryview:
+        """Copy header then payload to the start of ``buf`` (grown when too small); returns the view of
+        those ``len(self)`` bytes, valid until ``buf`` is next changed."""
+        n = len(self)
+        if len(buf) < n:
+            buf.extend(bytes(n - len(buf)))
+        view = memoryview(buf)
+        view[:HEADER_SIZE] = self.header
+        view[HEADER_SIZE:n] = memoryview(self.payload).cast("B")
+        return view[:n]
+
+    def join(self) -> bytes:
+        """``header + payload`` as one new bytes object."""
+        return b"".join((self.header, self.payload))
+
+
+def encode_parts(raw: Any, codec: str, level: int, fingerprint: bytes, itemsize: int = 2, *, key: bytes) -> EncodedParts:
+    """:func:`encode` without the final join (see :class:`EncodedParts`). Changes nothing."""
     key = _check_key(key)
     if len(fingerprint) != 16:
         raise ValueError(f"a layout fingerprint is 16 bytes, got {len(fingerprint)}")
@@ -291,7 +319,18 @@ def encode(raw: Any, codec: str, level: int, fingerprint: bytes, itemsize: int =
     prefix = _HEADER.pack(MAGIC, FORMAT_VERSION, impl.codec_id, itemsize, fingerprint, data.size, len(payload), 0, 0)
     prefix = prefix[:_CHECKED_PREFIX]
     crc = _checksum(key, prefix, data)
-    return b"".join((prefix, crc.to_bytes(4, "little"), payload))
+    return EncodedParts(prefix + crc.to_bytes(4, "little"), payload)
+
+
+def encode(raw: Any, codec: str, level: int, fingerprint: bytes, itemsize: int = 2, *, key: bytes) -> bytes:
+    """Header + payload for the block ``raw`` (bytes-like or uint8 CPU tensor) stored under ``key``. Changes nothing.
+
+    ``itemsize`` is the element size the shuffle splits by (``KVLayout.itemsize``);
+    it is stored in the header, so decoding does not need it. ``key`` (32 bytes)
+    is bound into the checksum, not stored: only :func:`decode_into` with the
+    same key accepts the value.
+    """
+    return encode_parts(raw, codec, level, fingerprint, itemsize, key=key).join()
 
 
 def decode_into(value: Any, dest: Any, fingerprint: bytes, key: bytes) -> None:

@@ -1,4 +1,4 @@
-"""The machine's own limits: memcpy bandwidth and raw sequential direct I/O on a disk.
+"""The machine's own limits: memcpy bandwidth and raw direct I/O on a disk, one request and many in flight.
 
 These are the denominators of the ``tiers`` suite, measured in the same run
 as the tiers themselves:
@@ -9,7 +9,12 @@ as the tiers themselves:
   total size in the same directory as the tier's data, through page-aligned
   buffers from anonymous ``mmap``. If the filesystem refuses ``O_DIRECT``
   (tmpfs, some overlays) it falls back to buffered I/O with ``fsync`` and
-  ``posix_fadvise(DONTNEED)`` before the read, and says so in ``mode``.
+  ``posix_fadvise(DONTNEED)`` before the read, and says so in ``mode``;
+- parallel direct read: the same file read again by several threads, each
+  ``pread``-ing requests of a given size (the tier's block size) from one
+  shared ``O_DIRECT`` descriptor, so several requests are in flight at once.
+  A single thread of sequential requests leaves an NVMe or virtio queue
+  mostly idle; this is the disk's read limit a batched reader can approach.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import mmap
 import os
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +52,12 @@ class DirectIO:
     read_gbps: float
     mode: str
     """``"O_DIRECT"`` or ``"buffered+fsync+fadvise"`` (O_DIRECT refused)."""
+    parallel_read_gbps: float | None = None
+    """Best read bandwidth with several requests in flight (``None``: not measured)."""
+    parallel_threads: int | None = None
+    """Threads of the best parallel read."""
+    parallel_request: int | None = None
+    """Bytes per request of the parallel read."""
 
 
 def drop_page_cache() -> bool:
@@ -78,8 +91,12 @@ def _open_direct(path: Path, flags: int) -> tuple[int, bool]:
     return os.open(path, flags, 0o600), False
 
 
-def direct_io_gbps(directory: Path, nbytes: int) -> DirectIO:
-    """Write then read ``nbytes`` (rounded up to :data:`CHUNK`) sequentially in ``directory``; removes the file."""
+def direct_io_gbps(directory: Path, nbytes: int, parallel_request: int | None = None,
+                   parallel_threads: Sequence[int] = (4, 8)) -> DirectIO:
+    """Write then read ``nbytes`` (rounded up to :data:`CHUNK`) sequentially in ``directory``; removes the file.
+
+    With ``parallel_request`` the file is then read again once per entry of ``parallel_threads``
+    (:func:`parallel_read_gbps`); the best of those is the parallel read limit."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "rawio.bench"
     chunks = max(1, -(-nbytes // CHUNK))
@@ -106,9 +123,50 @@ def direct_io_gbps(directory: Path, nbytes: int) -> DirectIO:
             t_read = time.perf_counter() - t0
         finally:
             os.close(fd)
+        total = chunks * CHUNK
+        best: tuple[float, int] | None = None
+        if parallel_request is not None:
+            for threads in parallel_threads:
+                gbps = parallel_read_gbps(path, total, parallel_request, threads)
+                best = max(best or (gbps, threads), (gbps, threads))
     finally:
         buf.close()
         path.unlink(missing_ok=True)
-    total = chunks * CHUNK
     mode = "O_DIRECT" if direct and direct_read else "buffered+fsync+fadvise"
-    return DirectIO(total / t_write / 1e9, total / t_read / 1e9, mode)
+    return DirectIO(total / t_write / 1e9, total / t_read / 1e9, mode, best and best[0], best and best[1],
+                    _pages(parallel_request) if best and parallel_request else None)
+
+
+def _pages(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole pages (at least one), as ``O_DIRECT`` requests must be."""
+    return max(mmap.PAGESIZE, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
+
+
+def parallel_read_gbps(path: Path, nbytes: int, request: int, threads: int) -> float:
+    """Read the first ``nbytes`` of ``path`` in ``request``-byte ``pread`` calls (rounded up to the page
+    size, as ``O_DIRECT`` requires) spread round-robin over ``threads`` threads sharing one ``O_DIRECT``
+    descriptor; GB/s. Without ``O_DIRECT`` the file's cached pages are dropped first. Changes nothing."""
+    request = _pages(request)
+    count = max(1, nbytes // request)
+    fd, direct = _open_direct(path, os.O_RDONLY)
+    try:
+        if not direct:
+            evict_file(path)
+
+        def reader(first: int) -> None:
+            buf = mmap.mmap(-1, request)  # page-aligned, one per thread
+            try:
+                for i in range(first, count, threads):
+                    if os.preadv(fd, [buf], i * request) < request:
+                        raise OSError(f"short read from {path} at {i * request}")
+            finally:
+                buf.close()
+
+        with ThreadPoolExecutor(threads) as pool:
+            t0 = time.perf_counter()
+            for f in [pool.submit(reader, t) for t in range(threads)]:
+                f.result()
+            elapsed = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+    return count * request / elapsed / 1e9

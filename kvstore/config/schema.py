@@ -135,6 +135,9 @@ class DiskConfig(Section):
     """Most unsynced bytes under ``sync: interval``."""
     io_threads: int = Field(2, ge=1, le=64)
     """Threads doing disk I/O so callers never block on the disk."""
+    read_threads: int = Field(4, ge=1, le=64)
+    """Threads one large get is split over (contiguous runs of at least 1 MiB, each in its own read
+    transaction), so several cold reads are in flight at once; 1 reads on the calling thread only."""
     eviction: Literal["lru", "s3fifo"] = "lru"
     """Which blocks go when the cap is reached: ``lru`` (least recently used) or ``s3fifo`` (small, main
     and ghost FIFO queues; keeps blocks that are reused over distances longer than the tier, which LRU

@@ -41,6 +41,12 @@ readahead a batch (mostly in put order in ``data.mdb``) streams at disk rate.
 The price is read-around on cold leaf pages. ``contains_prefix`` uses
 ``Cursor.set_key``, which never touches a value.
 
+A large get is split into up to ``read_threads`` contiguous runs (at least
+:data:`READ_SPLIT_BYTES` each) read at once, each in its own read
+transaction: every run's page faults are a separate stream of disk reads, so
+several are in flight, as in the disk's parallel read limit that
+``kvstore bench tiers`` measures (one thread faults one region at a time).
+
 Files: the directory is 0700 and its files 0600 (narrowed if found wider), and
 the tier holds ``<path>/kvstore.lock`` (:mod:`kvstore.tiers.datadir`) while
 open: a second process on the same environment is refused, naming the holder.
@@ -67,11 +73,12 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Literal
 
 import lmdb
 
-from kvstore.codec import CODECS, decode_into, encode
+from kvstore.codec import CODECS, EncodedParts, decode_into, encode_parts
 from kvstore.config.schema import DiskConfig
 from kvstore.errors import CorruptBlock, TierError, short_key
 from kvstore.layout import KVLayout
@@ -86,6 +93,18 @@ log = logging.getLogger(__name__)
 _LRU_RECORD = struct.Struct("<QQ")
 _NODE = 8 + 32  # LMDB node header + key bytes
 _CLOCK_KEY = b"clock"  # in `lru`: the last access counter (block keys are 32 bytes, so no clash)
+READ_SPLIT_BYTES = 1 << 20
+"""Least bytes of a get batch worth handing to another reading thread (smaller runs cost more to hand over
+than the overlap of their reads saves)."""
+
+
+@dataclass
+class _Run:
+    """What one reading thread found in its run of a get batch."""
+
+    found: list[bool]
+    corrupt: list[bytes]
+    unreadable: int
 
 
 class DiskTier(Tier):
@@ -105,6 +124,7 @@ class DiskTier(Tier):
         sync_interval_ms: int = 200,
         sync_bytes: int = 64 << 20,
         io_threads: int = 2,
+        read_threads: int = 4,
         map_step: int = 64 << 20,
         readahead: bool = True,
         eviction: str = "lru",
@@ -113,7 +133,10 @@ class DiskTier(Tier):
 
         ``readahead=False``: LMDB's ``MADV_RANDOM`` map, every cold page a separate read (module docstring).
         ``eviction``: ``lru`` or ``s3fifo`` (:mod:`kvstore.tiers.eviction`); see :meth:`_load_lru` for reopen.
+        ``read_threads``: how many runs one large get is read in at once (:meth:`get`); 1 reads on the caller's thread.
         """
+        if read_threads < 1:
+            raise ValueError(f"disk.read_threads must be at least 1, got {read_threads}")
         super().__init__(layout)
         CODECS.get(codec)  # unknown names fail here, not on the first put
         self.path = os.fspath(path)
@@ -139,6 +162,7 @@ class DiskTier(Tier):
             self._dirlock.release()
             raise
         self._write_lock = threading.RLock()  # one writer; also guards the in-memory LRU
+        self._scratch = bytearray()  # one value being written (write lock held); see _write
         self._hits: deque[bytes] = deque()  # keys found by `get`, not yet moved up in `_lru` (see _apply_hits)
         self._read_stats_lock = threading.Lock()  # get's counters, so a read never waits for a commit
         self._gate = ResizeGate()
@@ -159,6 +183,9 @@ class DiskTier(Tier):
         self._syncer = threading.Thread(target=self._sync_loop, name="kvstore-lmdb-sync", daemon=True)
         self._syncer.start()
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="kvstore-lmdb")
+        self.read_threads = read_threads
+        # Runs of a get beyond the caller's own; a pool apart from `_pool`, whose tasks (get_async) wait on these.
+        self._readers = ThreadPoolExecutor(max(1, read_threads - 1), thread_name_prefix="kvstore-lmdb-read")
 
     @classmethod
     def from_config(cls, section: DiskConfig, layout: KVLayout) -> DiskTier:
@@ -166,7 +193,7 @@ class DiskTier(Tier):
         return cls(
             layout, section.directory(), int(section.max_size), codec=section.codec, codec_level=section.codec_level,
             sync=section.sync, sync_interval_ms=section.sync_interval_ms, sync_bytes=int(section.sync_bytes),
-            io_threads=section.io_threads, eviction=section.eviction,
+            io_threads=section.io_threads, read_threads=section.read_threads, eviction=section.eviction,
         )
 
     def _open_env(self, sync: str, readahead: bool) -> lmdb.Environment:
@@ -214,44 +241,23 @@ class DiskTier(Tier):
 
     # ---------------------------------------------------------------- data
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
-        """Decode found blocks straight from the map into ``dests`` (one read transaction, no intermediate bytes).
+        """Decode found blocks straight from the map into ``dests`` (no intermediate bytes).
 
-        Every returned block passed :func:`decode_into`'s checks (header and CRC-32 of the decoded bytes).
-        Marks hits recently used (queued, applied before the next eviction). Corrupt values are deleted,
-        counted and announced (see :meth:`Tier.get`). Takes the write lock only when a value is corrupt.
+        A batch of at least ``2 * READ_SPLIT_BYTES`` is split into up to ``read_threads`` contiguous
+        runs read at once, each in its own read transaction (module docstring, "Cold reads"); the
+        caller's thread reads the first. Every returned block passed :func:`decode_into`'s checks
+        (header and CRC-32 of the decoded bytes). Marks hits recently used (queued, applied before the
+        next eviction). Corrupt values are deleted, counted and announced (see :meth:`Tier.get`). Takes
+        the write lock only when a value is corrupt.
         """
         check_buffers(keys, dests, self.layout.bytes_per_block, "disk")
         self._check_open()
-        found = [False] * len(keys)
-        corrupt: list[bytes] = []
-        unreadable = 0
-        pos = 0
-        while pos < len(keys):
-            with self._gate.reading():
-                txn = self.env.begin(db=self._blocks, buffers=True)
-                try:
-                    for i in range(pos, len(keys)):
-                        pos = i + 1
-                        key = keys[i]
-                        try:
-                            value = txn.get(key)
-                        except lmdb.Error as exc:
-                            # A damaged page on this key's path: a miss, never an exception for the caller.
-                            # Not deleted (the delete would walk the same page); LMDB may have failed the
-                            # transaction, so the rest of the batch continues in a fresh one.
-                            unreadable += 1
-                            self._log_unreadable(key, exc)
-                            break
-                        if value is None:
-                            continue
-                        try:
-                            decode_into(value, dests[i], self._fp, key)
-                            found[i] = True
-                        except CorruptBlock as exc:
-                            corrupt.append(key)
-                            self._log.warning("corrupt", "dropped a corrupt value in %s/data.mdb: %s", self.path, exc)
-                finally:
-                    txn.abort()
+        runs = self._split(len(keys))
+        futures = [self._readers.submit(self._read_run, keys, dests, lo, hi) for lo, hi in runs[1:]]
+        reads = [self._read_run(keys, dests, *runs[0])] if runs else []
+        reads += [f.result() for f in futures]
+        found = [ok for r in reads for ok in r.found]
+        corrupt = [key for r in reads for key in r.corrupt]
         if corrupt:
             self._drop_corrupt(corrupt)
         hits = sum(found)
@@ -260,9 +266,51 @@ class DiskTier(Tier):
         with self._read_stats_lock:
             self._stats.hits += hits
             self._stats.misses += len(keys) - hits
-            self._stats.read_errors += unreadable
+            self._stats.read_errors += sum(r.unreadable for r in reads)
             self._stats.bytes_read += hits * self.layout.bytes_per_block
         return found
+
+    def _split(self, n: int) -> list[tuple[int, int]]:
+        """``[lo, hi)`` runs of a batch of ``n`` blocks, one per reading thread: as many as ``read_threads``
+        allows with at least :data:`READ_SPLIT_BYTES` each (one run for a small batch)."""
+        if n == 0:
+            return []
+        parts = max(1, min(self.read_threads, n * self.layout.bytes_per_block // READ_SPLIT_BYTES, n))
+        bounds = [n * i // parts for i in range(parts + 1)]
+        return list(zip(bounds, bounds[1:]))
+
+    def _read_run(self, keys: Sequence[bytes], dests: Sequence[Buffer], lo: int, hi: int) -> _Run:
+        """Read ``keys[lo:hi]`` into ``dests[lo:hi]`` in read transactions of this thread. Changes no state
+        shared with other runs (the caller merges the results)."""
+        run = _Run([False] * (hi - lo), [], 0)
+        pos = lo
+        while pos < hi:
+            with self._gate.reading():
+                txn = self.env.begin(db=self._blocks, buffers=True)
+                try:
+                    for i in range(pos, hi):
+                        pos = i + 1
+                        key = keys[i]
+                        try:
+                            value = txn.get(key)
+                        except lmdb.Error as exc:
+                            # A damaged page on this key's path: a miss, never an exception for the caller.
+                            # Not deleted (the delete would walk the same page); LMDB may have failed the
+                            # transaction, so the rest of the run continues in a fresh one.
+                            run.unreadable += 1
+                            self._log_unreadable(key, exc)
+                            break
+                        if value is None:
+                            continue
+                        try:
+                            decode_into(value, dests[i], self._fp, key)
+                            run.found[i - lo] = True
+                        except CorruptBlock as exc:
+                            run.corrupt.append(key)
+                            self._log.warning("corrupt", "dropped a corrupt value in %s/data.mdb: %s", self.path, exc)
+                finally:
+                    txn.abort()
+        return run
 
     def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
         """Encode and store absent blocks in one write transaction, evicting LRU blocks to stay under the cap.
@@ -274,10 +322,10 @@ class DiskTier(Tier):
             self._check_open()
             self._apply_hits()
             self._touch(reversed(keys))  # a put is a use: present keys must not be this batch's victims
-        todo: dict[bytes, bytes] = {}
+        todo: dict[bytes, EncodedParts] = {}
         for key, src in zip(keys, srcs):
-            if key not in self._lru and key not in todo:  # encoding outside the lock lets batches overlap
-                todo[key] = encode(src, self.codec, self.codec_level, self._fp, self._itemsize, key=key)
+            if key not in self._lru and key not in todo:  # encoding (the checksum) outside the lock lets batches overlap
+                todo[key] = encode_parts(src, self.codec, self.codec_level, self._fp, self._itemsize, key=key)
         with self._write_lock:
             self._check_open()
             todo = {k: v for k, v in todo.items() if k not in self._lru}
@@ -313,6 +361,7 @@ class DiskTier(Tier):
         if self._closing:
             return
         self._pool.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
         self.flush()
         with self._sync_cond:
             self._closing = True
@@ -352,8 +401,11 @@ class DiskTier(Tier):
             data = 3 * (_NODE + vlen + 2)
         return data + 3 * (_NODE + _LRU_RECORD.size + 2)
 
-    def _write(self, todo: dict[bytes, bytes], keep: Sequence[bytes] = ()) -> int:
+    def _write(self, todo: dict[bytes, EncodedParts], keep: Sequence[bytes] = ()) -> int:
         """Store ``todo`` (write lock held), evicting and growing the map as needed; returns bytes stored.
+
+        Each value is assembled in ``_scratch`` (reused, so its pages stay mapped) and copied from there
+        by LMDB: joining header and payload into a new object per block cost a page fault per 4 KiB.
 
         ``keep``: the batch's keys already stored, never its victims (under S3-FIFO a touch does not
         move a key away from the eviction end, so only this protects them)."""
@@ -368,7 +420,7 @@ class DiskTier(Tier):
                 self._write_touches(txn)
                 for key, value in todo.items():
                     self._clock += 1
-                    txn.put(key, value, db=self._blocks)
+                    txn.put(key, value.write_into(self._scratch), db=self._blocks)
                     txn.put(key, _LRU_RECORD.pack(self._clock, self._cost(len(value))), db=self._lru_db)
                 txn.put(_CLOCK_KEY, self._clock.to_bytes(8, "little"), db=self._lru_db)
 

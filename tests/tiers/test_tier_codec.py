@@ -157,3 +157,16 @@ def test_version_1_values_are_refused_as_old_format() -> None:
         decode_into(version_1_value(raw, layout.fingerprint), torch.empty_like(raw), layout.fingerprint, KEY)
     assert info.value.reason == "old format"
     assert "version 1" in str(info.value)
+
+
+def test_encode_parts_written_into_a_reused_buffer_equal_encode() -> None:
+    from kvstore.codec import encode_parts
+
+    key, buf = bytes(range(32)), bytearray()
+    for codec in ("none", "zstd", "shuffle_zstd"):
+        for size in (4096, 100, 8192):  # the buffer grows, then is reused for a shorter value
+            raw = torch.arange(size, dtype=torch.uint8)
+            parts = encode_parts(raw, codec, 1, bytes(16), 2, key=key)
+            whole = encode(raw, codec, 1, bytes(16), 2, key=key)
+            assert parts.join() == whole and len(parts) == len(whole)
+            assert bytes(parts.write_into(buf)) == whole and len(buf) >= len(whole)
