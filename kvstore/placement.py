@@ -79,7 +79,8 @@ class GpuLru:
         """:meth:`touch` each of ``blocks`` in order (the last becomes the most recent); ``None`` and blocks
         not queued are skipped. One pass in C: a lookup touches every block of a prompt (8192 at 128k)."""
         q = self._q
-        deque(map(q.move_to_end, filter(q.__contains__, blocks)), maxlen=0)
+        queued: Iterable[int] = filter(q.__contains__, blocks)  # type: ignore[arg-type]  # None is never queued
+        deque(map(q.move_to_end, queued), maxlen=0)
 
     def oldest(self) -> BlockEntry | None:
         """The least recently used queued entry, without removing it."""

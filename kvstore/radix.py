@@ -191,8 +191,8 @@ class RadixIndex:
             if len(toks) < n * bs:
                 raise ValueError(f"insert: {len(toks)} tokens cannot hold {n} blocks of {bs}")
         tenant = self.root_key(salt) if toks is not None else None
-        gpu = list(gpu_blocks) if gpu_blocks is not None else [None] * n
-        host = list(host_slots) if host_slots is not None else [None] * n
+        gpu: list[int | None] = list(gpu_blocks) if gpu_blocks is not None else [None] * n
+        host: list[int | None] = list(host_slots) if host_slots is not None else [None] * n
         disk = list(map(bool, on_disk)) if on_disk is not None else [False] * n
         if not (len(gpu) == len(host) == len(disk) == n):
             raise ValueError("insert: keys and residency lists differ in length")

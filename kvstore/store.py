@@ -158,8 +158,13 @@ class TieredStore:
             m = h.index.match(toks, salt, count_hits=selective)
             if m.num_blocks < n_full:
                 first = m.entries[-1].key if m.entries else h.index.root_key(salt)
-                rest = block_keys(toks[m.num_blocks * bs : n_full * bs], self.layout, parent=first)
+                # Without a lower tier to probe, only the first key past the match is needed (to see whether
+                # blocks indexed by key alone continue it): no hashing of a prompt's uncached tail.
+                probe_end = n_full if h.has_lower_tiers else m.num_blocks + 1
+                rest = block_keys(toks[m.num_blocks * bs : probe_end * bs], self.layout, parent=first)
                 if h.index.get(rest[0]) is not None:  # blocks indexed by key only continue the match
+                    if probe_end < n_full:
+                        rest = block_keys(toks[m.num_blocks * bs : n_full * bs], self.layout, parent=first)
                     m = h.index.match_keys([e.key for e in m.entries] + rest, count_hits=False)
                     rest = rest[m.num_blocks - (n_full - len(rest)) :]
             else:

@@ -106,3 +106,29 @@ def test_commit_refuses_one_gpu_block_for_two_new_blocks_naming_it() -> None:
     (b,) = s.allocate(1)
     with pytest.raises(PlacementError, match=f"GPU block {b} already records"):
         s.commit(keys, [b, b], toks(0, 2))
+
+
+def test_a_gpu_only_lookup_hashes_one_block_past_its_match_unless_keys_continue_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvstore.store as store_mod
+
+    hashed: list[int] = []
+    real = store_mod.block_keys
+
+    def counting(tokens: list[int], *args: object, **kw: object) -> list[bytes]:
+        hashed.append(len(tokens) // LAYOUT.block_size)
+        return real(tokens, *args, **kw)  # type: ignore[arg-type]
+
+    s = make_store(gpu_blocks=8, host_blocks=None)
+    prefill(s, toks(0, 2))
+    monkeypatch.setattr(store_mod, "block_keys", counting)
+    m = s.lookup(toks(0, 5))
+    assert m.num_blocks == 2 and hashed == [1]  # no tier to probe: only the key that could continue the match
+    keys = s.keys(toks(0, 4))
+    blocks = s.allocate(2)
+    s.commit(keys[:4], [m.entries[0].gpu_block, m.entries[1].gpu_block, *blocks])  # blocks 2-3 by key only
+    hashed.clear()
+    m = s.lookup(toks(0, 5))
+    assert m.num_blocks == 4 and m.tiers == ("gpu",) * 4 and hashed == [1, 3]
+    s.free(blocks)
+    s.check_integrity()
