@@ -81,6 +81,7 @@ class SGLangPeer:
         if not line:
             self._err.seek(0)
             tail = self._err.read()[-1500:]
+            self._err.close()
             raise RuntimeError(f"{SGLANG_SCRIPT.name} exited ({self.proc.wait()}): {tail}")
         doc: dict[str, Any] = json.loads(line)
         return doc
