@@ -96,12 +96,17 @@ class GPUBlockPool:
 
     def incref(self, block_ids: Sequence[int]) -> None:
         """Add one reference to each block (each must be in use)."""
-        for b in block_ids:
-            self._check_id(b)
-            if self._ref[b] <= 0:
-                raise BlockStateError(f"incref of free block {b}")
-        for b in block_ids:
-            self._ref[b] += 1
+        ids = list(block_ids)
+        if not ids:
+            return
+        ref = self._ref
+        if min(ids) < 0 or max(ids) >= self.num_blocks or 0 in map(ref.__getitem__, ids):  # checks in C first
+            for b in ids:
+                self._check_id(b)
+                if ref[b] <= 0:
+                    raise BlockStateError(f"incref of free block {b}")
+        for b in ids:
+            ref[b] += 1
 
     def free(self, block_ids: Sequence[int]) -> list[int]:
         """Drop one reference per id; returns the ids that became free.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import struct
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -25,6 +26,10 @@ _ROOT_PERSON = b"kvstore.root.v1"
 _BLOCK_PERSON = b"kvstore.blk.v1"
 
 Salt = bytes | str | None
+
+_BLOCK_HASHER = hashlib.blake2b(digest_size=KEY_BYTES, person=_BLOCK_PERSON)
+"""An empty block hasher that is only ever copied, never updated: copying a prepared state costs a third of
+building one with keyword arguments (the chain builds one per block, 8192 for a 128k-token prompt)."""
 
 
 def _salt_bytes(salt: Salt) -> bytes:
@@ -81,7 +86,8 @@ def _token_bytes(token_ids: Sequence[int] | np.ndarray) -> bytes:
 
 def chain_key(parent: bytes, block_tokens: bytes) -> bytes:
     """Key of one block from its parent key and its tokens (little-endian uint32 bytes)."""
-    h = hashlib.blake2b(parent, digest_size=KEY_BYTES, person=_BLOCK_PERSON)
+    h = _BLOCK_HASHER.copy()
+    h.update(parent)
     h.update(block_tokens)
     return h.digest()
 
@@ -100,12 +106,16 @@ def block_keys(
     """
     bs = layout.block_size
     n_full = len(token_ids) // bs
-    raw = _token_bytes(token_ids[: n_full * bs])
-    step = bs * 4
     key = root_key(layout, salt) if parent is None else parent
     keys: list[bytes] = []
-    blake = hashlib.blake2b
-    for i in range(n_full):
-        key = blake(key + raw[i * step : (i + 1) * step], digest_size=KEY_BYTES, person=_BLOCK_PERSON).digest()
-        keys.append(key)
+    raw = _token_bytes(token_ids[: n_full * bs])
+    # The same digest as chain_key(key, block) per block, with the per-block Python work cut to the
+    # bone: iter_unpack cuts the blocks in C, and two updates avoid concatenating parent and block.
+    new, append = _BLOCK_HASHER.copy, keys.append
+    for (block,) in struct.iter_unpack(f"{bs * 4}s", raw):
+        h = new()
+        h.update(key)
+        h.update(block)
+        key = h.digest()
+        append(key)
     return keys

@@ -73,6 +73,8 @@ class Hierarchy:
         self.remote = remote
         """The shared tier below disk. Never mirrored in the index (other engines write to it and its
         server evicts on its own): lookups probe it beyond the local match, loads read it by chain position."""
+        self.has_lower_tiers = host is not None or disk is not None or remote is not None
+        """Whether any tier lies below the GPU (a lookup hashes the tail past its match only to probe them)."""
         self.disk_reports_evictions = disk is None or disk.reports_evictions
         """Whether the disk tier announces its evictions; when not, a lookup asks it instead of trusting ``on_disk``."""
         self.index = RadixIndex(layout)

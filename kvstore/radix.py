@@ -36,6 +36,8 @@ the lower tiers keep their own.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import repeat
+from operator import attrgetter
 
 from kvstore.errors import BlockStateError, IntegrityError
 from kvstore.hashing import Salt, block_keys, root_key
@@ -43,6 +45,15 @@ from kvstore.layout import KVLayout
 from kvstore.radix_node import BlockEntry, InsertResult, RadixMatch, RadixNode
 
 __all__ = ["BlockEntry", "InsertResult", "RadixIndex", "RadixMatch", "RadixNode"]
+
+_GPU_BLOCK = attrgetter("gpu_block")
+
+
+def _as_list(tokens: Sequence[int]) -> list[int]:
+    """``tokens`` as a list: a list itself (read, never changed), else a copy (``tolist`` for numpy)."""
+    if isinstance(tokens, list):
+        return tokens
+    return tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
 
 
 class RadixIndex:
@@ -80,9 +91,10 @@ class RadixIndex:
 
         No hashing. Follows only nodes inserted with tokens; :meth:`match_keys`
         finds the same prefix from keys. Changes nothing but access times and
-        (when ``count_hits``) hit counts, like :meth:`match_keys`.
+        (when ``count_hits``) hit counts, like :meth:`match_keys`. A ``list``
+        is read in place (not copied).
         """
-        toks = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+        toks = _as_list(tokens)
         bs = self.layout.block_size
         n_full = len(toks) // bs
         node = self.root
@@ -91,24 +103,16 @@ class RadixIndex:
         child = self.root.tok_children.get((self.root_key(salt), *toks[:bs])) if n_full else None
         while child is not None:
             nb = len(child.entries)
-            span = nb * bs
             lo = i * bs
             assert child.tokens is not None
-            if i + nb <= n_full and toks[lo : lo + span] == child.tokens and all(e.tier is not None for e in child.entries):
+            if i + nb <= n_full and toks[lo : lo + nb * bs] == child.tokens:
                 k = nb
             else:
-                k = 0
+                k = 1  # the first block matched: it is the child's key
                 ctoks = child.tokens
-                while (
-                    k < nb
-                    and i + k < n_full
-                    and toks[lo + k * bs : lo + (k + 1) * bs] == ctoks[k * bs : (k + 1) * bs]
-                    and child.entries[k].tier is not None  # a block pending removal ends the prefix
-                ):
+                while k < nb and i + k < n_full and toks[lo + k * bs : lo + (k + 1) * bs] == ctoks[k * bs : (k + 1) * bs]:
                     k += 1
-            if k == 0:
-                break
-            matched.extend(child.entries[:k])
+            matched += child.entries[:k] if k < nb else child.entries
             node = child
             i += k
             if k < nb or i >= n_full:
@@ -123,18 +127,24 @@ class RadixIndex:
         becomes most recently used and (when ``count_hits``) each matched
         entry's ``hits`` grows by one. Nodes are never split by a match.
         """
-        matched: list[BlockEntry] = []
-        get = self._by_key.get
-        for key in keys:
-            e = get(key)
-            if e is None or e.tier is None:  # absent, or pending removal
-                break
-            matched.append(e)
+        found = list(map(self._by_key.get, keys))  # in C; the probes past a miss cost less than a Python loop
+        try:
+            matched: list[BlockEntry] = found[: found.index(None)]  # type: ignore[assignment]
+        except ValueError:
+            matched = found  # type: ignore[assignment]
         node = matched[-1].node if matched else self.root
         assert node is not None
         return self._finish_match(matched, node, count_hits)
 
     def _finish_match(self, matched: list[BlockEntry], node: RadixNode, count_hits: bool) -> RadixMatch:
+        """Cut the match at the first block that lives nowhere (pending removal), touch the path, count by tier."""
+        gpu = list(map(_GPU_BLOCK, matched))
+        if None in gpu:  # only then can a block live nowhere; find the first such one
+            live = next((j for j, e in enumerate(matched) if e.gpu_block is None and e.tier is None), len(matched))
+            if live < len(matched):
+                matched, gpu = matched[:live], gpu[:live]
+                node = matched[-1].node if matched else self.root  # type: ignore[assignment]
+                assert node is not None
         self._clock += 1
         n: RadixNode | None = node
         while n is not None:  # the matched path becomes most recently used
@@ -143,15 +153,15 @@ class RadixIndex:
         if count_hits:
             for e in matched:
                 e.hits += 1
-        gpu = host = disk = 0
-        for e in matched:
-            if e.gpu_block is not None:
-                gpu += 1
-            elif e.host_slot is not None:
-                host += 1
-            else:
-                disk += 1
-        return RadixMatch(tuple(matched), node, gpu, host, disk)
+        n_gpu = len(gpu) - gpu.count(None)
+        if n_gpu == len(gpu):
+            tiers: tuple[str, ...] = ("gpu",) * n_gpu
+            n_host = 0
+        else:
+            tiers = tuple("gpu" if g is not None else "host" if e.host_slot is not None else "disk"
+                          for g, e in zip(gpu, matched))
+            n_host = tiers.count("host")
+        return RadixMatch(tuple(matched), node, n_gpu, n_host, len(gpu) - n_gpu - n_host, tiers)
 
     # ---------------------------------------------------------------- insert
     def insert(
@@ -177,14 +187,13 @@ class RadixIndex:
         bs = self.layout.block_size
         toks: list[int] | None = None
         if tokens is not None:
-            toks = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+            toks = _as_list(tokens)  # read only: every node gets its own slice
             if len(toks) < n * bs:
                 raise ValueError(f"insert: {len(toks)} tokens cannot hold {n} blocks of {bs}")
-            toks = toks[: n * bs]
         tenant = self.root_key(salt) if toks is not None else None
-        gpu = list(gpu_blocks) if gpu_blocks is not None else [None] * n
-        host = list(host_slots) if host_slots is not None else [None] * n
-        disk = list(on_disk) if on_disk is not None else [False] * n
+        gpu: list[int | None] = list(gpu_blocks) if gpu_blocks is not None else [None] * n
+        host: list[int | None] = list(host_slots) if host_slots is not None else [None] * n
+        disk = list(map(bool, on_disk)) if on_disk is not None else [False] * n
         if not (len(gpu) == len(host) == len(disk) == n):
             raise ValueError("insert: keys and residency lists differ in length")
         self._clock += 1
@@ -211,25 +220,32 @@ class RadixIndex:
             node, i = child, i + k
         num_existing = i
         if i < n:
-            new_entries = []
-            for j in range(i, n):
-                if keys[j] in self._by_key:
-                    raise IntegrityError(f"key {keys[j].hex()[:16]} already indexed under another prefix")
-                e = BlockEntry(keys[j], gpu[j], host[j], bool(disk[j]))
-                if e.tier is None:
-                    raise ValueError(f"insert: block {keys[j].hex()[:16]} must live in at least one tier")
-                new_entries.append(e)
-            leaf = RadixNode(entries=new_entries, parent=node, last_access=self._clock)
-            for e in new_entries:
-                e.node = leaf
-                self._by_key[e.key] = e
-            node.children[new_entries[0].key] = leaf
-            self._touch(leaf)
+            leaf = self._new_leaf(node, keys[i:], gpu[i:], host[i:], disk[i:])
             if toks is not None:
-                self._set_tokens(leaf, toks[i * bs :], tenant)
-            out.extend(new_entries)
+                self._set_tokens(leaf, toks[i * bs : n * bs], tenant)
+            out.extend(leaf.entries)
             node = leaf
         return InsertResult(tuple(out), num_existing, node)
+
+    def _new_leaf(self, parent: RadixNode, keys: Sequence[bytes], gpu: list[int | None], host: list[int | None],
+                  disk: list[bool]) -> RadixNode:
+        """Index a run of new blocks as one leaf under ``parent``; checks first, changes nothing on error.
+
+        Written as passes in C over the run (a commit of a 128k-token prompt is one run of 8192 blocks).
+        """
+        by_key = self._by_key
+        if not by_key.keys().isdisjoint(keys):
+            dup = next(k for k in keys if k in by_key)
+            raise IntegrityError(f"key {dup.hex()[:16]} already indexed under another prefix")
+        if None in gpu:  # then a block may live nowhere
+            for key, g, hs, d in zip(keys, gpu, host, disk):
+                if g is None and hs is None and not d:
+                    raise ValueError(f"insert: block {key.hex()[:16]} must live in at least one tier")
+        leaf = RadixNode(entries=[], parent=parent, last_access=self._clock)
+        leaf.entries = list(map(BlockEntry, keys, gpu, host, disk, repeat(0), repeat(leaf)))
+        by_key.update(zip(keys, leaf.entries))
+        parent.children[keys[0]] = leaf
+        return leaf
 
     def _split(self, node: RadixNode, k: int) -> RadixNode:
         """Split ``node`` after its first ``k`` entries; returns the new upper node."""
@@ -253,13 +269,13 @@ class RadixIndex:
         return upper
 
     def _set_tokens(self, node: RadixNode, tokens: list[int], tenant: bytes | None) -> None:
-        """Give a node its tokens and register it for token walks under its parent."""
+        """Give a node its tokens (it keeps this list: pass a fresh slice) and register it for token walks."""
         parent = node.parent
         assert parent is not None
         if parent is not self.root and parent.tokens is None:
             return  # unreachable by a token walk anyway: keep it key-only
         bs = self.layout.block_size
-        node.tokens = list(tokens)
+        node.tokens = tokens
         first = tuple(tokens[:bs])
         node.tok_key = (tenant, *first) if parent is self.root else first
         parent.tok_children[node.tok_key] = node

@@ -65,6 +65,8 @@ class RadixMatch:
     gpu_blocks: int
     host_blocks: int
     disk_blocks: int
+    tiers: tuple[str, ...] = ()
+    """The fastest tier of each matched block (``"gpu"``, ``"host"`` or ``"disk"``), in order."""
 
     @property
     def num_blocks(self) -> int:

@@ -244,6 +244,8 @@ class Spiller:
     def write_down(self, entries: Sequence[BlockEntry]) -> None:
         """Schedule copies of GPU-resident blocks to every lower tier that lacks them (call without the lock)."""
         h = self.h
+        if h.host is None and h.disk is None:
+            return  # nowhere to copy to: skip the per-block pass (a 128k-token commit has 8192 blocks)
         todo: list[tuple[BlockEntry, int]] = []
         with h.lock:
             for e in entries:

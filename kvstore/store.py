@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from kvstore.config.schema import KVStoreConfig, PolicyConfig
@@ -27,7 +28,7 @@ from kvstore.hashing import Salt, block_keys
 from kvstore.hierarchy import Hierarchy
 from kvstore.layout import KVLayout
 from kvstore.prefetch import BlockPlan, Lease, Prefetcher
-from kvstore.radix import BlockEntry, RadixIndex
+from kvstore.radix import BlockEntry, RadixIndex, RadixMatch
 from kvstore.remote_writer import RemoteWrite, RemoteWriter
 from kvstore.spill import Spiller
 from kvstore.tiers.base import Tier
@@ -36,6 +37,8 @@ from kvstore.tiers.host import HostTier
 from kvstore.transfer import CopyStreams
 
 log = logging.getLogger("kvstore.store")
+
+_KEY = attrgetter("key")
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ class TieredStore:
         only for the blocks beyond the index match, to probe the lower tiers
         (which may hold blocks another process or an earlier run wrote).
         """
-        toks = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+        toks = tokens if isinstance(tokens, list) else (tokens.tolist() if hasattr(tokens, "tolist") else list(tokens))
         bs = self.layout.block_size
         n_full = len(toks) // bs
         h = self.h
@@ -162,59 +165,66 @@ class TieredStore:
             m = h.index.match(toks, salt, count_hits=selective)
             if m.num_blocks < n_full:
                 first = m.entries[-1].key if m.entries else h.index.root_key(salt)
-                rest = block_keys(toks[m.num_blocks * bs : n_full * bs], self.layout, parent=first)
+                # Without a lower tier to probe, only the first key past the match is needed (to see whether
+                # blocks indexed by key alone continue it): no hashing of a prompt's uncached tail.
+                probe_end = n_full if h.has_lower_tiers else m.num_blocks + 1
+                rest = block_keys(toks[m.num_blocks * bs : probe_end * bs], self.layout, parent=first)
                 if h.index.get(rest[0]) is not None:  # blocks indexed by key only continue the match
+                    if probe_end < n_full:
+                        rest = block_keys(toks[m.num_blocks * bs : n_full * bs], self.layout, parent=first)
                     m = h.index.match_keys([e.key for e in m.entries] + rest, count_hits=False)
                     rest = rest[m.num_blocks - (n_full - len(rest)) :]
             else:
                 rest = []
-            entries = list(m.entries)
-            h.placement.touch(entries)
-        return self._finish_lookup(entries, rest, len(toks), toks, salt)
+            h.placement.touch(m.entries)
+            due = self.spiller.due_on_hit(m.entries)
+        return self._finish_lookup(m, due, rest, len(toks), toks, salt)
 
-    def _finish_lookup(self, entries: list[BlockEntry], rest: list[bytes], prompt_tokens: int,
+    def _finish_lookup(self, m: RadixMatch, due: list[BlockEntry], rest: list[bytes], prompt_tokens: int,
                        tokens: list[int] | None, salt: Salt) -> PrefixMatch:
-        """Confirm disk-only blocks with a tier that cannot report evictions, probe beyond the index, count.
+        """Confirm disk-only blocks with a tier that cannot report evictions, write down ``due``, probe
+        beyond the index match ``m`` with ``rest`` (the keys after it), count.
 
-        Called without the lock: the probes are I/O.
+        Called without the lock: the probes are I/O. Builds each per-block sequence once (a 128k-token
+        prompt has 8192 blocks: every extra pass shows in the lookup time).
         """
         h = self.h
-        with h.lock:
-            due = self.spiller.due_on_hit(entries)
-            tiers = [e.tier or "disk" for e in entries]
+        entries, tiers = m.entries, m.tiers
+        per_tier = {"gpu": m.gpu_blocks, "host": m.host_blocks, "disk": m.disk_blocks, "remote": 0}
         if not h.disk_reports_evictions:
             n = self._confirm_on_disk(entries, tiers)
             if n < len(entries):
                 entries, tiers, rest = entries[:n], tiers[:n], []
+                per_tier = {t: tiers.count(t) for t in per_tier}
         if due:
             self.spiller.write_down(due)
         if self.remote_writer is not None:
             self.remote_writer.on_hit(entries)
-        keys = [e.key for e in entries]
+        keys = tuple(map(_KEY, entries))
         for name, tier in h.lower_tiers():
             if not rest:
                 break
             if name == "remote":  # grouped by chain position: probe from the first missing block's group
                 assert h.remote is not None
-                chain = keys + rest
-                k = max(0, h.remote.probe(chain, len(keys)) - len(keys))
+                k = max(0, h.remote.probe([*keys, *rest], len(keys)) - len(keys))
             else:
                 k = tier.contains_prefix(rest)
-            keys.extend(rest[:k])
-            tiers.extend([name] * k)
+            keys += tuple(rest[:k])
+            tiers += (name,) * k
+            per_tier[name] += k
             rest = rest[k:]
         bs = self.layout.block_size
         matched_tokens = tokens[: len(keys) * bs] if tokens is not None else None
-        match = PrefixMatch(tuple(keys), tuple(tiers), bs, prompt_tokens, matched_tokens, salt, tuple(entries))
+        match = PrefixMatch(keys, tiers, bs, prompt_tokens, matched_tokens, salt, entries)
         with h.lock:
             c = h.counters
             c.lookups += 1
             c.prompt_tokens += prompt_tokens
             for t in c.hit_tokens:
-                c.hit_tokens[t] += match.tokens_in(t)
+                c.hit_tokens[t] += per_tier[t] * bs
         return match
 
-    def _confirm_on_disk(self, entries: list[BlockEntry], tiers: list[str]) -> int:
+    def _confirm_on_disk(self, entries: Sequence[BlockEntry], tiers: Sequence[str]) -> int:
         """Ask the disk tier for the matched blocks only it holds; returns how many leading entries stand.
 
         The first block it lacks goes through :meth:`Placement.lost` (as an
@@ -413,9 +423,8 @@ class TieredStore:
         h = self.h
         with h.lock:
             res = h.placement.insert(keys, list(block_ids), tokens=tokens, salt=salt)
-            new = list(res.entries[res.num_existing :])
-            for entry in new:
-                h.events.put("stored", entry.key, "gpu")
+            new = res.entries[res.num_existing :]
+            h.events.put_many("stored", keys[res.num_existing :], "gpu")
         self.spiller.on_commit(new)
         if self.remote_writer is not None:
             self.remote_writer.on_commit(new)

@@ -30,7 +30,7 @@ SUITES: dict[str, str] = {
 
 SUITE_HELP: dict[str, str] = {
     "tiers": "host / LMDB / file tier bandwidth against memcpy and raw direct I/O; block sizes; codecs",
-    "lookup": "hash chain + radix match against a vLLM-style SHA-256 (pickle) baseline, 1k-128k tokens",
+    "lookup": "TieredStore.lookup / commit and the hash chain against SGLang's radix cache and a vLLM-style baseline, 1k-128k",
     "evict": "GPU victim selection time with 1k / 10k / 100k host-only radix nodes (must stay flat)",
     "hitrate": "replayed workloads: tiered hit rate against GPU-only LRU and Belady's optimum",
     "e2e": "TTFT on SmolLM2 with a long shared prefix: recompute vs cached in the GPU pool, host RAM, LMDB",
