@@ -8,9 +8,10 @@ trace is replayed in trace time (:mod:`kvstore.bench.route_replay`) under each r
 - ``round_robin``;
 - ``approx_tree``: SGLang's cache-aware policy with its gateway's defaults;
 - ``kvstore``: the replicas' KV events through :class:`~kvstore.route.index.RouterIndex` and
-  :class:`~kvstore.route.policy.CostPolicy` (load weight ``LOAD_WEIGHT``: a queued token costs that
-  fraction of an uncached one);
-- ``kvstore_ttft_greedy``: the same with load weight 1 (cost = the estimated time to first token);
+  :class:`~kvstore.route.policy.CostPolicy` at its default load weight (a queued token costs
+  ``DEFAULT_LOAD_WEIGHT`` of an uncached one);
+- ``kvstore_ttft_greedy``, ``kvstore_w0.1``, ``kvstore_w0.02``: the same at load weight 1 (cost = the
+  estimated time to first token), 0.1 and 0.02;
 - ``exact_prefix``: the same index with no load term (what the issue warns about).
 
 Figures: hit rate (prompt tokens served from a replica's cache), TTFT mean and p90, each replica's
@@ -40,12 +41,13 @@ from kvstore.bench.route_policies import (
 )
 from kvstore.bench.route_replay import ReplayResult, Router, replay
 from kvstore.bench.route_sim import ReplicaModel
-from kvstore.route.policy import CostPolicy
+from kvstore.route.policy import DEFAULT_LOAD_WEIGHT, CostPolicy
 
 REPLICAS = 4
-LOAD_WEIGHT = 0.1
-"""kvstore's default here: a queued prefill token costs 0.1 of an uncached prompt token. Weight 1 (the
-plain TTFT estimate) gives up hit rate for little TTFT; the results record both (``kvstore_ttft_greedy``)."""
+LOAD_WEIGHTS: dict[str, float] = {"kvstore": DEFAULT_LOAD_WEIGHT, "kvstore_ttft_greedy": 1.0, "kvstore_w0.1": 0.1,
+                                   "kvstore_w0.02": 0.02, "exact_prefix": 0.0}
+"""kvstore's policy at its default load weight and the sweep around it (the ``gpu`` scenario): a queued prefill
+token costs that fraction of an uncached prompt token; 1 is the plain TTFT estimate, 0 no load term at all."""
 EVENT_LAG_S = 0.05
 """From a prefill's end to its events reaching the router (the publisher's drain interval)."""
 ISSUE_REFERENCE = {"round_robin": (0.103, 1.26), "approx_tree": (0.169, 1.54), "exact_prefix_plus_load": (0.179, 1.23)}
@@ -56,7 +58,7 @@ SCENARIOS: dict[str, tuple[int, int]] = {"gpu": (3000, 0), "gpu+host": (3000, 60
 QUICK_SCENARIOS: dict[str, tuple[int, int]] = {"gpu": (150, 0), "gpu+host": (150, 300)}
 QUICK_REQUESTS = 200
 
-POLICIES = ("round_robin", "approx_tree", "kvstore", "kvstore_ttft_greedy", "exact_prefix")
+POLICIES = ("round_robin", "approx_tree", *LOAD_WEIGHTS)
 HOST_POLICIES = ("round_robin", "approx_tree", "kvstore")
 """Run in the ``gpu+host`` scenario (the sweep of load weights is the ``gpu`` scenario's)."""
 
@@ -71,8 +73,7 @@ def _router(policy: str, model: ReplicaModel) -> Any:
             return RoundRobin(names)
         if policy == "approx_tree":
             return ApproxTree(names, bt)
-        weight = {"kvstore": LOAD_WEIGHT, "kvstore_ttft_greedy": 1.0, "exact_prefix": 0.0}[policy]
-        return KVStoreRouter(names, CostPolicy(1.0, 0.0, weight / bt, tiers), bt)
+        return KVStoreRouter(names, CostPolicy.for_block_size(bt, LOAD_WEIGHTS[policy], tiers), bt)
 
     return make
 
@@ -91,7 +92,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
         "block_tokens": BLOCK_TOKENS, "scenarios": {k: {"gpu_blocks": g, "host_blocks": h} for k, (g, h) in scenarios.items()},
         "prefill_tokens_per_s": base.prefill_tokens_per_s, "host_load_tokens_per_s": base.host_load_tokens_per_s,
         "overhead_s": base.overhead_s, "decode_s_per_token": base.decode_s_per_token, "event_lag_s": EVENT_LAG_S,
-        "kvstore_load_weight": LOAD_WEIGHT,
+        "kvstore_load_weights": LOAD_WEIGHTS,
         "approx_tree": {"cache_threshold": SGLANG_CACHE_THRESHOLD, "balance_abs_threshold": SGLANG_BALANCE_ABS,
                         "balance_rel_threshold": SGLANG_BALANCE_REL, "load": "in-flight requests"},
         "issue_reference": ISSUE_REFERENCE,
@@ -113,14 +114,11 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
         _record(results, res, router_holder["router"], scenario=scenario, policy=policy)
         progress.step(f"{scenario} {policy}")
     for scenario in scenarios:
-        p = {"scenario": scenario}
-        kv = ("kvstore", "approx_tree", "round_robin")
-        ttft = {k: results.value("ttft_mean", policy=k, **p) for k in kv}
-        hit = {k: results.value("hit_rate", policy=k, **p) for k in kv}
-        results.ratio("ttft_mean.kvstore/approx_tree", ttft["kvstore"], ttft["approx_tree"], **p)
-        results.ratio("ttft_mean.kvstore/round_robin", ttft["kvstore"], ttft["round_robin"], **p)
-        results.ratio("hit_rate.kvstore/approx_tree", hit["kvstore"], hit["approx_tree"], **p)
-        results.ratio("hit_rate.kvstore/round_robin", hit["kvstore"], hit["round_robin"], **p)
+        for metric in ("ttft_mean", "hit_rate"):
+            ours = results.value(metric, policy="kvstore", scenario=scenario)
+            for other in ("approx_tree", "round_robin"):
+                results.ratio(f"{metric}.kvstore/{other}", ours, results.value(metric, policy=other, scenario=scenario),
+                              scenario=scenario)
     batches = 200 if options.quick else 5000
     rate, lost = zmq_ingest(batches, 32)
     results.add("event_ingest.zmq", rate, "events/s", batches=batches, events_per_batch=32, lost_batches=lost)

@@ -134,10 +134,10 @@ class EventSubscriber:
             self._ready.set()
             while not self._stop.is_set():
                 for sock, _ in poller.poll(50):
-                    name = subs[sock]  # type: ignore[index]
+                    name = subs[sock]
                     while True:
                         try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)  # type: ignore[union-attr]
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         self._on_message(name, frames)

@@ -42,3 +42,11 @@ def test_down_replicas_are_skipped_and_none_up_is_an_error() -> None:
     assert d.replica == "b" and set(d.costs) == {"b"}
     with pytest.raises(NoReplicaError, match=r"no replica is up \(known: a, b\)"):
         p.choose(4, hits, {"a": ReplicaLoad(up=False), "b": ReplicaLoad(up=False)})
+
+
+def test_for_block_size_puts_both_terms_in_prompt_tokens() -> None:
+    p = CostPolicy.for_block_size(512, load_weight=0.5)
+    # 2 blocks to compute = 1024 tokens' worth = 2.0; 1024 queued tokens at half weight = 1.0
+    assert p.cost(2, PrefixHit(0, {}), ReplicaLoad(0, 1024)) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="load_weight >= 0"):
+        CostPolicy.for_block_size(16, load_weight=-1)
