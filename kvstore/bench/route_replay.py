@@ -15,7 +15,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -88,7 +88,7 @@ def replay(requests: list[Request], arrivals_s: list[float], outputs: list[int],
     while heap:
         now, _, kind, x = heapq.heappop(heap)
         if kind == "arrive":
-            i = x  # type: ignore[assignment]
+            i = cast(int, x)
             req = requests[i]
             keys = keys_of(req)
             t0, c0 = time.perf_counter(), time.thread_time()
@@ -103,7 +103,7 @@ def replay(requests: list[Request], arrivals_s: list[float], outputs: list[int],
             if not busy[name]:
                 start(name, now)
         elif kind == "first":
-            name, i = x  # type: ignore[misc]
+            name, i = cast(tuple[str, int], x)
             ttft[i] = now - arrivals_s[i]
             loads[name].in_flight_tokens -= estimate[i]
             heapq.heappush(heap, (now + outputs[i] * model.decode_s_per_token, next(tick), "done", name))
@@ -111,9 +111,9 @@ def replay(requests: list[Request], arrivals_s: list[float], outputs: list[int],
             if replicas[name].queue:
                 start(name, now)
         elif kind == "events":
-            name, events = x  # type: ignore[misc]
+            name, events = cast(tuple[str, list[StoreEvent]], x)
             router.ingest(name, events)
         else:
-            loads[x].in_flight_requests -= 1  # type: ignore[index]
+            loads[cast(str, x)].in_flight_requests -= 1
     return ReplayResult(ttft, hit_tokens, sum(r.prompt_tokens for r in requests),
                         {n: r.requests for n, r in replicas.items()}, decision, decision_cpu)

@@ -55,7 +55,7 @@ class _EventedIndex(RadixIndex):
         super().__init__(layout)  # type: ignore[arg-type]
         self.events = events
 
-    def insert(self, keys: Sequence[bytes], *args: object, **kwargs: object) -> InsertResult:  # type: ignore[override]
+    def insert(self, keys: Sequence[bytes], *args: object, **kwargs: object) -> InsertResult:
         res = super().insert(keys, *args, **kwargs)  # type: ignore[arg-type]
         for e in res.entries[res.num_existing:]:
             self.events.put("stored", e.key, "gpu")
