@@ -212,8 +212,12 @@ class EventPublisher:
             self.reports_served += 1
             if self._report is not None:
                 seq = self.last_seq  # read before the snapshot: the report holds at least batches <= seq
-                payload = encode_batch(batch_of(self._report()))
-                sock.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big", signed=True), payload))
+                try:
+                    payload = encode_batch(batch_of(self._report()))
+                except Exception:  # noqa: BLE001 - answer "no report" (the router clears this replica), keep serving
+                    log.exception("replica %s: building the full report failed", self.replica)
+                else:
+                    sock.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big", signed=True), payload))
         elif len(request) == 8:
             self.replays_served += 1
             start = int.from_bytes(request, "big")

@@ -220,3 +220,28 @@ def test_close_publishes_what_a_followed_store_still_queued(follow: Callable[...
     assert drained.is_set()
     wait_until(lambda: sub.feeds["a"].last_seq == 0)
     assert _prefix(sub, [K[0]])["a"] == PrefixHit(1, {"gpu": 1})
+
+
+def test_a_failing_report_is_answered_with_nothing_and_the_endpoint_keeps_serving(
+        follow: Callable[..., EventSubscriber]) -> None:
+    def broken() -> list:
+        raise RuntimeError("index unavailable")
+
+    pub = EventPublisher("tcp://127.0.0.1:0", "tcp://127.0.0.1:0", "a", buffer_batches=1, report=broken)
+    a = Replica.__new__(Replica)
+    a.held, a.pub = {"gpu": []}, pub
+    pub.publish([StoreEvent("stored", K[0], "gpu")])  # before the router: lost, and out of the buffer below
+    pub.publish([StoreEvent("stored", K[1], "gpu")])
+    sub = follow(a)
+    pub.publish([StoreEvent("stored", K[2], "gpu")])
+    wait_until(lambda: sub.feeds["a"].last_seq == 2)
+    f = sub.feeds["a"]
+    assert (f.full_reports, f.reports_unavailable, pub.reports_served) == (0, 1, 1)
+    assert _prefix(sub, [K[2]])["a"] == PrefixHit(1, {"gpu": 1})  # followed from the batch at hand
+    dealer = zmq.Context.instance().socket(zmq.DEALER)  # the replay endpoint still answers
+    dealer.connect(pub.replay_endpoint)
+    dealer.send_multipart([b"", (2).to_bytes(8, "big")])
+    assert dealer.poll(5000)
+    assert dealer.recv_multipart()[2] == (2).to_bytes(8, "big")
+    dealer.close(linger=0)
+    pub.close()
