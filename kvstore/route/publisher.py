@@ -67,6 +67,10 @@ class EventPublisher:
         self._lock = threading.Lock()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
         self._next_seq = 0
+        self.replays_served = 0
+        """Replay requests answered (counted on the replay thread)."""
+        self.reports_served = 0
+        """Full-report requests answered."""
         self._closed = threading.Event()
         self._stop_follow = threading.Event()
         self._follower: threading.Thread | None = None
@@ -95,8 +99,6 @@ class EventPublisher:
             self._thread = threading.Thread(target=self._serve_replay, name=f"kv-events-replay-{replica}",
                                             daemon=True)
             self._thread.start()
-        self.replays_served = 0
-        self.reports_served = 0
 
     @property
     def last_seq(self) -> int:
