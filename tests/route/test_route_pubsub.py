@@ -245,3 +245,11 @@ def test_a_failing_report_is_answered_with_nothing_and_the_endpoint_keeps_servin
     assert dealer.recv_multipart()[2] == (2).to_bytes(8, "big")
     dealer.close(linger=0)
     pub.close()
+
+
+def test_an_address_zmq_refuses_is_an_error_naming_the_replica() -> None:
+    sub = EventSubscriber(RouterIndex(), {"ok": ReplicaEndpoints("tcp://127.0.0.1:5999"),
+                                          "bad": ReplicaEndpoints("tcp://no port here")})
+    with pytest.raises(ValueError, match="replica bad: cannot connect to its events at 'tcp://no port here'"):
+        sub.start()
+    sub.close()
