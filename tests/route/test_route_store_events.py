@@ -69,6 +69,11 @@ def _prefix(sub: EventSubscriber, keys: list[bytes]) -> PrefixHit:
         return sub.index.cached_prefix(keys)["r1"]
 
 
+def _held(sub: EventSubscriber, replica: str, keys: list[bytes]) -> int:
+    with sub.lock:
+        return sub.index.cached_prefix(keys)[replica].blocks
+
+
 def test_router_keys_match_the_stores_and_tiers_follow_offload(store: TieredStore) -> None:
     pub = attach_publisher(store, _events_cfg())
     sub = _follow(pub)
@@ -124,3 +129,50 @@ def test_the_embedded_connector_publishes_when_events_are_enabled() -> None:
         conn.close()
     assert conn._events is None  # noqa: SLF001 - closed with the connector
     assert EmbeddedConnector(KVStoreConfig(tiers=[]))._events is None  # noqa: SLF001 - off by default
+
+
+def test_three_stores_a_chat_each_later_turn_goes_to_the_replica_holding_its_history() -> None:
+    """Three real stores publishing, one router: keys by kvstore's hash, RouterIndex + CostPolicy; every later
+    turn is routed where its history is, and that store's own lookup confirms the cached tokens."""
+    from kvstore.route.policy import CostPolicy, ReplicaLoad
+
+    stores, pubs = {}, {}
+    for i in range(3):
+        pool = GPUBlockPool(LAYOUT, 64, device="cpu")
+        stores[f"r{i}"] = TieredStore(LAYOUT, pool, None, None, PolicyConfig(write="write_back"))
+        cfg = _events_cfg()
+        cfg.replica_id = f"r{i}"
+        pubs[f"r{i}"] = attach_publisher(stores[f"r{i}"], cfg)
+    sub = EventSubscriber(RouterIndex(), {n: ReplicaEndpoints(p.endpoint, p.replay_endpoint) for n, p in pubs.items()})
+    sub.start()
+    try:
+        for p in pubs.values():
+            assert p.wait_for_subscribers(1)
+        policy = CostPolicy.for_block_size(BS)
+        loads = {n: ReplicaLoad() for n in stores}
+        chats = {c: list(range(1000 * c, 1000 * c + 2 * BS)) for c in (1, 2, 3)}
+        home: dict[int, str] = {}
+        for turn in range(3):
+            for c, history in chats.items():
+                keys = block_keys(history, LAYOUT)
+                with sub.lock:
+                    decision = policy.choose(len(keys), sub.index.cached_prefix(keys), loads)
+                name = decision.replica
+                if turn == 0:
+                    assert decision.hit.blocks == 0
+                    home[c] = name
+                    loads[name].in_flight_requests += 1  # a chat stays in flight: the next new one goes elsewhere
+                else:
+                    assert name == home[c]
+                    assert decision.hit.blocks == len(history) // BS - 2  # the previous turn's blocks
+                    assert stores[name].lookup(history).num_tokens == decision.hit.blocks * BS
+                _prefill(stores[name], history)
+                want = len(history) // BS
+                wait_until(lambda: _held(sub, name, keys) == want)  # noqa: B023 - read while this turn runs
+                history += list(range(50_000 + 100 * c + 10 * turn, 50_000 + 100 * c + 10 * turn + 2 * BS))
+        assert sorted(home.values()) == ["r0", "r1", "r2"]
+    finally:
+        sub.close()
+        for n, p in pubs.items():
+            p.close()
+            stores[n].close()
