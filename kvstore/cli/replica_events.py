@@ -1,0 +1,62 @@
+"""A replica's KV events: the config's ``events`` section plus the command-line overrides, published or off."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from connectors.base import KVConnector
+    from kvstore.config.schema import KVStoreConfig
+    from kvstore.route.publisher import EventPublisher
+
+
+class ReplicaEvents:
+    """The publisher of one engine replica's store events, or nothing when events are off."""
+
+    def __init__(self, publisher: EventPublisher | None, endpoint: str | None, replay_endpoint: str | None) -> None:
+        self.publisher = publisher
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+
+    @classmethod
+    def start(cls, cfg: KVStoreConfig, connector: KVConnector, replica: str, endpoint: str | None,
+              replay_endpoint: str | None) -> ReplicaEvents:
+        """Publish ``connector``'s store events as ``cfg.events`` says, ``endpoint``/``replay_endpoint`` overriding.
+
+        Raises ``ValueError`` when events are on but the connector's store is
+        not in this process (``connector: sidecar``: the daemon publishes).
+        """
+        from connectors.embedded import EmbeddedConnector
+        from connectors.sidecar import SidecarConnector
+        from kvstore.route.publisher import attach_publisher
+
+        overrides: dict[str, Any] = {"replica_id": replica}
+        if endpoint is not None:
+            overrides.update(enabled=True, endpoint=endpoint)
+        if replay_endpoint is not None:
+            overrides["replay_endpoint"] = replay_endpoint
+        events = cfg.events.model_copy(update=overrides)
+        if not events.enabled:
+            return cls(None, None, None)
+        if not isinstance(connector, EmbeddedConnector) or isinstance(connector, SidecarConnector):
+            raise ValueError("events.enabled needs `connector: embedded`; with a sidecar the "
+                             "`kvstore serve` daemon's own events section publishes the blocks")
+        return cls(attach_publisher(connector.store, events), events.endpoint, events.replay_endpoint)
+
+    def banner(self) -> str:
+        """What the start-up line adds: where events go."""
+        if self.publisher is None:
+            return ""
+        replay = f", replay on {self.replay_endpoint}" if self.replay_endpoint else ""
+        return f"; KV events on {self.endpoint}{replay}"
+
+    def stats(self) -> dict[str, Any]:
+        """The ``events`` section of ``/metrics``."""
+        if self.publisher is None:
+            return {"events": {"enabled": False}}
+        return {"events": {"enabled": True, "endpoint": self.endpoint, **self.publisher.stats()}}
+
+    def close(self) -> None:
+        """Stop publishing (publishes nothing more)."""
+        if self.publisher is not None:
+            self.publisher.close()
