@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,8 @@ class EngineServer:
         self.replica_id = replica_id
         self.layout = layout
         self.extra_metrics = extra_metrics
+        self.instance = uuid.uuid4().hex
+        """This process's identity in ``/health``: a router that sees it change knows the replica restarted."""
 
     def app(self) -> web.Application:
         """The aiohttp application (the caller starts and stops the worker)."""
@@ -68,7 +71,7 @@ class EngineServer:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok" if self.worker.failure is None else "failed",
-                                  "replica": self.replica_id, "model": self.model_name,
+                                  "replica": self.replica_id, "instance": self.instance, "model": self.model_name,
                                   "kv_layout": dataclasses.asdict(self.layout)},
                                  status=200 if self.worker.failure is None else 503)
 
@@ -112,7 +115,7 @@ class EngineServer:
             return bad_request(str(exc), status=503)
         if first.error is not None:
             return bad_request(first.error, "prompt" if "prompt" in first.error else None)
-        writer = ResponseWriter(kind, request.headers.get("x-request-id", "") or _request_id(), self.model_name)
+        writer = ResponseWriter(kind, uuid.uuid4().hex[:24], self.model_name)
         if not req.stream:
             text, last = first.text, first
             async for delta in deltas:
@@ -149,8 +152,3 @@ class EngineServer:
         await response.write_eof()
         return response
 
-
-def _request_id() -> str:
-    import uuid
-
-    return uuid.uuid4().hex[:24]
