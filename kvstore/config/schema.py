@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import AliasChoices, ConfigDict, Field, model_validator
 
 from kvstore.config.datadirs import DataRole, default_data_dir
+from kvstore.config.events import EventsConfig
 from kvstore.config.remote import RemoteConfig
 from kvstore.config.section import Section
 from kvstore.config.units import PositiveSize, Size
@@ -292,6 +293,8 @@ class KVStoreConfig(Section):
     """HTTP metrics endpoints."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     """Logging."""
+    events: EventsConfig = Field(default_factory=EventsConfig)
+    """KV events for a KV-cache-aware router (``kvstore route``)."""
 
     @model_validator(mode="after")
     def _tier_order(self) -> "KVStoreConfig":

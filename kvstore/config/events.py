@@ -1,0 +1,40 @@
+"""The ``events:`` section: publish this store's KV events for a router (``kvstore route``)."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from kvstore.config.section import Section
+
+_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+class EventsConfig(Section):
+    """KV events in vLLM's msgpack shape over ZMQ: block stored / removed / all cleared, with the tier.
+
+    The replica binds both endpoints; the router connects. A router that missed batches asks
+    ``replay_endpoint`` for them, or for a full report of every block held when they are older
+    than ``buffer_batches``.
+    """
+
+    enabled: bool = False
+    """Publish events (off by default: nothing listens unless a router is deployed)."""
+    endpoint: str = "tcp://127.0.0.1:5557"
+    """ZMQ PUB address to bind (``tcp://host:port``, ``ipc://path``); port 0 picks a free one."""
+    replay_endpoint: str | None = "tcp://127.0.0.1:5558"
+    """ZMQ ROUTER address to bind for replay and full-report requests; ``null``: none (lost events stay lost)."""
+    replica_id: str | None = None
+    """This replica's name in the router's index and logs; ``null``: ``<hostname>:<pid>``."""
+    topic: str = ""
+    """Topic frame of every message (vLLM's default is empty)."""
+    buffer_batches: int = Field(10_000, gt=0, le=10_000_000)
+    """Batches kept for replay; older ones are recovered with a full report."""
+    interval_s: float = Field(0.05, gt=0, le=60)
+    """How often the store's event queue is drained and published."""
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _zmq_address(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(_SCHEMES):
+            raise ValueError(f"{value!r} is not a ZMQ address: use tcp://host:port or ipc://path")
+        return value

@@ -1,0 +1,200 @@
+"""The router's view of the fleet: block key -> {replica: tiers}, built from the replicas' KV events.
+
+One owner per fact: ``_held[replica][key]`` (a bit mask of tiers) is what a
+replica said it holds; ``_holders[key]`` (the replicas with any bit for
+``key``) is a cache of it for lookups, changed only next to ``_held`` in
+:meth:`RouterIndex._set` and :meth:`RouterIndex.clear`, and checked by
+:meth:`RouterIndex.check_integrity`.
+
+A block in the shared ``remote`` tier is readable by every replica, so
+:meth:`RouterIndex.cached_prefix` counts it for all of them (the policy gives
+that tier a lower weight than a replica's own tiers). Who reported it still
+matters: a removal applies only to its sender's report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvstore.route.kv_events import (
+    ROUTE_TIERS,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    RouteTier,
+    tier_of,
+)
+
+BlockHash = Hashable
+"""A block's key: kvstore's 32-byte key, or whatever a vLLM replica published (``bytes`` or ``int``)."""
+
+_BIT: dict[str, int] = {t: 1 << i for i, t in enumerate(ROUTE_TIERS)}
+_ALL = (1 << len(ROUTE_TIERS)) - 1
+_REMOTE = _BIT["remote"]
+_LOCAL = _ALL & ~_REMOTE
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """How much of a prompt one replica can serve from cache."""
+
+    blocks: int
+    """Consecutive prompt blocks from the start cached on that replica (its own tiers or the shared remote)."""
+    by_tier: dict[str, int] = field(default_factory=dict)
+    """Of those, how many in each tier (each block counted once, in its fastest tier: gpu, host, disk, remote)."""
+
+
+def _fastest(mask: int) -> str:
+    """The fastest tier set in ``mask`` (non-zero)."""
+    low = mask & -mask
+    return ROUTE_TIERS[low.bit_length() - 1]
+
+
+class RouterIndex:
+    """Which replica holds which block in which tier. Not thread-safe: one thread applies and queries
+    (the subscriber and the front serialise through their own lock)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, dict[BlockHash, int]] = {}
+        self._holders: dict[BlockHash, set[str]] = {}
+        self._remote: dict[BlockHash, int] = {}  # key -> how many replicas report it in the remote tier
+        self.events_applied = 0
+        """Events applied since creation (all replicas)."""
+
+    # ----------------------------------------------------------- changes
+    def add_replica(self, replica: str) -> None:
+        """Make ``replica`` known with nothing cached (it then appears in :meth:`cached_prefix`). Idempotent."""
+        self._held.setdefault(replica, {})
+
+    def remove_replica(self, replica: str) -> None:
+        """Forget ``replica`` and everything it reported."""
+        self.clear(replica)
+        del self._held[replica]
+
+    def apply(self, replica: str, batch: KVEventBatch) -> None:
+        """Apply one batch from ``replica``, in order: stored adds tiers; removed takes tiers away from
+        ``replica`` only (medium ``None``: every tier); all-cleared empties ``replica``.
+
+        Every medium is checked before anything changes: a batch naming an unknown medium raises
+        :class:`~kvstore.route.kv_events.EventFormatError` and changes nothing.
+        """
+        tiers = [tier_of(ev.medium) if not isinstance(ev, AllBlocksCleared) else None for ev in batch.events]
+        held = self._held.setdefault(replica, {})
+        for ev, tier in zip(batch.events, tiers):
+            if isinstance(ev, BlockStored):
+                assert tier is not None
+                bit = _BIT[tier]
+                for h in ev.block_hashes:
+                    self._set(replica, held, h, held.get(h, 0) | bit)
+            elif isinstance(ev, BlockRemoved):
+                bits = _ALL if ev.medium is None else _BIT[tier]  # type: ignore[index]
+                for h in ev.block_hashes:
+                    old = held.get(h)
+                    if old is not None:
+                        self._set(replica, held, h, old & ~bits)
+            else:
+                self.clear(replica)
+            self.events_applied += 1
+
+    def store(self, replica: str, keys: Iterable[BlockHash], tier: RouteTier) -> None:
+        """Record that ``replica`` holds ``keys`` in ``tier`` (a full report's entries; no event counted)."""
+        held = self._held.setdefault(replica, {})
+        bit = _BIT[tier]
+        for h in keys:
+            self._set(replica, held, h, held.get(h, 0) | bit)
+
+    def clear(self, replica: str) -> None:
+        """``replica`` holds nothing (all-cleared, a restart, before a full report). Others are untouched."""
+        held = self._held.get(replica)
+        if not held:
+            return
+        for h, mask in held.items():
+            holders = self._holders[h]
+            holders.discard(replica)
+            if not holders:
+                del self._holders[h]
+            if mask & _REMOTE:
+                self._drop_remote(h)
+        held.clear()
+
+    def _set(self, replica: str, held: dict[BlockHash, int], h: BlockHash, mask: int) -> None:
+        """The one place a replica's mask for ``h`` changes (keeps ``_holders`` and ``_remote`` true)."""
+        old = held.get(h, 0)
+        if mask == old:
+            return
+        if (old ^ mask) & _REMOTE:
+            if mask & _REMOTE:
+                self._remote[h] = self._remote.get(h, 0) + 1
+            else:
+                self._drop_remote(h)
+        if mask:
+            held[h] = mask
+            if not old:
+                self._holders.setdefault(h, set()).add(replica)
+        else:
+            del held[h]
+            holders = self._holders[h]
+            holders.discard(replica)
+            if not holders:
+                del self._holders[h]
+
+    def _drop_remote(self, h: BlockHash) -> None:
+        n = self._remote[h] - 1
+        if n:
+            self._remote[h] = n
+        else:
+            del self._remote[h]
+
+    # ----------------------------------------------------------- queries
+    def replicas(self) -> list[str]:
+        """Every known replica, sorted by name."""
+        return sorted(self._held)
+
+    def blocks(self, replica: str) -> int:
+        """How many blocks ``replica`` holds in any tier (0 for an unknown replica)."""
+        return len(self._held.get(replica, ()))
+
+    def tiers(self, replica: str, key: BlockHash) -> set[str]:
+        """The tiers ``replica`` reported ``key`` in (empty when none). Changes nothing."""
+        mask = self._held.get(replica, {}).get(key, 0)
+        return {t for t in ROUTE_TIERS if mask & _BIT[t]}
+
+    def cached_prefix(self, keys: Sequence[BlockHash]) -> dict[str, PrefixHit]:
+        """For every known replica, the cached prefix of the prompt whose block keys are ``keys``.
+
+        A block counts for a replica while it is in one of that replica's tiers or in the shared remote
+        tier; the prefix stops at the first block that does not. Changes nothing.
+        """
+        names = self._held
+        counts: dict[str, dict[str, int]] = {r: {} for r in names}
+        depth = dict.fromkeys(names, 0)
+        alive = set(names)
+        for h in keys:
+            holders = self._holders.get(h)
+            in_remote = h in self._remote
+            if not in_remote:
+                alive = alive & holders if holders else set()
+            if not alive:
+                break
+            for r in alive:
+                mask = names[r].get(h, 0) & _LOCAL
+                tier = _fastest(mask) if mask else "remote"
+                c = counts[r]
+                c[tier] = c.get(tier, 0) + 1
+                depth[r] += 1
+        return {r: PrefixHit(depth[r], counts[r]) for r in names}
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` unless ``_holders`` and ``_remote`` agree with ``_held``. Changes nothing."""
+        holders: dict[BlockHash, set[str]] = {}
+        remote: dict[BlockHash, int] = {}
+        for r, held in self._held.items():
+            for h, mask in held.items():
+                assert mask, f"replica {r} keeps an empty mask for {h!r}"
+                holders.setdefault(h, set()).add(r)
+                if mask & _REMOTE:
+                    remote[h] = remote.get(h, 0) + 1
+        assert holders == self._holders, "the holders cache differs from the replicas' reports"
+        assert remote == self._remote, "the remote counts differ from the replicas' reports"

@@ -1,0 +1,79 @@
+"""Choose a replica: the fewest uncached prompt blocks, weighed against how busy each replica is.
+
+``cost(r) = block_weight * sum over the prompt's blocks of miss(r, block) + request_weight *
+in_flight_requests(r) + token_weight * in_flight_tokens(r)``, where ``miss`` is 1 for a block
+replica ``r`` must compute and the tier's weight (below 1) for one it must load. The prefix term
+alone sends all traffic to whichever replica cached most, so the load term is what keeps the
+fleet balanced; with ``token_weight = block_weight / block_tokens`` both terms are in units of
+"tokens of prefill waiting", an estimate of the time to first token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kvstore.route.index import PrefixHit
+
+DEFAULT_TIER_WEIGHTS: dict[str, float] = {"gpu": 0.0, "host": 0.05, "disk": 0.2, "remote": 0.3}
+"""Cost of a cached block relative to computing it (1): loading from RAM is cheap, from the network dearer."""
+
+
+class NoReplicaError(RuntimeError):
+    """No replica is up to take the request."""
+
+
+@dataclass
+class ReplicaLoad:
+    """What the router knows of a replica's load (its own accounting, refreshed from the replica's metrics)."""
+
+    in_flight_requests: int = 0
+    in_flight_tokens: int = 0
+    """Prompt tokens still to prefill plus tokens still to decode, as the router accounts them."""
+    up: bool = True
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The chosen replica, the prefix it holds, and every candidate's cost (for metrics and tests)."""
+
+    replica: str
+    hit: PrefixHit
+    costs: dict[str, float]
+
+
+@dataclass
+class CostPolicy:
+    """Cheapest replica by :func:`cost`; ties: fewest in-flight requests, then name. Holds no state."""
+
+    block_weight: float = 1.0
+    """Cost of one prompt block the replica must compute."""
+    request_weight: float = 0.0
+    """Cost of one request in flight on the replica."""
+    token_weight: float = 1.0 / 16
+    """Cost of one token in flight on the replica (``block_weight / block_tokens`` makes both terms tokens)."""
+    tier_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
+    """Fraction of ``block_weight`` a block cached in each tier still costs."""
+
+    def cost(self, num_blocks: int, hit: PrefixHit, load: ReplicaLoad) -> float:
+        """The cost of sending a prompt of ``num_blocks`` full blocks to a replica with ``hit`` and ``load``."""
+        loaded = sum(self.tier_weights.get(t, 1.0) * n for t, n in hit.by_tier.items())
+        missing = max(num_blocks - hit.blocks, 0)
+        return (self.block_weight * (missing + loaded) + self.request_weight * load.in_flight_requests
+                + self.token_weight * load.in_flight_tokens)
+
+    def choose(self, num_blocks: int, hits: Mapping[str, PrefixHit],
+               loads: Mapping[str, ReplicaLoad]) -> Decision:
+        """The cheapest replica that is up among ``loads`` (a replica without a hit has none cached).
+
+        Raises :class:`NoReplicaError` when none is up. Changes nothing.
+        """
+        costs: dict[str, float] = {}
+        empty = PrefixHit(0, {})
+        for name, load in loads.items():
+            if load.up:
+                costs[name] = self.cost(num_blocks, hits.get(name, empty), load)
+        if not costs:
+            raise NoReplicaError(f"no replica is up (known: {', '.join(sorted(loads)) or 'none'})")
+        best = min(costs, key=lambda r: (costs[r], loads[r].in_flight_requests, r))
+        return Decision(best, hits.get(best, empty), costs)

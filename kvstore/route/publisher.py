@@ -1,0 +1,223 @@
+"""A replica's side: publish KV event batches over ZMQ, replay missed ones, report everything held.
+
+Wire format (vLLM's ``ZmqEventPublisher``, so vLLM's subscribers read kvstore and the router reads vLLM):
+
+- PUB: multipart ``[topic, seq as 8-byte big-endian, msgpack KVEventBatch]``, seq 0, 1, 2, ...
+- ROUTER (replay): a DEALER sends ``[b"", start seq (8 bytes)]``; the reply is every buffered
+  batch from ``start`` as ``[b"", topic, seq, payload]``, then ``[b"", b"", -1 (8 bytes), b""]``.
+- Full report (kvstore's addition on the same socket): ``[b"", b"REPORT"]`` is answered with one
+  ``[b"", topic, seq, payload]`` whose payload is ``AllBlocksCleared`` then every block held per
+  tier, true as of batch ``seq`` (signed; -1 when nothing was published yet), then the end marker.
+  Events after ``seq`` may already be in the report; applying them again changes nothing, because
+  stored and removed set and clear a tier, so a router that applies the report and then every batch
+  after ``seq`` ends up where the replica is.
+
+The PUB socket is used under a lock by whichever thread publishes; the ROUTER socket only by the
+replay thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import zmq
+
+from kvstore.events import StoreEvent
+from kvstore.route.kv_events import AllBlocksCleared, KVEvent, encode_batch
+from kvstore.route.translate import batch_of, kv_events, report_events, store_holdings
+
+if TYPE_CHECKING:
+    from kvstore.config.events import EventsConfig
+    from kvstore.store import TieredStore
+
+log = logging.getLogger(__name__)
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+"""The seq frame of the end-of-replay marker (vLLM's)."""
+REPORT_REQUEST = b"REPORT"
+"""The replay request frame that asks for a full report instead of a range of batches."""
+
+Report = Callable[[], list[KVEvent]]
+"""Returns a full report's events (``AllBlocksCleared`` first); called on the replay thread."""
+
+
+class EventPublisher:
+    """ZMQ PUB of KV event batches, plus a ROUTER replay endpoint serving batches from a ring buffer
+    by seq and a full report (every block held, per tier) for a router that fell too far behind."""
+
+    def __init__(self, endpoint: str, replay_endpoint: str | None, replica: str, *, block_size: int = 16,
+                 topic: str = "", buffer_batches: int = 10_000, report: Report | None = None,
+                 hwm: int = 100_000, context: zmq.Context | None = None) -> None:
+        """Bind ``endpoint`` (and ``replay_endpoint``); port 0 picks a free port (see :attr:`endpoint`).
+
+        ``report``: how to build a full report; without one, a report request gets only the end marker.
+        """
+        self.replica = replica
+        self.block_size = block_size
+        self._topic = topic.encode()
+        self._report = report
+        self._ctx = context or zmq.Context.instance()
+        self._lock = threading.Lock()
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
+        self._next_seq = 0
+        self._closed = threading.Event()
+        self._stop_follow = threading.Event()
+        self._follower: threading.Thread | None = None
+        self._drain: Callable[[], list[StoreEvent]] | None = None
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.set_hwm(hwm)
+        self.endpoint = _bind(self._pub, endpoint)
+        """The bound PUB address (port 0 resolved)."""
+        self.replay_endpoint: str | None = None
+        """The bound replay address, or ``None``."""
+        self._replay: zmq.Socket | None = None
+        self._thread: threading.Thread | None = None
+        if replay_endpoint is not None:
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_batches + 2))
+            self.replay_endpoint = _bind(self._replay, replay_endpoint)
+            self._thread = threading.Thread(target=self._serve_replay, name=f"kv-events-replay-{replica}",
+                                            daemon=True)
+            self._thread.start()
+        self.replays_served = 0
+        self.reports_served = 0
+
+    @property
+    def last_seq(self) -> int:
+        """Seq of the last published batch (-1 before the first)."""
+        with self._lock:
+            return self._next_seq - 1
+
+    def publish(self, events: Sequence[StoreEvent]) -> int:
+        """Publish the store's ``events`` (oldest first) as one batch; returns its seq (-1: nothing to send)."""
+        if not events:
+            return -1
+        return self.publish_kv(kv_events(events, self.block_size))
+
+    def publish_kv(self, events: Sequence[KVEvent], ts: float | None = None) -> int:
+        """Publish KV events as one batch stamped ``ts`` (default now); returns its seq."""
+        payload = encode_batch(batch_of(events, ts))
+        with self._lock:
+            if self._closed.is_set():
+                raise RuntimeError(f"event publisher of replica {self.replica} is closed")
+            seq = self._next_seq
+            self._next_seq += 1
+            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+            self._buffer.append((seq, payload))
+        return seq
+
+    def publish_cleared(self) -> int:
+        """Publish ``AllBlocksCleared`` (a start or a reset: the router forgets what this replica held)."""
+        return self.publish_kv([AllBlocksCleared()])
+
+    def follow(self, drain: Callable[[], list[StoreEvent]], interval_s: float) -> None:
+        """Every ``interval_s``, on a thread, publish what ``drain`` returns (a store's ``drain_events``);
+        :meth:`close` publishes what is left and stops it. Once per publisher."""
+        if self._follower is not None:
+            raise RuntimeError(f"event publisher of replica {self.replica} already follows a store")
+        self._drain = drain
+        self._follower = threading.Thread(target=self._follow, args=(interval_s,),
+                                          name=f"kv-events-{self.replica}", daemon=True)
+        self._follower.start()
+
+    def pump(self) -> int:
+        """Publish what the followed store queued since the last call now; returns the seq (-1: nothing)."""
+        if self._drain is None:
+            return -1
+        return self.publish(self._drain())
+
+    def _follow(self, interval_s: float) -> None:
+        while not self._stop_follow.wait(interval_s):
+            try:
+                self.pump()
+            except Exception:  # noqa: BLE001 - the thread must outlive one failure; logged with its cause
+                log.exception("replica %s: publishing KV events failed", self.replica)
+
+    def close(self) -> None:
+        """Publish what the followed store still queued, stop the threads, close both sockets. Idempotent."""
+        if self._follower is not None and not self._stop_follow.is_set():
+            self._stop_follow.set()
+            self._follower.join()
+            self.pump()
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._pub.close(linger=0)
+
+    # ------------------------------------------------------------ replay
+    def _serve_replay(self) -> None:
+        sock = self._replay
+        assert sock is not None
+        try:
+            while not self._closed.is_set():
+                if not sock.poll(50):
+                    continue
+                frames = sock.recv_multipart()
+                try:
+                    self._answer(sock, frames)
+                except zmq.ZMQError as exc:  # a peer gone mid-answer must not stop the endpoint
+                    log.warning("replica %s: replay answer failed: %s", self.replica, exc)
+        finally:
+            sock.close(linger=0)
+
+    def _answer(self, sock: zmq.Socket, frames: list[bytes]) -> None:
+        if len(frames) != 3 or frames[1] != b"":
+            log.warning("replica %s: replay request of %d frames ignored (want [b'', seq or REPORT])",
+                        self.replica, len(frames) - 1)
+            return
+        client, _, request = frames
+        if request == REPORT_REQUEST:
+            self.reports_served += 1
+            if self._report is not None:
+                seq = self.last_seq  # read before the snapshot: the report holds at least batches <= seq
+                payload = encode_batch(batch_of(self._report()))
+                sock.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big", signed=True), payload))
+        elif len(request) == 8:
+            self.replays_served += 1
+            start = int.from_bytes(request, "big")
+            with self._lock:
+                batches = [(s, p) for s, p in self._buffer if s >= start]
+            for s, p in batches:
+                sock.send_multipart((client, b"", self._topic, s.to_bytes(8, "big"), p))
+        else:
+            log.warning("replica %s: replay request %r is neither an 8-byte seq nor REPORT", self.replica,
+                        request[:16])
+        sock.send_multipart((client, b"", b"", END_SEQ, b""))
+
+
+def _bind(sock: zmq.Socket, endpoint: str) -> str:
+    """Bind ``endpoint``; returns the address bound (a tcp port 0 resolved)."""
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        raise OSError(f"cannot bind KV events socket to {endpoint}: {exc}") from None
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def default_replica_id() -> str:
+    """``<hostname>:<pid>``: the replica id when the config names none."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def attach_publisher(store: TieredStore, cfg: EventsConfig) -> EventPublisher:
+    """Publish ``store``'s events as ``cfg`` says, drained on a thread every ``cfg.interval_s``.
+
+    The first batch is ``AllBlocksCleared`` (a start: what a router knew of this replica is gone); the
+    full report lists the store's index (gpu, host, disk). Close the publisher before the store.
+    """
+    publisher = EventPublisher(cfg.endpoint, cfg.replay_endpoint, cfg.replica_id or default_replica_id(),
+                               block_size=store.layout.block_size, topic=cfg.topic,
+                               buffer_batches=cfg.buffer_batches,
+                               report=lambda: report_events(store_holdings(store), store.layout.block_size))
+    publisher.publish_cleared()
+    publisher.follow(store.drain_events, cfg.interval_s)
+    return publisher
