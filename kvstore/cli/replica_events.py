@@ -26,6 +26,8 @@ class ReplicaEvents:
         Raises ``ValueError`` when events are on but the connector's store is
         not in this process (``connector: sidecar``: the daemon publishes).
         """
+        from pydantic import ValidationError
+
         from connectors.embedded import EmbeddedConnector
         from connectors.sidecar import SidecarConnector
         from kvstore.route.publisher import attach_publisher
@@ -35,13 +37,18 @@ class ReplicaEvents:
             overrides.update(enabled=True, endpoint=endpoint)
         if replay_endpoint is not None:
             overrides["replay_endpoint"] = replay_endpoint
-        events = cfg.events.model_copy(update=overrides)
+        try:
+            events = type(cfg.events).model_validate({**cfg.events.model_dump(), **overrides})
+        except ValidationError as exc:  # a bad --events-endpoint / --replay-endpoint
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ValueError(f"--events-endpoint/--replay-endpoint: {problems}") from None
         if not events.enabled:
             return cls(None, None, None)
         if not isinstance(connector, EmbeddedConnector) or isinstance(connector, SidecarConnector):
             raise ValueError("events.enabled needs `connector: embedded`; with a sidecar the "
                              "`kvstore serve` daemon's own events section publishes the blocks")
-        return cls(attach_publisher(connector.store, events), events.endpoint, events.replay_endpoint)
+        publisher = attach_publisher(connector.store, events)
+        return cls(publisher, publisher.endpoint, publisher.replay_endpoint)
 
     def banner(self) -> str:
         """What the start-up line adds: where events go."""
@@ -54,7 +61,10 @@ class ReplicaEvents:
         """The ``events`` section of ``/metrics``."""
         if self.publisher is None:
             return {"events": {"enabled": False}}
-        return {"events": {"enabled": True, "endpoint": self.endpoint, **self.publisher.stats()}}
+        p = self.publisher
+        return {"events": {"enabled": True, "endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint,
+                           "last_seq": p.last_seq, "replays_served": p.replays_served,
+                           "reports_served": p.reports_served}}
 
     def close(self) -> None:
         """Stop publishing (publishes nothing more)."""

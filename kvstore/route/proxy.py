@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,14 +83,16 @@ class Router:
     ``token_ids`` turns a parsed request into the token ids the replicas will
     run (the served model's chat template and tokenizer); ``event_stats``
     gives the ``events`` section of ``/metrics`` (the subscriber's lag and
-    losses).
+    losses). ``index_lock`` is the lock the subscriber changes the index under
+    (:attr:`EventSubscriber.lock`); lookups take it too.
     """
 
     def __init__(self, replicas: ReplicaSet, index: RouterIndex, policy: CostPolicy,
-                 token_ids: Callable[[CompletionRequest], list[int]],
+                 token_ids: Callable[[CompletionRequest], list[int]], index_lock: threading.Lock,
                  event_stats: Callable[[], dict[str, Any]] | None = None, connect_timeout: float = 2.0) -> None:
         self.replicas = replicas
         self.index = index
+        self.index_lock = index_lock
         self.policy = policy
         self.token_ids = token_ids
         self.event_stats = event_stats
@@ -131,7 +134,10 @@ class Router:
         loads = {n: load for n, load in self.replicas.loads().items() if load.up and n not in exclude}
         if not loads:
             return None
-        hits = self.index.cached_prefix(keys) if keys else {}
+        hits: dict[str, PrefixHit] = {}
+        if keys:
+            with self.index_lock:
+                hits = self.index.cached_prefix(keys)
         decision = self.policy.choose(len(keys), {n: hits.get(n, _NO_HIT) for n in loads}, loads)
         self.stats.record(decision, len(keys), time.perf_counter() - started)
         return decision

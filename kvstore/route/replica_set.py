@@ -2,19 +2,22 @@
 
 One record per replica (:class:`Replica`), owned here. Load has two sources:
 the router's own accounting of requests it forwarded and has not seen finish
-(exact and immediate), and the replica's ``/metrics`` (every client's
-requests, as of the last poll); the policy sees the larger of each. A replica
-is *down* after a connection error or a failed ``/health`` and up again after
-a successful poll. ``/health`` also gives the replica's KV layout (the root
-of its block keys) and its process instance: a new instance is a restart, and
-its blocks are gone.
+(exact and immediate), and the replica's ``/metrics``, which also counts other
+clients' requests but only as of the last poll. The policy sees the router's
+count plus the *others'* share of the last report (the report minus what the
+router had in flight around the poll), so a stale report never counts the
+router's own finished requests twice. A replica is *down* after a connection
+error or a failed ``/health`` and up again after a successful poll.
+``/health`` also gives the replica's KV layout, the root of its block keys.
+What a replica holds (and forgetting it on a restart) is the event
+subscriber's business, not this module's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -60,7 +63,6 @@ class Replica:
     up: bool = False
     reason: str | None = "not polled yet"
     """Why it is down (None when up)."""
-    instance: str | None = None
     layout: KVLayout | None = None
     requests: int = 0
     """Requests the router forwarded to it that have not finished."""
@@ -68,18 +70,19 @@ class Replica:
     """Their prompt tokens + max_tokens."""
     reported: ReplicaLoad = field(default_factory=lambda: ReplicaLoad(0, 0))
     """The replica's own ``/metrics``, as of the last poll."""
+    others: ReplicaLoad = field(default_factory=lambda: ReplicaLoad(0, 0))
+    """Of the last report, what other clients had in flight (the report minus the router's own count)."""
 
     def load(self) -> ReplicaLoad:
-        """What the policy weighs: the larger of the router's count and the replica's."""
-        return ReplicaLoad(max(self.requests, self.reported.in_flight_requests),
-                           max(self.tokens, self.reported.in_flight_tokens), self.up)
+        """What the policy weighs: the router's own in-flight work plus other clients' as last reported."""
+        return ReplicaLoad(self.requests + self.others.in_flight_requests,
+                           self.tokens + self.others.in_flight_tokens, self.up)
 
 
 class ReplicaSet:
-    """The replicas, polled every ``interval`` seconds; ``on_restart(name)`` runs when one's instance changes."""
+    """The replicas, polled every ``interval`` seconds (``timeout``: the most one poll request may take)."""
 
-    def __init__(self, specs: Iterable[ReplicaSpec], interval: float, on_restart: Callable[[str], None],
-                 timeout: float = 2.0) -> None:
+    def __init__(self, specs: Iterable[ReplicaSpec], interval: float, timeout: float = 2.0) -> None:
         self.replicas: dict[str, Replica] = {}
         for spec in specs:
             if spec.name in self.replicas:
@@ -89,7 +92,6 @@ class ReplicaSet:
             raise ValueError("no replicas: give at least one --replica URL")
         self.interval = interval
         self.timeout = aiohttp.ClientTimeout(total=timeout)
-        self._on_restart = on_restart
         self._task: asyncio.Task[None] | None = None
         self.layout: KVLayout | None = None
         """The KV layout every replica reported (the first one's; a replica with another is kept down)."""
@@ -139,6 +141,7 @@ class ReplicaSet:
 
     async def _poll_one(self, session: aiohttp.ClientSession, replica: Replica) -> None:
         name, url = replica.spec.name, replica.spec.url
+        own_before = (replica.requests, replica.tokens)
         try:
             async with session.get(f"{url}/health", timeout=self.timeout) as resp:
                 health = await resp.json() if resp.status == 200 else None
@@ -153,18 +156,19 @@ class ReplicaSet:
         if health is None:
             self.mark_down(name, f"{url}/health answered {status}")
             return
-        instance = health.get("instance")
-        if replica.instance is not None and instance != replica.instance:
-            log.warning("replica %s restarted (instance %s -> %s): forgetting its blocks", name, replica.instance,
-                        instance)
-            self._on_restart(name)
-        replica.instance = instance
         problem = self._check_layout(replica, health.get("kv_layout"))
         if problem is not None:
             self.mark_down(name, problem)
             return
-        replica.reported = ReplicaLoad(int(metrics.get("in_flight_requests", 0)),
-                                       int(metrics.get("in_flight_tokens", 0)))
+        reported = ReplicaLoad(int(metrics.get("in_flight_requests", 0)), int(metrics.get("in_flight_tokens", 0)))
+        # The report counts the router's own requests too: take off the most the router had in flight
+        # while the report was made (before or after it), so a request that finished meanwhile is not
+        # counted twice.
+        own_requests = max(own_before[0], replica.requests)
+        own_tokens = max(own_before[1], replica.tokens)
+        replica.reported = reported
+        replica.others = ReplicaLoad(max(reported.in_flight_requests - own_requests, 0),
+                                     max(reported.in_flight_tokens - own_tokens, 0))
         if not replica.up:
             log.info("replica %s is up", name)
         replica.up, replica.reason = True, None
