@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from connectors.base import LOCAL_TIERS, KVConnector, Lease, PrefixMatch
 from kvstore.config.schema import KVStoreConfig
@@ -20,6 +20,9 @@ from kvstore.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt, block_keys
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
+
+if TYPE_CHECKING:
+    from kvstore.route.publisher import EventPublisher
 
 
 class _StoreLease(Protocol):
@@ -91,6 +94,7 @@ class EmbeddedConnector(KVConnector):
     def __init__(self, config: KVStoreConfig | None = None) -> None:
         self.config = config or KVStoreConfig()
         self._store: TieredStore | None = None
+        self._events: EventPublisher | None = None
 
     def tier_label(self, store_tier: str) -> str:
         """The connector API's name (one of :data:`~connectors.base.TIER_NAMES`) for the store's tier
@@ -102,6 +106,10 @@ class EmbeddedConnector(KVConnector):
         if self._store is not None:
             raise RuntimeError("EmbeddedConnector.register called twice")
         self._store = self._build_store(pool)
+        if self.config.events.enabled:  # a router follows this replica (``events:``; kvstore/route)
+            from kvstore.route.publisher import attach_publisher  # pyzmq only where events are on
+
+            self._events = attach_publisher(self._store, self.config.events)
 
     def _build_store(self, pool: GPUBlockPool) -> TieredStore:
         """The store over ``pool`` (the sidecar connector overrides this to use the daemon's tiers)."""
@@ -177,5 +185,8 @@ class EmbeddedConnector(KVConnector):
         return out
 
     def close(self) -> None:
+        if self._events is not None:  # first: it drains the store's last events
+            self._events.close()
+            self._events = None
         if self._store is not None:
             self._store.close()

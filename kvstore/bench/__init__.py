@@ -25,6 +25,7 @@ SUITES: dict[str, str] = {
     "plan": "kvstore.bench.plan",
     "soak": "kvstore.bench.soak",
     "remote": "kvstore.bench.remote",
+    "route": "kvstore.bench.route",
 }
 """Suite name -> module implementing ``run(options, progress)``."""
 
@@ -37,6 +38,7 @@ SUITE_HELP: dict[str, str] = {
     "plan": "capacity plan of model presets from the bandwidths measured in the same run",
     "soak": "reliability: daemon + client processes under kill -9; lost/wrong blocks, memory growth, holds",
     "remote": "Redis tier get/put GB/s by block and group size vs raw redis-py and redis-benchmark; fleet hit rate",
+    "route": "Mooncake trace on N simulated replicas: round robin vs SGLang approx tree vs kvstore events + cost",
 }
 """One line per suite for ``--help``."""
 

@@ -46,3 +46,23 @@ def load_mooncake(path: Path, limit: int | None = None) -> Trace:
 def _open_text(path: Path) -> TextIO:
     """``path`` opened for reading text, through gzip when its name ends in ``.gz``."""
     return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+
+
+def load_mooncake_timing(path: Path, limit: int | None = None) -> tuple[list[float], list[int]]:
+    """Arrival time (seconds from the start) and output length (tokens) of the first ``limit`` requests at
+    ``path``, in the order :func:`load_mooncake` returns them; ``ValueError`` on a bad line."""
+    arrivals: list[float] = []
+    outputs: list[int] = []
+    with _open_text(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            if limit is not None and len(arrivals) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                arrivals.append(float(row["timestamp"]) / 1000)
+                outputs.append(int(row["output_length"]))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a Mooncake trace record ({exc})") from None
+    return arrivals, outputs

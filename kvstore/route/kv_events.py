@@ -35,7 +35,7 @@ class EventFormatError(ValueError):
     """Bytes that are not a KV event batch (malformed msgpack, wrong types, unknown event tag, unknown medium)."""
 
 
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """vLLM's ``EventBatch``: when it was published, its events, and the sender's data-parallel rank."""
 
     ts: float
@@ -43,7 +43,7 @@ class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):  # type: ignore[call-arg]
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
     """Base of the three events; msgspec tags each with its class name, as vLLM's do."""
 
 
@@ -84,7 +84,7 @@ class AllBlocksCleared(KVCacheEvent):
 class KVEventBatch(EventBatch):
     """vLLM's ``KVEventBatch``: an :class:`EventBatch` whose events are the three kinds above."""
 
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]  # type: ignore[assignment]
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared

@@ -18,6 +18,11 @@ from kvstore.route.index import PrefixHit
 DEFAULT_TIER_WEIGHTS: dict[str, float] = {"gpu": 0.0, "host": 0.05, "disk": 0.2, "remote": 0.3}
 """Cost of a cached block relative to computing it (1): loading from RAM is cheap, from the network dearer."""
 
+DEFAULT_LOAD_WEIGHT = 0.05
+"""A prompt token queued on a replica costs this fraction of an uncached prompt token. Weight 1 is the plain
+time-to-first-token estimate, which gives up hit rate (and so future TTFT) for little; on the Mooncake
+trace (``kvstore bench route``) 0.05 kept the most hits while TTFT stayed at its best (docs/BENCHMARKS.md)."""
+
 
 class NoReplicaError(RuntimeError):
     """No replica is up to take the request."""
@@ -50,10 +55,21 @@ class CostPolicy:
     """Cost of one prompt block the replica must compute."""
     request_weight: float = 0.0
     """Cost of one request in flight on the replica."""
-    token_weight: float = 1.0 / 16
-    """Cost of one token in flight on the replica (``block_weight / block_tokens`` makes both terms tokens)."""
+    token_weight: float = DEFAULT_LOAD_WEIGHT / 16
+    """Cost of one token in flight on the replica; :meth:`for_block_size` sets it from the load weight and the
+    block size (the default assumes kvstore's default 16-token blocks)."""
     tier_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
     """Fraction of ``block_weight`` a block cached in each tier still costs."""
+
+    @classmethod
+    def for_block_size(cls, block_tokens: int, load_weight: float = DEFAULT_LOAD_WEIGHT,
+                       tier_weights: dict[str, float] | None = None) -> CostPolicy:
+        """A policy whose two terms are in prompt tokens: a block to compute costs ``block_tokens``-worth,
+        a queued token ``load_weight`` of an uncached one."""
+        if block_tokens <= 0 or load_weight < 0:
+            raise ValueError(f"block_tokens must be > 0 and load_weight >= 0, got {block_tokens}, {load_weight}")
+        return cls(block_weight=1.0, token_weight=load_weight / block_tokens,
+                   tier_weights=dict(DEFAULT_TIER_WEIGHTS if tier_weights is None else tier_weights))
 
     def cost(self, num_blocks: int, hit: PrefixHit, load: ReplicaLoad) -> float:
         """The cost of sending a prompt of ``num_blocks`` full blocks to a replica with ``hit`` and ``load``."""

@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -66,12 +67,20 @@ class EventPublisher:
         self._lock = threading.Lock()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
         self._next_seq = 0
+        self.replays_served = 0
+        """Replay requests answered (counted on the replay thread)."""
+        self.reports_served = 0
+        """Full-report requests answered."""
         self._closed = threading.Event()
         self._stop_follow = threading.Event()
         self._follower: threading.Thread | None = None
         self._drain: Callable[[], list[StoreEvent]] | None = None
-        self._pub = self._ctx.socket(zmq.PUB)
+        # XPUB, not PUB: the same frames reach SUB sockets, and subscriptions become visible
+        # (:meth:`wait_for_subscribers`), so a start can wait for the router instead of guessing.
+        self._pub = self._ctx.socket(zmq.XPUB)
         self._pub.set_hwm(hwm)
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, not only a topic's first
+        self._subscribers = 0
         self.endpoint = _bind(self._pub, endpoint)
         """The bound PUB address (port 0 resolved)."""
         self.replay_endpoint: str | None = None
@@ -81,12 +90,15 @@ class EventPublisher:
         if replay_endpoint is not None:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_batches + 2))
-            self.replay_endpoint = _bind(self._replay, replay_endpoint)
+            try:
+                self.replay_endpoint = _bind(self._replay, replay_endpoint)
+            except OSError:
+                self._replay.close(linger=0)
+                self._pub.close(linger=0)
+                raise
             self._thread = threading.Thread(target=self._serve_replay, name=f"kv-events-replay-{replica}",
                                             daemon=True)
             self._thread.start()
-        self.replays_served = 0
-        self.reports_served = 0
 
     @property
     def last_seq(self) -> int:
@@ -108,9 +120,32 @@ class EventPublisher:
                 raise RuntimeError(f"event publisher of replica {self.replica} is closed")
             seq = self._next_seq
             self._next_seq += 1
-            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+            self._send((self._topic, seq.to_bytes(8, "big"), payload))
             self._buffer.append((seq, payload))
         return seq
+
+    def _send(self, frames: tuple[bytes, bytes, bytes]) -> None:
+        """Put one batch on the wire (called under the lock; the one place a batch is sent)."""
+        self._pub.send_multipart(frames)
+
+    def wait_for_subscribers(self, n: int = 1, timeout_s: float = 5.0) -> bool:
+        """Wait until ``n`` subscriptions have reached this publisher (a router connected); ``False`` on timeout.
+
+        Batches published before a router subscribed never reach it (ZMQ drops them); it then recovers
+        them by replay, so this wait is an optimisation for starts and tests, never needed for correctness.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._subscribers < n:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._pub.poll(int(left * 1000)):
+                    return False
+                msg = self._pub.recv()
+                if msg[:1] == b"\x01":
+                    self._subscribers += 1
+                elif msg[:1] == b"\x00":
+                    self._subscribers -= 1
+        return True
 
     def publish_cleared(self) -> int:
         """Publish ``AllBlocksCleared`` (a start or a reset: the router forgets what this replica held)."""
@@ -179,8 +214,12 @@ class EventPublisher:
             self.reports_served += 1
             if self._report is not None:
                 seq = self.last_seq  # read before the snapshot: the report holds at least batches <= seq
-                payload = encode_batch(batch_of(self._report()))
-                sock.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big", signed=True), payload))
+                try:
+                    payload = encode_batch(batch_of(self._report()))
+                except Exception:  # noqa: BLE001 - answer "no report" (the router clears this replica), keep serving
+                    log.exception("replica %s: building the full report failed", self.replica)
+                else:
+                    sock.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big", signed=True), payload))
         elif len(request) == 8:
             self.replays_served += 1
             start = int.from_bytes(request, "big")

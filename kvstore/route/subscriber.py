@@ -91,15 +91,22 @@ class EventSubscriber:
         self._ready = threading.Event()
         self._log = RateLimitedLog(log, 5.0)
         self._started_at = 0.0
+        self._connect_error: str | None = None
         with self.lock:
             for name in self.replicas:
                 index.add_replica(name)
 
     def start(self) -> None:
-        """Connect to every replica on the thread; returns once the sockets are connected."""
+        """Connect to every replica on the thread; returns once the sockets are connected.
+
+        Raises ``ValueError`` naming the replica whose address ZMQ refused (the thread is then stopped).
+        """
         self._started_at = time.monotonic()
         self._thread.start()
         self._ready.wait()
+        if self._connect_error is not None:
+            self._thread.join()
+            raise ValueError(self._connect_error)
 
     def close(self) -> None:
         """Stop the thread and close its sockets. Idempotent."""
@@ -127,17 +134,21 @@ class EventSubscriber:
         try:
             for name, ep in self.replicas.items():
                 sock = self._ctx.socket(zmq.SUB)
-                sock.setsockopt(zmq.SUBSCRIBE, self._topic)
-                sock.connect(ep.events)
                 subs[sock] = name
+                sock.setsockopt(zmq.SUBSCRIBE, self._topic)
+                try:
+                    sock.connect(ep.events)
+                except zmq.ZMQError as exc:
+                    self._connect_error = f"replica {name}: cannot connect to its events at {ep.events!r}: {exc}"
+                    return
                 poller.register(sock, zmq.POLLIN)
             self._ready.set()
             while not self._stop.is_set():
                 for sock, _ in poller.poll(50):
-                    name = subs[sock]  # type: ignore[index]
+                    name = subs[sock]
                     while True:
                         try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)  # type: ignore[union-attr]
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         self._on_message(name, frames)
