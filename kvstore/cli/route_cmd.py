@@ -24,8 +24,9 @@ def _route(args: argparse.Namespace) -> int:
     try:
         specs = [parse_replica(text) for text in args.replica]
         replicas = ReplicaSet(specs, args.poll_interval)
-        policy = CostPolicy(block_weight=args.block_weight, request_weight=args.request_weight,
-                            token_weight=args.token_weight)
+        weights = {k: v for k, v in (("block_weight", args.block_weight), ("request_weight", args.request_weight),
+                                     ("token_weight", args.token_weight)) if v is not None}
+        policy = CostPolicy(**weights)
         # The served model's text side only (no weights): the same token ids the replicas run.
         renderer = PromptRenderer(load_model_text(resolve_model(args.model)))
     except (CheckpointError, ValueError) as exc:
@@ -74,11 +75,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8080, help="port to listen on; 0 picks a free one (default: 8080)")
     p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS",
                    help="how often each replica's /health and /metrics are read (default: 1)")
-    p.add_argument("--block-weight", type=float, default=1.0,
-                   help="cost of one prompt block a replica must compute (default: 1)")
-    p.add_argument("--request-weight", type=float, default=0.0,
-                   help="cost of one request in flight on a replica (default: 0)")
-    p.add_argument("--token-weight", type=float, default=1 / 16,
-                   help="cost of one token in flight on a replica (default: 1/16, a block of 16 tokens costs "
-                   "as much as computing one block)")
+    p.add_argument("--block-weight", type=float, default=None,
+                   help="cost of one prompt block a replica must compute (default: CostPolicy's, 1)")
+    p.add_argument("--request-weight", type=float, default=None,
+                   help="cost of one request in flight on a replica (default: CostPolicy's, 0)")
+    p.add_argument("--token-weight", type=float, default=None,
+                   help="cost of one token in flight on a replica (default: CostPolicy's, 0.05/16: a queued token "
+                   "costs 5%% of an uncached one; see docs/BENCHMARKS.md ## route)")
     p.set_defaults(func=_route)
