@@ -23,13 +23,13 @@ class ReplicaEvents:
               replay_endpoint: str | None) -> ReplicaEvents:
         """Publish ``connector``'s store events as ``cfg.events`` says, ``endpoint``/``replay_endpoint`` overriding.
 
-        Raises ``ValueError`` when events are on but the connector's store is
-        not in this process (``connector: sidecar``: the daemon publishes).
+        Both kvstore connectors have a store in this process (the sidecar's
+        indexes the daemon's blocks as its ``disk`` tier); raises ``ValueError``
+        for a connector without one.
         """
         from pydantic import ValidationError
 
         from connectors.embedded import EmbeddedConnector
-        from connectors.sidecar import SidecarConnector
         from kvstore.route.publisher import attach_publisher
 
         overrides: dict[str, Any] = {"replica_id": replica}
@@ -44,9 +44,9 @@ class ReplicaEvents:
             raise ValueError(f"--events-endpoint/--replay-endpoint: {problems}") from None
         if not events.enabled:
             return cls(None, None, None)
-        if not isinstance(connector, EmbeddedConnector) or isinstance(connector, SidecarConnector):
-            raise ValueError("events.enabled needs `connector: embedded`; with a sidecar the "
-                             "`kvstore serve` daemon's own events section publishes the blocks")
+        if not isinstance(connector, EmbeddedConnector):
+            raise ValueError(f"events.enabled needs a kvstore connector (embedded or sidecar), not "
+                             f"{type(connector).__name__}")
         publisher = attach_publisher(connector.store, events)
         return cls(publisher, publisher.endpoint, publisher.replay_endpoint)
 
