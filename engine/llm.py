@@ -15,7 +15,6 @@ from engine.connector_manager import ConnectorBlockManager, PreemptionMode
 from engine.engine_config import EngineConfig
 from engine.gguf_file import GGUFFile
 from engine.gguf_loader import checkpoint_config, is_gguf_path, load_gguf_weights
-from engine.gguf_tokenizer import chat_template_from_gguf, tokenizer_from_gguf
 from engine.kernels import select_backend
 from engine.kv_layout import engine_kv_layout
 from engine.outputs import RequestOutput
@@ -24,7 +23,8 @@ from engine.sampler import Sampler, check_stop
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import SequenceState
-from engine.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from engine.model_text import model_text
+from engine.tokenizer import ByteTokenizer, HFTokenizer
 from engine.weights import build_model, init_random, load_safetensors
 from kvstore.gpu_pool import GPUBlockPool
 
@@ -70,17 +70,15 @@ class LLM:
         cfg = arch or ModelArch.tiny()
         layout = engine_kv_layout(cfg, self.config, model, model_id)
         self.model = build_model(cfg, layout.torch_dtype, device)
-        self.chat_template: ChatTemplate | None = None
         if gguf is not None:
             load_gguf_weights(self.model, gguf)
-            self.tokenizer: ByteTokenizer | HFTokenizer = HFTokenizer(backend=tokenizer_from_gguf(gguf))
-            self.chat_template = chat_template_from_gguf(gguf)
+        elif model is not None:
+            load_safetensors(self.model, model)
         else:
-            if model is not None:
-                load_safetensors(self.model, model)
-            else:
-                init_random(self.model, self.config.seed)
-            self.tokenizer = load_tokenizer(model, cfg.vocab_size)
+            init_random(self.model, self.config.seed)
+        text = model_text(model, cfg, gguf)
+        self.tokenizer: ByteTokenizer | HFTokenizer = text.tokenizer
+        self.chat_template: ChatTemplate | None = text.chat_template
         self.eos_token_ids = cfg.eos_token_ids or (
             (ByteTokenizer.EOS,) if isinstance(self.tokenizer, ByteTokenizer) else ())
         if pool is not None and (pool.layout.block_shape != layout.block_shape or pool.layout.dtype != layout.dtype
@@ -129,6 +127,18 @@ class LLM:
                              f"of {self.arch.vocab_size}")
         self.scheduler.add(seq)
         return seq
+
+    def abort(self, seq: SequenceState) -> None:
+        """Stop ``seq`` before it finishes (its client went away): frees its blocks, finish reason ``abort``.
+
+        Does nothing to a sequence that already finished.
+        """
+        if seq.is_finished:
+            return
+        self.scheduler.abort(seq)
+        self.sampler.release(seq)
+        seq.finish_reason = "abort"
+        seq.metrics.finished_time = time.perf_counter()
 
     def has_unfinished(self) -> bool:
         """Whether any request is still waiting or running."""

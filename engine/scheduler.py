@@ -114,6 +114,14 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         self.block_manager.free(seq)
 
+    def abort(self, seq: SequenceState) -> None:
+        """Drop ``seq`` wherever it is and free its blocks (a waiting sequence holds none); it becomes FINISHED."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.FINISHED
+        elif seq in self.running:
+            self.finish(seq)
+
     def _preempt(self, seq: SequenceState) -> None:
         # The manager decides what happens to the KV (dropped for recompute, or swapped out to
         # a lower tier); the tokens stay and are prefilled again, minus what is cached, on readmission.

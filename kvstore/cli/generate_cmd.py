@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from kvstore.cli.engine_args import add_engine_args, engine_config
+
 
 def _undecodable_prompt(prompts: list[str]) -> str | None:
     """Why one of ``prompts`` is not UTF-8, or None when all are.
@@ -31,7 +33,7 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     # The engine (and torch model code) loads only when this command runs.
     from connectors import KVConnector, build_connector
-    from engine import LLM, CheckpointError, EngineConfig, SamplingParams
+    from engine import LLM, CheckpointError, SamplingParams
     from engine.chat_template import ChatTemplateError
     from engine.default_model import resolve_model
     from kvstore.config import load_config
@@ -39,8 +41,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     connector: KVConnector | None = None
     try:
-        config = EngineConfig(block_size=args.block_size, num_gpu_blocks=args.num_blocks, backend=args.backend,
-                              dtype=args.dtype, device=args.device, seed=args.seed)
+        config = engine_config(args)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, seed=args.sampling_seed, stop=tuple(args.stop),
                                 ignore_eos=args.ignore_eos)
@@ -86,9 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "when it has one (--raw sends them as they are). Nothing is downloaded.",
     )
     p.add_argument("prompt", nargs="+", help="prompt text; several prompts run as one continuous batch")
-    p.add_argument("--model", default="default", metavar="PATH",
-                   help="'default' (SmolLM2-135M-Instruct), a .gguf file, a checkpoint directory, or 'builtin' "
-                   "(the tiny random model) (default: default)")
+    add_engine_args(p)
     p.add_argument("--raw", action="store_true",
                    help="send each prompt as it is, without the model's chat template")
     p.add_argument("--max-tokens", type=int, default=32, help="most new tokens per prompt (default: 32)")
@@ -101,14 +100,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when the output contains TEXT (repeatable; TEXT is cut from the output)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
-    p.add_argument("--backend", choices=["auto", "triton", "torch"], default="auto",
-                   help="attention kernels: auto = Triton on CUDA, torch on the CPU (default: auto)")
-    p.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"], default="auto",
-                   help="weights and KV cache dtype; auto = bfloat16 on CUDA, float32 on the CPU (default: auto)")
-    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda:0 (default: CUDA if available)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
-    p.add_argument("--num-blocks", type=int, default=512, help="KV blocks in the GPU block pool (default: 512)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the built-in model's random weights (default: 0)")
     p.add_argument("--config", default=None, metavar="PATH",
                    help="cache the prompts' KV through kvstore as this YAML config says (`connector: embedded`, or "
                    "`sidecar` to use a running `kvstore serve`) and print the cached prompt tokens per tier "

@@ -20,6 +20,8 @@ from kvstore.interrupts import Terminated, exit_status, sigterm_raises
 COMMAND_MODULES: tuple[str, ...] = (
     "kvstore.cli.config_cmd",
     "kvstore.cli.generate_cmd",
+    "kvstore.cli.engine_cmd",
+    "kvstore.cli.route_cmd",
     "kvstore.cli.demo_cmd",
     "kvstore.cli.bench_cmd",
     "kvstore.cli.plan_cmd",
