@@ -25,6 +25,7 @@ SUITES: dict[str, str] = {
     "plan": "kvstore.bench.plan",
     "soak": "kvstore.bench.soak",
     "remote": "kvstore.bench.remote",
+    "peers": "kvstore.bench.peers.suite",
 }
 """Suite name -> module implementing ``run(options, progress)``."""
 
@@ -37,6 +38,7 @@ SUITE_HELP: dict[str, str] = {
     "plan": "capacity plan of model presets from the bandwidths measured in the same run",
     "soak": "reliability: daemon + client processes under kill -9; lost/wrong blocks, memory growth, holds",
     "remote": "Redis tier get/put GB/s by block and group size vs raw redis-py and redis-benchmark; fleet hit rate",
+    "peers": "lookup / commit against real vLLM and SGLang, each in its own venv and process, interleaved",
 }
 """One line per suite for ``--help``."""
 
