@@ -22,9 +22,14 @@ SGLANG_REQS := connectors/sglang/requirements.txt
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_REQS := connectors/vllm/requirements.txt
+# LMCache's own environment for `kvstore bench peers` (.venv-lmcache): LMCache 0.5.6 --no-deps over the project's
+# torch, with the packages its storage backends and token database import, pinned in LMCACHE_REQS.
+LMCACHE_VENV := .venv-lmcache
+LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
+LMCACHE_REQS := kvstore/bench/peers/requirements-lmcache.txt
 TORCH_PIN := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: run test venv venv-vllm venv-sglang test-vllm test-sglang clean redis-tools
+.PHONY: run test venv venv-vllm venv-sglang venv-lmcache venv-peers bench-peers test-vllm test-sglang clean redis-tools
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +56,24 @@ $(SGLANG_STAMP): $(SGLANG_REQS) pyproject.toml Makefile
 	touch $(SGLANG_STAMP)
 
 venv-sglang: $(SGLANG_STAMP)
+
+$(LMCACHE_STAMP): $(LMCACHE_REQS) pyproject.toml Makefile
+	test -x $(LMCACHE_VENV)/bin/python || $(PYTHON) -m venv $(LMCACHE_VENV)
+	$(LMCACHE_VENV)/bin/pip install --quiet --no-deps '$(TORCH_PIN)'
+	$(LMCACHE_VENV)/bin/pip install --quiet --no-deps -r $(LMCACHE_REQS)
+	$(LMCACHE_VENV)/bin/python -W ignore -c 'import lmcache.v1.storage_backend.local_disk_backend, lmcache.v1.token_database'
+	touch $(LMCACHE_STAMP)
+
+venv-lmcache: $(LMCACHE_STAMP)
+
+# Every peer's environment for `kvstore bench peers`; a peer that cannot be installed is skipped, saying so.
+venv-peers:
+	-@$(MAKE) --no-print-directory venv-vllm || echo "NOTE: vLLM could not be installed into $(VLLM_VENV); bench peers skips it"
+	-@$(MAKE) --no-print-directory venv-sglang || echo "NOTE: SGLang could not be installed into $(SGLANG_VENV); bench peers skips it"
+	-@$(MAKE) --no-print-directory venv-lmcache || echo "NOTE: LMCache could not be installed into $(LMCACHE_VENV); bench peers skips it"
+
+bench-peers: $(STAMP) venv-peers
+	$(VENV)/bin/kvstore bench peers
 
 # redis-server, redis-cli, valkey-server and valkey-cli for the remote-tier tests (installed with apt when
 # missing, Valkey from bookworm-backports on Debian 12; never fails).
@@ -84,4 +107,4 @@ test-sglang:
 	fi
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .kvstore-data
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) $(LMCACHE_VENV) .kvstore-data

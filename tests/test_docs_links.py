@@ -12,7 +12,8 @@ SKIPPED_DIRS = {".venv", ".git", "node_modules", "bench-results", "build"}
 
 def _markdown_files() -> list[Path]:
     return sorted(p for p in REPO.rglob("*.md")
-                  if not SKIPPED_DIRS & set(p.relative_to(REPO).parts) and not p.name.startswith("."))
+                  if not SKIPPED_DIRS & set(p.relative_to(REPO).parts) and not p.name.startswith(".")
+                  and not any(part.startswith(".venv") for part in p.relative_to(REPO).parts))  # .venv-vllm, ...
 
 
 def _links(path: Path) -> list[str]:

@@ -26,6 +26,7 @@ SUITES: dict[str, str] = {
     "soak": "kvstore.bench.soak",
     "remote": "kvstore.bench.remote",
     "route": "kvstore.bench.route",
+    "peers": "kvstore.bench.peers.suite",
 }
 """Suite name -> module implementing ``run(options, progress)``."""
 
@@ -39,6 +40,7 @@ SUITE_HELP: dict[str, str] = {
     "soak": "reliability: daemon + client processes under kill -9; lost/wrong blocks, memory growth, holds",
     "remote": "Redis tier get/put GB/s by block and group size vs raw redis-py and redis-benchmark; fleet hit rate",
     "route": "Mooncake trace on N simulated replicas: round robin vs SGLang approx tree vs kvstore events + cost",
+    "peers": "lookup / commit against real vLLM and SGLang, each in its own venv and process, interleaved",
 }
 """One line per suite for ``--help``."""
 
