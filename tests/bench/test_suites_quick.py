@@ -50,6 +50,15 @@ def test_suite_quick_writes_results_and_plot(suite: str, tmp_path: Path) -> None
     _check_schema(doc, suite, out)
     assert doc["command"].startswith("kvstore bench " + suite)
     assert [p.name for p in out.iterdir() if p.is_dir()] == [], "scratch data must be removed"
+    if suite == "tiers":  # the host tier is held to both limits, each measured in the same run
+        sizes = sorted({f["params"]["block_bytes"] for f in doc["figures"] if f["name"] == "memcpy"})
+        assert sizes == [64 << 10, 1 << 20]
+        for bpb in sizes:
+            assert _value(doc, "memcpy.per_block", block_bytes=bpb) > 0
+            for op in ("put", "get"):
+                for limit in ("memcpy", "memcpy.per_block"):
+                    r = [x for x in doc["ratios"] if x["name"] == f"host.{op}/{limit}" and x["params"]["block_bytes"] == bpb]
+                    assert len(r) == 1 and r[0]["target"] == 0.85, r
     if suite == "hitrate":  # with no --trace, the trace shipped in the package is replayed
         assert doc["skipped"] == {} and doc["config"]["trace"] == str(DEFAULT_TRACE)
         assert doc["config"]["trace"].endswith("kvstore/bench/data/mooncake_conversation_trace.jsonl.gz")
