@@ -42,6 +42,7 @@ def test_hold_in_host_pins_and_holds_only_when_every_key_is_in_host(root: Path) 
         on_disk, in_host = keys_for(2, seed=1)
         backend.disk.put([on_disk], [block_for(on_disk)])  # type: ignore[union-attr]
         backend.put_inline([in_host], [block_for(in_host).numpy().data])
+        backend.flush()  # the write-behind pins the block until it is on disk
         before = dict(vars(backend.counters))
         assert backend.hold_in_host(7, [in_host, on_disk]) is None  # would need a disk read: nothing changed
         assert backend.host.num_pinned == 0 and len(backend.holds) == 0
