@@ -17,7 +17,10 @@ Every host-tier state change (lock, reserve, publish, abort, evict inside
 reserve) happens under one mutex, so "is it published?" and "lock it" are
 one atomic step; the byte copies (disk into a slot, a slot into a reply)
 happen outside it, on slots held by a lock or a reservation. All methods are
-blocking and thread-safe: the server calls them from its executor.
+thread-safe. The server calls the ones that may wait for disk I/O from its
+executor, and the ones that only take the mutex for microseconds
+(:meth:`hold_in_host`, :meth:`release`, :meth:`commit` without
+``durable_puts``, :meth:`reserve` without a disk tier) on its event loop.
 """
 
 from __future__ import annotations
@@ -108,6 +111,19 @@ class DaemonBackend:
         Every returned slot is a ``read`` hold in the table until RELEASE or its deadline.
         """
         slots = self._lock_found(keys)
+        self.holds.grant(owner, "read", [k for k, s in zip(keys, slots) if s is not None], time.monotonic())
+        return slots
+
+    def hold_in_host(self, owner: int, keys: Sequence[bytes]) -> list[int | None] | None:
+        """:meth:`hold_for_read` when it needs no disk read (every key is in the host tier, or there is
+        no disk tier); otherwise ``None``, and nothing changed. Never waits for I/O, only for the mutex
+        (held for microseconds), so the event loop calls it directly instead of paying an executor hop."""
+        with self._mu:
+            slots = [self.host.slot_of(k) for k in keys]
+            if self.disk is not None and None in slots:
+                return None
+            self.host.pin([k for k, s in zip(keys, slots) if s is not None])
+            self._count_reads(len(keys), slots, sum(s is not None for s in slots))
         self.holds.grant(owner, "read", [k for k, s in zip(keys, slots) if s is not None], time.monotonic())
         return slots
 
@@ -279,14 +295,19 @@ class DaemonBackend:
                 if slots[i] is None and key in found:
                     self.host.pin([key])
                     slots[i] = found[key]
-            c = self.counters
-            c.bytes_out += sum(s is not None for s in slots) * self.layout.bytes_per_block
-            c.host_hits += hits
-            c.host_misses += len(keys) - hits
-            if self.disk is not None:
-                c.disk_hits += sum(s is not None for s in slots) - hits
-                c.disk_misses += sum(s is None for s in slots)
+            self._count_reads(len(keys), slots, hits)
         return slots
+
+    def _count_reads(self, n: int, slots: Sequence[int | None], host_hits: int) -> None:
+        """Count a read of ``n`` keys that found ``slots`` (``host_hits`` of them in host). Mutex held."""
+        c = self.counters
+        found = sum(s is not None for s in slots)
+        c.bytes_out += found * self.layout.bytes_per_block
+        c.host_hits += host_hits
+        c.host_misses += n - host_hits
+        if self.disk is not None:
+            c.disk_hits += found - host_hits
+            c.disk_misses += n - found
 
     def _reserve(self, keys: Sequence[bytes]) -> list[tuple[PutState, int | None]]:
         absent = [k for k in dict.fromkeys(keys) if self.host.slot_of(k) is None]

@@ -11,8 +11,10 @@
 A Unix client's process is identified at accept (:class:`PeerProcess`); when
 its connection ends with holds open and the process is gone, they end at once.
 
-Blocking tier work runs on a thread pool; the event loop only parses frames,
-keeps the hold table and answers.
+Tier work that may wait for disk I/O runs on a thread pool; the event loop
+parses frames, keeps the hold table, answers, and runs the requests that
+only touch host memory (see ``Session._on_loop`` and
+``DaemonBackend.hold_in_host``: an executor hop would cost more than they do).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@
     read payload       ─► decode_request (op, counts, lengths; error reply, go on)
     login              ─► CHALLENGE (nonce) then HELLO (HMAC proof of a token, layout fingerprint);
                            the token decides the tenant; reply with salt + shm
-    dispatch           ─► keys mapped into the tenant's namespace ─► backend call on the executor ─► reply
+    dispatch           ─► keys mapped into the tenant's namespace ─► backend call ─► reply
+                           (on the executor when it may wait for disk I/O, else on the event loop)
 
 Time limits: the login must finish within ``login_timeout_s`` of connecting;
 after it, a connection may be silent ``idle_timeout_s`` between requests and a
@@ -21,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kvstore.config.schema import DaemonConfig
 from kvstore.daemon import messages as m
@@ -44,6 +46,7 @@ from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SHM_OPS = frozenset({Op.GET_SHM, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT})
 
@@ -121,8 +124,8 @@ class Session:
             limit, what = cfg.idle_timeout_s, f"idle for daemon.idle_timeout_s = {cfg.idle_timeout_s:g} s"
         else:
             limit, what = cfg.read_timeout_s, f"a frame took longer than daemon.read_timeout_s = {cfg.read_timeout_s:g} s"
-        try:  # wait_for, not asyncio.timeout: Python 3.10 is supported (its asyncio.TimeoutError is not TimeoutError)
-            return await asyncio.wait_for(reader.readexactly(n), max(0.0, limit))
+        try:
+            return await within(reader.readexactly(n), max(0.0, limit))
         except asyncio.TimeoutError:
             raise SessionTimeout(what) from None
 
@@ -244,8 +247,26 @@ class Session:
                     "daemon": {"model_id": self.ctx.layout.model_id, "bytes_per_block": self.ctx.layout.bytes_per_block},
                 })
             return m.encode_json(await self.ctx.stats())
+        if isinstance(msg, m.KeysRequest) and self._on_loop(msg):
+            return fn(msg)
+        if isinstance(msg, m.KeysRequest) and msg.op == Op.GET_SHM:
+            slots = self.ctx.backend.hold_in_host(self.conn_id, self._keys(msg.keys))
+            if slots is not None:  # all in host memory: no disk read, so no executor hop
+                return m.encode_slots([(0, None) if s is None else (1, s) for s in slots])
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.ctx.executor, fn, msg)
+
+    def _on_loop(self, msg: m.KeysRequest) -> bool:
+        """Whether ``msg`` runs on the event loop: it only takes the backend's mutex for microseconds and
+        never waits for disk I/O (see :class:`DaemonBackend`). A hop to the executor and back costs two
+        thread wake-ups, more than such a request's work, and with several engine processes on few cores
+        each wake-up can wait a scheduler slice."""
+        b = self.ctx.backend
+        if msg.op == Op.RELEASE:
+            return True
+        if msg.op == Op.PUT_SHM_COMMIT:
+            return not b.durable_puts  # durable: waits for the disk write
+        return msg.op == Op.PUT_SHM_RESERVE and b.disk is None  # with a disk it looks keys up there
 
     def _counters(self) -> TenantCounters:
         assert self.tenant is not None
@@ -318,10 +339,23 @@ class Session:
     async def _send(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
         writer.write(frame)
         try:  # a peer that never reads would pin the reply
-            await asyncio.wait_for(writer.drain(), self.ctx.daemon.read_timeout_s)
+            await within(writer.drain(), self.ctx.daemon.read_timeout_s)
         except asyncio.TimeoutError:
             raise SessionTimeout(f"the reply was not read within daemon.read_timeout_s = {self.ctx.daemon.read_timeout_s:g} s") from None
         self.ctx.metrics.bytes_out += len(frame)
 
     def _name(self) -> str:
         return self.hello.client_name if self.hello is not None and self.hello.client_name else "unnamed"
+
+
+async def within(awaitable: Awaitable[T], timeout_s: float) -> T:
+    """``awaitable`` under a time limit (raises ``asyncio.TimeoutError``).
+
+    ``asyncio.timeout`` where it exists (3.11+): it arms a timer on the current task, where
+    ``wait_for`` before 3.12 wraps the awaitable in a new task, which costs a task and an
+    extra loop iteration on every frame read and reply. Python 3.10 keeps ``wait_for``.
+    """
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(timeout_s):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, timeout_s)

@@ -27,15 +27,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from kvstore.config.schema import KVStoreConfig
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient, DaemonUnavailable
 from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, Op
 from kvstore.errors import TierError
 from kvstore.layout import KVLayout
-from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
+from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
 
 log = logging.getLogger(__name__)
 PUT_RETRIES = 4
@@ -83,13 +81,13 @@ class DaemonTier(Tier):
     # ---------------------------------------------------------------- data
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
         """Copy found blocks into ``dests``; the daemon marks them recently used (and loads disk hits into its host tier)."""
-        check_buffers(keys, dests, self.bpb, "daemon")
+        addrs = buffer_addresses(keys, dests, self.bpb, "daemon")
         out: list[bool] = []
         step = self._batch()
         for start in range(0, len(keys), step):
             ks, ds = list(keys[start : start + step]), list(dests[start : start + step])
             try:
-                out += self._get_batch(ks, ds)
+                out += self._get_batch(ks, ds, addrs[start : start + step])
             except DaemonUnavailable as exc:
                 log.warning("daemon tier get: %s", exc)
                 out += [False] * (len(keys) - len(out))
@@ -102,13 +100,13 @@ class DaemonTier(Tier):
 
     def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
         """Hand blocks to the daemon; ``result[i]`` says whether it holds ``keys[i]`` afterwards."""
-        check_buffers(keys, srcs, self.bpb, "daemon")
+        addrs = buffer_addresses(keys, srcs, self.bpb, "daemon")
         out: list[bool] = []
         step = self._batch()
         for start in range(0, len(keys), step):
             ks, ss = list(keys[start : start + step]), list(srcs[start : start + step])
             try:
-                out += self._put_retrying(ks, ss)
+                out += self._put_retrying(ks, ss, addrs[start : start + step])
             except DaemonUnavailable as exc:
                 log.warning("daemon tier put: %s", exc)
                 out += [False] * (len(keys) - len(out))
@@ -183,7 +181,8 @@ class DaemonTier(Tier):
         hello = self.client.hello
         return hello is not None and time.monotonic() - since < hello.hold_timeout_s / 2
 
-    def _get_batch(self, keys: list[bytes], dests: list[Buffer]) -> list[bool]:
+    def _get_batch(self, keys: list[bytes], dests: list[Buffer], addrs: list[int]) -> list[bool]:
+        """One GET (``addrs``: the ``dests``' addresses, from :func:`buffer_addresses`)."""
         c = self.client
         with c.lock:
             c.ensure()
@@ -199,9 +198,8 @@ class DaemonTier(Tier):
             if arena is None:
                 raise DaemonUnavailable("the daemon did not offer shared memory for GET_SHM")
             found = [slot for _, slot in slots]
-            for slot, dest in zip(found, dests):
-                if slot is not None:
-                    _copy(dest, arena.slot_view(slot))
+            hit = [(slot, addr) for slot, addr in zip(found, addrs) if slot is not None]
+            arena.read_slots([s for s, _ in hit], [a for _, a in hit])
             fresh = self._fresh(t0)
             held = [k for k, s in zip(keys, found) if s is not None]
             if held:
@@ -211,19 +209,21 @@ class DaemonTier(Tier):
                     pass  # the daemon ends the holds at their deadline
             return [s is not None and fresh for s in found]
 
-    def _put_retrying(self, keys: list[bytes], srcs: list[Buffer]) -> list[bool]:
+    def _put_retrying(self, keys: list[bytes], srcs: list[Buffer], addrs: list[int]) -> list[bool]:
         """:meth:`_put_batch`, retrying keys refused for lack of room while the daemon's writer frees slots."""
-        ok = self._put_batch(keys, srcs)
+        ok = self._put_batch(keys, srcs, addrs)
         for attempt in range(PUT_RETRIES):
             todo = [i for i, f in enumerate(ok) if not f]
             if not todo:
                 break
             time.sleep(PUT_RETRY_S * 2**attempt)
-            for i, f in zip(todo, self._put_batch([keys[i] for i in todo], [srcs[i] for i in todo])):
+            for i, f in zip(todo, self._put_batch([keys[i] for i in todo], [srcs[i] for i in todo],
+                                                  [addrs[i] for i in todo])):
                 ok[i] = f
         return ok
 
-    def _put_batch(self, keys: list[bytes], srcs: list[Buffer]) -> list[bool]:
+    def _put_batch(self, keys: list[bytes], srcs: list[Buffer], addrs: list[int]) -> list[bool]:
+        """One PUT (``addrs``: the ``srcs``' addresses, from :func:`buffer_addresses`)."""
         c = self.client
         with c.lock:
             c.ensure()
@@ -233,20 +233,14 @@ class DaemonTier(Tier):
                 return m.decode_flags(c.request(Op.PUT_INLINE, payload), Op.PUT_INLINE)
             states = m.decode_slots(c.keys_request(Op.PUT_SHM_RESERVE, keys), Op.PUT_SHM_RESERVE)
             arena = c.arena
-            mine = [(k, s, slot) for k, s, (st, slot) in zip(keys, srcs, states) if st == m.PutState.RESERVED]
+            mine = [(k, a, slot) for k, a, (st, slot) in zip(keys, addrs, states)
+                    if st == m.PutState.RESERVED and slot is not None]  # decode_slots: RESERVED always has a slot
             if arena is None or not self._fresh(t0):
                 if mine:
                     c.keys_request(Op.RELEASE, [k for k, _, _ in mine])
                 return [st == m.PutState.PRESENT for st, _ in states]
-            for _, src, slot in mine:
-                assert slot is not None
-                _copy(arena.slot_view(slot), src)
+            arena.write_slots([slot for _, _, slot in mine], [a for _, a, _ in mine])
             committed = dict(zip([k for k, _, _ in mine], m.decode_flags(
                 c.keys_request(Op.PUT_SHM_COMMIT, [k for k, _, _ in mine]), Op.PUT_SHM_COMMIT) if mine else []))
             return [st == m.PutState.PRESENT or committed.get(k, False) for k, (st, _) in zip(keys, states)]
 
-
-def _copy(dest: Buffer, src: Buffer) -> None:
-    """One block, as a plain single-threaded memcpy: torch's ``copy_`` may fan a 64 KiB copy out to its
-    intra-op thread pool, which costs far more than it saves when several engine processes share the CPUs."""
-    np.copyto(dest.numpy(), src.numpy())

@@ -26,6 +26,7 @@ unregister it immediately.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
 import sys
@@ -33,6 +34,7 @@ from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 
 import _posixshmem  # type: ignore[import-not-found]  # no stubs; the module SharedMemory itself uses (POSIX only, like the daemon)
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -176,6 +178,33 @@ class HostArena:
         start = slot * self.bytes_per_block
         return self.tensor[start : start + self.bytes_per_block]
 
+    def write_slots(self, slots: Sequence[int], src_addrs: Sequence[int]) -> None:
+        """Copy ``bytes_per_block`` bytes from each address into its slot (``src_addrs`` from
+        :func:`~kvstore.tiers.base.buffer_addresses`, whose tensors the caller holds meanwhile)."""
+        memory, bpb = self._memory(slots), self.bytes_per_block  # held until the copies are done
+        base = memory.data_ptr()
+        for slot, src in zip(slots, src_addrs):
+            _memmove(base + slot * bpb, src, bpb)
+
+    def read_slots(self, slots: Sequence[int], dest_addrs: Sequence[int]) -> None:
+        """Copy each slot into the ``bytes_per_block`` bytes at its destination address (see :meth:`write_slots`)."""
+        memory, bpb = self._memory(slots), self.bytes_per_block  # held until the copies are done
+        base = memory.data_ptr()
+        for slot, dest in zip(slots, dest_addrs):
+            _memmove(dest, base + slot * bpb, bpb)
+
+    def _memory(self, slots: Sequence[int]) -> torch.Tensor:
+        """The arena's tensor, after checking every slot is in range. The copies run on raw addresses
+        (one ``memmove`` per block, GIL released, no tensor or array object per block) while the caller
+        holds this tensor: private memory is then not freed, and a shared segment stays mapped (its
+        ``torch.frombuffer`` export keeps the mapping; :meth:`close` tolerates that), so a copy racing
+        a close touches live memory, never freed memory."""
+        if self.tensor is None:
+            raise TierError("host arena is closed")
+        if slots and not (0 <= min(slots) and max(slots) < self.num_slots):
+            raise IndexError(f"slot out of range [0, {self.num_slots}): {min(slots)}..{max(slots)}")
+        return self.tensor
+
     # ------------------------------------------------------------- pinning
     def _pin(self) -> None:
         assert self.tensor is not None
@@ -203,3 +232,7 @@ class HostArena:
                 # garbage collected (the view keeps the mmap alive); the name is already unlinked.
                 pass
             self._shm = None
+
+
+_memmove = ctypes.memmove
+"""``memmove`` through ctypes: releases the GIL for the copy, so two copier threads run in parallel."""

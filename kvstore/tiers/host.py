@@ -21,17 +21,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 
 from kvstore.config.schema import HostConfig
 from kvstore.errors import BlockStateError, IntegrityError, TierError, short_key
 from kvstore.layout import KVLayout
 from kvstore.tiers.arena import HostArena, PinMode, resolve_pin
-from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
+from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
 
 
 class HostTier(Tier):
@@ -65,7 +64,7 @@ class HostTier(Tier):
         self._reserved: dict[bytes, int] = {}
         self._refs: dict[int, int] = {}  # slot -> reference count, only while > 0
         self._free: list[int] = list(range(self.arena.num_slots - 1, -1, -1))  # pop() gives slot 0 first
-        # Big batches are copied on two threads (numpy releases the GIL), as a machine's memcpy would.
+        # Big batches are copied on two threads (the arena's memmove releases the GIL), as a machine's memcpy would.
         self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-host-copy")
 
     @classmethod
@@ -212,27 +211,25 @@ class HostTier(Tier):
 
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
         """Copy published blocks into ``dests``; marks them most recently used. The slot stays pinned during the copy."""
-        check_buffers(keys, dests, self.bpb, "host")
+        addrs = buffer_addresses(keys, dests, self.bpb, "host")
         with self._lock:
             self._check_open()
-            slots = [self._lru.get(key) for key in keys]
+            lru, refs = self._lru, self._refs
+            slots = [lru.get(key) for key in keys]
             for slot in slots:
                 if slot is not None:
-                    self._refs[slot] = self._refs.get(slot, 0) + 1
+                    refs[slot] = refs.get(slot, 0) + 1
             self._touch(keys)
+        found = [(slot, addr) for slot, addr in zip(slots, addrs) if slot is not None]
         try:
-            arena, bpb = self._arena_np(), self.bpb
-            self._copy([(dest.numpy(), arena[slot * bpb : (slot + 1) * bpb])
-                        for slot, dest in zip(slots, dests) if slot is not None])
+            self._copy(self.arena.read_slots, [s for s, _ in found], [a for _, a in found])
         finally:
             with self._lock:
-                for slot in slots:
-                    if slot is not None:
-                        self._deref(slot)
-                hits = sum(s is not None for s in slots)
-                self._stats.hits += hits
-                self._stats.misses += len(slots) - hits
-                self._stats.bytes_read += hits * self.bpb
+                for slot, _ in found:
+                    self._deref(slot)
+                self._stats.hits += len(found)
+                self._stats.misses += len(slots) - len(found)
+                self._stats.bytes_read += len(found) * self.bpb
         return [s is not None for s in slots]
 
     def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
@@ -242,7 +239,7 @@ class HostTier(Tier):
         ``True``; a key reserved by someone else reports ``False``, as does a
         key for which no slot could be made.
         """
-        check_buffers(keys, srcs, self.bpb, "host")
+        addrs = buffer_addresses(keys, srcs, self.bpb, "host")
         first: dict[bytes, int] = {}
         todo: list[tuple[int, bytes, int]] = []
         result = [False] * len(keys)
@@ -260,8 +257,7 @@ class HostTier(Tier):
                     if slot is not None:
                         todo.append((i, key, slot))
         try:
-            arena, bpb = self._arena_np(), self.bpb
-            self._copy([(arena[slot * bpb : (slot + 1) * bpb], srcs[i].numpy()) for i, _key, slot in todo])
+            self._copy(self.arena.write_slots, [slot for _, _, slot in todo], [addrs[i] for i, _, _ in todo])
         except BaseException:
             self.abort([key for _, key, _ in todo])
             raise
@@ -345,27 +341,21 @@ class HostTier(Tier):
                 return slot
         return None
 
-    def _copy(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """Copy ``(dst, src)`` pairs; from 4 MiB on, half of them on the copier thread."""
-        if len(pairs) > 1 and len(pairs) * self.bpb >= PARALLEL_COPY_BYTES:
-            half = len(pairs) // 2
-            other = self._copier.submit(_copy_all, pairs[half:])
-            _copy_all(pairs[:half])
+    def _copy(self, copy: Callable[[Sequence[int], Sequence[int]], None], slots: list[int], addrs: list[int]) -> None:
+        """``copy(slots, addrs)`` (an arena read or write); from 4 MiB on, half of it on the copier thread."""
+        if len(slots) > 1 and len(slots) * self.bpb >= PARALLEL_COPY_BYTES:
+            half = len(slots) // 2
+            other = self._copier.submit(copy, slots[half:], addrs[half:])
+            copy(slots[:half], addrs[:half])
             other.result()
         else:
-            _copy_all(pairs)
+            copy(slots, addrs)
 
     def _touch(self, keys: Sequence[bytes]) -> None:
         """Mark published keys most recently used, deepest first (see :meth:`Tier.get`). Hold the lock."""
         for key in reversed(keys):
             if key in self._lru:
                 self._lru.move_to_end(key)
-
-    def _arena_np(self) -> np.ndarray:
-        """The arena as one numpy array (a view, no copy)."""
-        if self.arena.tensor is None:
-            raise TierError("host arena is closed")
-        return self.arena.tensor.numpy()
 
     def _check_open(self) -> None:
         if self.arena.tensor is None:
@@ -375,8 +365,3 @@ class HostTier(Tier):
 PARALLEL_COPY_BYTES = 4 << 20
 """Batches of at least this many bytes are copied on two threads."""
 
-
-def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    # numpy slicing and copyto keep the per-block overhead low (it matters at 64 KiB blocks).
-    for dst, src in pairs:
-        np.copyto(dst, src)

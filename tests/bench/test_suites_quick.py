@@ -57,6 +57,15 @@ def test_suite_quick_writes_results_and_plot(suite: str, tmp_path: Path) -> None
         for b in sizes:
             assert targets[("lmdb.put/raw.write", b)] == 0.7
             assert targets[("lmdb.get_cold/raw.read_parallel", b)] == 0.8
+        # the host tier is held to both limits, each measured in the same run
+        sizes = sorted({f["params"]["block_bytes"] for f in doc["figures"] if f["name"] == "memcpy"})
+        assert sizes == [64 << 10, 1 << 20]
+        for bpb in sizes:
+            assert _value(doc, "memcpy.per_block", block_bytes=bpb) > 0
+            for op in ("put", "get"):
+                for limit in ("memcpy", "memcpy.per_block"):
+                    r = [x for x in doc["ratios"] if x["name"] == f"host.{op}/{limit}" and x["params"]["block_bytes"] == bpb]
+                    assert len(r) == 1 and r[0]["target"] == 0.85, r
     if suite == "hitrate":  # with no --trace, the trace shipped in the package is replayed
         assert doc["skipped"] == {} and doc["config"]["trace"] == str(DEFAULT_TRACE)
         assert doc["config"]["trace"].endswith("kvstore/bench/data/mooncake_conversation_trace.jsonl.gz")
