@@ -134,10 +134,12 @@ class DiskConfig(Section):
     """Most unsynced bytes under ``sync: interval``."""
     io_threads: int = Field(2, ge=1, le=64)
     """Threads doing disk I/O so callers never block on the disk."""
-    eviction: Literal["lru", "s3fifo"] = "lru"
-    """Which blocks go when the cap is reached: ``lru`` (least recently used) or ``s3fifo`` (small, main
+    eviction: Literal["lru", "s3fifo", "gdsf"] = "lru"
+    """Which blocks go when the cap is reached: ``lru`` (least recently used), ``s3fifo`` (small, main
     and ghost FIFO queues; keeps blocks that are reused over distances longer than the tier, which LRU
-    loses). On reopen the order is rebuilt from recorded access times (under ``s3fifo``: all in main)."""
+    loses) or ``gdsf`` (lowest ``L + hits`` first, ``L`` the last victim's priority: frequency with aging;
+    best of the three on the Mooncake trace, see docs/BENCHMARKS.md "hitrate"). On reopen the order is
+    rebuilt from recorded access times (under ``s3fifo``: all in main; under ``gdsf``: all at count 1)."""
 
     def directory(self) -> str:
         """:attr:`path`; ``ValueError`` when unset (:meth:`KVStoreConfig.for_role` sets each process's default)."""
@@ -156,7 +158,7 @@ class FileConfig(Section):
     """Payload encoding, as for the disk tier."""
     codec_level: int = Field(1, ge=1, le=22)
     """zstd compression level."""
-    eviction: Literal["lru", "s3fifo"] = "lru"
+    eviction: Literal["lru", "s3fifo", "gdsf"] = "lru"
     """Which files go when the cap is reached, as for the disk tier (the order is rebuilt from file times)."""
 
     def directory(self) -> str:
