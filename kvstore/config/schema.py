@@ -138,7 +138,7 @@ class DiskConfig(Section):
     """Which blocks go when the cap is reached: ``lru`` (least recently used), ``s3fifo`` (small, main
     and ghost FIFO queues; keeps blocks that are reused over distances longer than the tier, which LRU
     loses) or ``gdsf`` (lowest ``L + hits`` first, ``L`` the last victim's priority: frequency with aging;
-    best of the three on the Mooncake trace, see docs/BENCHMARKS.md "hitrate"). On reopen the order is
+    ahead on chat, agent and coding sessions, see docs/BENCHMARKS.md "hitrate"). On reopen the order is
     rebuilt from recorded access times (under ``s3fifo``: all in main; under ``gdsf``: all at count 1)."""
 
     def directory(self) -> str:
