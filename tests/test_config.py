@@ -250,3 +250,12 @@ def test_sizes_are_shown_in_the_unit_family_they_were_given_in(n: int, exact: st
 
     assert exact_size(n) == exact and format_size(n) == human
     assert TypeAdapter(Size).validate_python(exact) == n  # the text reads back as the same number
+
+
+def test_eviction_policy_by_name_and_error_names_field_and_file(tmp_path: Path) -> None:
+    assert parse_config({"disk": {"eviction": "gdsf"}, "file": {"eviction": "gdsf"}}).disk.eviction == "gdsf"
+    p = tmp_path / "kv.yaml"
+    p.write_text("disk:\n  eviction: gdsf2\n")
+    with pytest.raises(ConfigError, match=r"disk\.eviction: Input should be 'lru', 's3fifo' or 'gdsf'") as info:
+        load_config(p, environ={})
+    assert str(p) in str(info.value)

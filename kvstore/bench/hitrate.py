@@ -1,13 +1,14 @@
-"""Suite ``hitrate``: replayed workloads, kvstore's tiered hit rate (disk LRU, S3-FIFO) vs GPU-only LRU and Belady.
+"""Suite ``hitrate``: replayed workloads, kvstore's tiered hit rate (disk LRU, S3-FIFO, GDSF) vs GPU-only LRU and Belady.
 
 For each workload and each GPU capacity ``G`` (a fraction of the
 workload's distinct blocks, never below its largest request), these caches
 replay the same requests:
 
-- ``tiered_lru`` / ``tiered_s3fifo``: kvstore's policy with ``G`` GPU, ``2G``
-  host (LRU) and ``4G`` disk blocks, the disk tier under ``disk.eviction:
-  lru`` / ``s3fifo`` (:class:`~kvstore.bench.cache_sim.TieredCacheSim`,
-  write_back, the tiers' own order classes);
+- ``tiered_lru`` / ``tiered_s3fifo`` / ``tiered_gdsf``: kvstore's policy with
+  ``G`` GPU, ``2G`` host (LRU) and ``4G`` disk blocks, the disk tier under
+  ``disk.eviction: lru`` / ``s3fifo`` / ``gdsf``
+  (:class:`~kvstore.bench.cache_sim.TieredCacheSim`, write_back, the tiers'
+  own order classes);
 - ``tiered_s3fifo_paper_ghost``: S3-FIFO with the paper's ghost size (as many
   keys as the main queue) instead of kvstore's 4 budgets, to show why;
 - ``gpu_lru``: the same ``G`` GPU blocks and no lower tiers;
@@ -47,6 +48,7 @@ DISK_ORDERS: dict[str, Callable[[], EvictionOrder]] = {
     "tiered_lru": lambda: make_order("lru"),
     "tiered_s3fifo": lambda: make_order("s3fifo"),
     "tiered_s3fifo_paper_ghost": lambda: S3FIFOIndex(ghost_budgets=PAPER_GHOST),
+    "tiered_gdsf": lambda: make_order("gdsf"),
 }
 """Tiered variants by result name -> a new disk-tier order for one replay."""
 
@@ -76,7 +78,8 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
         "disk_blocks_per_gpu_block": DISK_PER_GPU, "write_policy": "write_back",
         "gpu_eviction": "radix LRU leaf (whole node)", "host_eviction": "block LRU (LRUIndex)",
         "disk_eviction": {"tiered_lru": "LRUIndex", "tiered_s3fifo": "S3FIFOIndex (ghost 4 budgets)",
-                          "tiered_s3fifo_paper_ghost": f"S3FIFOIndex(ghost_budgets={PAPER_GHOST})"},
+                          "tiered_s3fifo_paper_ghost": f"S3FIFOIndex(ghost_budgets={PAPER_GHOST})",
+                          "tiered_gdsf": "GDSFIndex (L + use count)"},
         "belady": "block-level MIN with bypass over GPU+host+disk blocks, prefix-closed by (next use, depth) order",
         "trace": str(options.trace) if options.trace else None,
     })
@@ -116,6 +119,8 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
                     results.ratio(f"{name}/belady", rates[name], opt, TARGET_OF_BELADY, **p)
                     results.ratio(f"{name}/gpu_lru", rates[name], lru, **p)
             results.ratio("tiered_s3fifo/tiered_lru", rates["tiered_s3fifo"], rates["tiered_lru"], **p)
+            results.ratio("tiered_gdsf/tiered_lru", rates["tiered_gdsf"], rates["tiered_lru"], **p)
+            results.ratio("tiered_gdsf/tiered_s3fifo", rates["tiered_gdsf"], rates["tiered_s3fifo"], **p)
             progress.step(f"{w} gpu={frac:g}")
     return results
 
@@ -123,9 +128,9 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
 def plot(results: Results, path: Path) -> None:
     """One panel per workload: hit rate against GPU capacity for every cache and the ceiling."""
     workloads = list(dict.fromkeys(f.params["workload"] for f in results.figures if f.name == "hit_rate.tiered_lru"))
-    fig, axes = grid(max(1, len(workloads)), "Prefix hit rate: kvstore tiered (G + 2G host LRU + 4G disk, disk LRU or "
-                     "S3-FIFO) vs GPU-only LRU (G) vs Belady (7G)")
-    series = (("tiered_lru", "o-"), ("tiered_s3fifo", "D-"), ("tiered_s3fifo_paper_ghost", "x:"),
+    fig, axes = grid(max(1, len(workloads)), "Prefix hit rate: kvstore tiered (G + 2G host LRU + 4G disk, disk LRU, "
+                     "S3-FIFO or GDSF) vs GPU-only LRU (G) vs Belady (7G)")
+    series = (("tiered_lru", "o-"), ("tiered_s3fifo", "D-"), ("tiered_s3fifo_paper_ghost", "x:"), ("tiered_gdsf", "v-"),
               ("gpu_lru", "s--"), ("belady", "^:"))
     for ax, w in zip(axes, workloads):
         for name, style in series:

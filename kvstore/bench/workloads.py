@@ -17,6 +17,15 @@ dicts. Every generator is a pure function of its sizes and ``seed``.
   observation each step; agents interleave.
 - ``zipf``: prompt templates drawn with Zipf(1.1) popularity plus a unique
   suffix.
+
+Held out (added after the eviction policies were tuned on the five above,
+to check that a policy's gain is not fitted to them):
+
+- ``rag``: a system prompt, then three passages retrieved from a pool with
+  Zipf(0.8) popularity, then a question; only the system prompt and the
+  first passage's prefix are shared between requests.
+- ``code-session``: coding sessions over a few large repositories; each turn
+  resends the repository context plus the session's growing edit history.
 """
 
 from __future__ import annotations
@@ -140,14 +149,47 @@ def zipf(rng: np.random.Generator, keyer: _Keyer, quick: bool) -> list[Request]:
     return [keyer.request(np.concatenate([templates[t], _tokens(rng, 20, 100)])) for t in picks]
 
 
+def rag(rng: np.random.Generator, keyer: _Keyer, quick: bool) -> list[Request]:
+    """Retrieval-augmented prompts: system prompt + 3 passages (Zipf(0.8) over a pool) + a question."""
+    npassages, nreq = (20, 60) if quick else (600, 3000)
+    system = _tokens(rng, 512, 512)
+    passages = [_tokens(rng, 300, 1200) for _ in range(npassages)]
+    weights = 1.0 / np.arange(1, npassages + 1) ** 0.8
+    out: list[Request] = []
+    for _ in range(nreq):
+        picks = rng.choice(npassages, size=3, replace=False, p=weights / weights.sum())
+        out.append(keyer.request(np.concatenate([system, *(passages[i] for i in picks), _tokens(rng, 20, 80)])))
+    return out
+
+
+def code_session(rng: np.random.Generator, keyer: _Keyer, quick: bool) -> list[Request]:
+    """Coding sessions: a large repository context (8 repos) + a growing edit history, sessions interleaved."""
+    repos, sessions, mean_turns = (2, 6, 3) if quick else (8, 128, 6)
+    contexts = [_tokens(rng, 2000, 4000) for _ in range(repos)]
+    history = [contexts[int(rng.integers(repos))].copy() for _ in range(sessions)]
+    left = [int(rng.geometric(1 / mean_turns)) for _ in range(sessions)]
+    out: list[Request] = []
+    while any(left):
+        s = int(rng.choice([i for i, n in enumerate(left) if n]))
+        prompt = np.concatenate([history[s], _tokens(rng, 50, 400)])
+        out.append(keyer.request(prompt))
+        history[s] = np.concatenate([prompt, _tokens(rng, 50, 300)])
+        left[s] -= 1
+    return out
+
+
 GENERATORS: dict[str, Callable[[np.random.Generator, _Keyer, bool], list[Request]]] = {
     "chat": chat,
     "docqa-random": docqa_random,
     "docqa-interleaved": docqa_interleaved,
     "agent": agent,
     "zipf": zipf,
+    "rag": rag,
+    "code-session": code_session,
 }
-"""Synthetic workload name -> generator."""
+"""Synthetic workload name -> generator (new names go last: a generator's seed includes its position)."""
+HELD_OUT = ("rag", "code-session")
+"""Families added after the GDSF policy was chosen, to validate it on workloads it was not tuned on."""
 
 
 def synthetic(name: str, quick: bool, seed: int, block_tokens: int = 16) -> Trace:

@@ -139,10 +139,12 @@ class DiskConfig(Section):
     read_threads: int = Field(4, ge=1, le=64)
     """Threads one large get is split over (contiguous runs of at least 1 MiB, each in its own read
     transaction), so several cold reads are in flight at once; 1 reads on the calling thread only."""
-    eviction: Literal["lru", "s3fifo"] = "lru"
-    """Which blocks go when the cap is reached: ``lru`` (least recently used) or ``s3fifo`` (small, main
+    eviction: Literal["lru", "s3fifo", "gdsf"] = "lru"
+    """Which blocks go when the cap is reached: ``lru`` (least recently used), ``s3fifo`` (small, main
     and ghost FIFO queues; keeps blocks that are reused over distances longer than the tier, which LRU
-    loses). On reopen the order is rebuilt from recorded access times (under ``s3fifo``: all in main)."""
+    loses) or ``gdsf`` (lowest ``L + hits`` first, ``L`` the last victim's priority: frequency with aging;
+    ahead on chat, agent and coding sessions, see docs/BENCHMARKS.md "hitrate"). On reopen the order is
+    rebuilt from recorded access times (under ``s3fifo``: all in main; under ``gdsf``: all at count 1)."""
 
     def directory(self) -> str:
         """:attr:`path`; ``ValueError`` when unset (:meth:`KVStoreConfig.for_role` sets each process's default)."""
@@ -161,7 +163,7 @@ class FileConfig(Section):
     """Payload encoding, as for the disk tier."""
     codec_level: int = Field(1, ge=1, le=22)
     """zstd compression level."""
-    eviction: Literal["lru", "s3fifo"] = "lru"
+    eviction: Literal["lru", "s3fifo", "gdsf"] = "lru"
     """Which files go when the cap is reached, as for the disk tier (the order is rebuilt from file times)."""
 
     def directory(self) -> str:

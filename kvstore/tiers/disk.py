@@ -132,7 +132,7 @@ class DiskTier(Tier):
         """Open (creating if needed) the environment and load the LRU order; starts the I/O and sync threads.
 
         ``readahead=False``: LMDB's ``MADV_RANDOM`` map, every cold page a separate read (module docstring).
-        ``eviction``: ``lru`` or ``s3fifo`` (:mod:`kvstore.tiers.eviction`); see :meth:`_load_lru` for reopen.
+        ``eviction``: ``lru``, ``s3fifo`` or ``gdsf`` (:mod:`kvstore.tiers.eviction`); see :meth:`_load_lru` for reopen.
         ``read_threads``: how many runs one large get is read in at once (:meth:`get`); 1 reads on the caller's thread.
         """
         if read_threads < 1:
@@ -552,7 +552,8 @@ class DiskTier(Tier):
         """Order the stored blocks by their recorded access counters (the data itself needs no index).
 
         Restored with ``add_oldest`` (blocks with a history): LRU order as recorded; under ``s3fifo`` every
-        block goes to the main queue in access order with frequency 0 (frequencies are not persisted)."""
+        block goes to the main queue in access order with frequency 0, under ``gdsf`` at count 1 and
+        priority ``L`` in access order (frequencies and counts are not persisted)."""
         records: list[tuple[int, bytes, int]] = []
         orphans: list[tuple[bytes, int]] = []
         with self.env.begin(buffers=True) as txn:

@@ -2,12 +2,14 @@
 
 An eviction order tracks which keys a tier holds, the bytes each is
 accounted for, and which keys to give up when a write needs room. The tier
-owns the data and the lock; the order only decides. Two exist:
+owns the data and the lock; the order only decides. Three exist:
 
 - ``lru`` (:class:`~kvstore.tiers.lru.LRUIndex`): least recently used first.
 - ``s3fifo`` (:class:`~kvstore.tiers.s3fifo.S3FIFOIndex`): small / main /
   ghost FIFO queues; resists scans and reuse distances longer than the cache,
   which defeat LRU.
+- ``gdsf`` (:class:`~kvstore.tiers.gdsf.GDSFIndex`): lowest ``L + use
+  count`` first, ``L`` the last victim's priority (frequency with aging).
 
 Chosen in YAML per tier (``disk.eviction``, ``file.eviction``)::
 
@@ -16,11 +18,12 @@ Chosen in YAML per tier (``disk.eviction``, ``file.eviction``)::
 Protocol of every order. Who changes what:
 
 - ``add`` / ``add_oldest`` / ``remove`` change membership and ``used``;
-- ``touch`` records a use (LRU: moves the key; S3-FIFO: raises its frequency);
+- ``touch`` records a use (LRU: moves the key; S3-FIFO: raises its frequency; GDSF: raises its count);
 - ``victims`` never changes membership, sizes or ``used``; the caller removes
   the keys it returns once they are really gone. LRU's ``victims`` changes
   nothing at all; S3-FIFO's reorders its queues and records ghosts (see
-  :meth:`S3FIFOIndex.victims`), so call it only when about to evict;
+  :meth:`S3FIFOIndex.victims`) and GDSF's raises its inflation ``L``, so
+  call it only when about to evict;
 - ``oldest``, ``size_of``, ``in``, ``len`` and iteration change nothing.
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
+from kvstore.tiers.gdsf import GDSFIndex
 from kvstore.tiers.lru import LRUIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
 
@@ -76,12 +80,12 @@ class EvictionOrder(Protocol):
         ...
 
 
-ORDERS: dict[str, Callable[[], EvictionOrder]] = {"lru": LRUIndex, "s3fifo": S3FIFOIndex}
+ORDERS: dict[str, Callable[[], EvictionOrder]] = {"lru": LRUIndex, "s3fifo": S3FIFOIndex, "gdsf": GDSFIndex}
 """Eviction orders by the name used in YAML."""
 
 
 def make_order(name: str) -> EvictionOrder:
-    """A new, empty eviction order ``name`` (``lru`` or ``s3fifo``); ``ValueError`` for another name."""
+    """A new, empty eviction order ``name`` (``lru``, ``s3fifo`` or ``gdsf``); ``ValueError`` for another name."""
     try:
         factory = ORDERS[name]
     except KeyError:

@@ -12,7 +12,7 @@ The file system is the source of truth (content-addressed); one process at a
 time holds the directory (an exclusive lock on ``<root>/kvstore.lock``, see
 :mod:`kvstore.tiers.datadir`: a second one is refused with the holder's pid,
 since two eviction orders over one tree would each miscount the cap). The
-root and its subdirectories are 0700, block files 0600. The eviction order (``lru`` or ``s3fifo``,
+root and its subdirectories are 0700, block files 0600. The eviction order (``lru``, ``s3fifo`` or ``gdsf``,
 :mod:`kvstore.tiers.eviction`) is kept in memory, seeded from file
 modification times on open and refreshed with ``utime`` on every hit, so a
 restart evicts the coldest files first. The cap counts file sizes
@@ -78,7 +78,7 @@ class FileTier(Tier):
     ) -> None:
         """Scan ``path`` (creating it), delete leftover ``.tmp`` files, and start the event-loop thread.
 
-        ``eviction``: ``lru`` or ``s3fifo`` (:mod:`kvstore.tiers.eviction`); see :meth:`_scan` for reopen.
+        ``eviction``: ``lru``, ``s3fifo`` or ``gdsf`` (:mod:`kvstore.tiers.eviction`); see :meth:`_scan` for reopen.
         """
         super().__init__(layout)
         CODECS.get(codec)

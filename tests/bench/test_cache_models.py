@@ -8,6 +8,7 @@ import pytest
 from kvstore.bench.belady import belady_hits
 from kvstore.bench.cache_sim import HitCounts, SimTier, TieredCacheSim
 from kvstore.bench.workloads import Request, synthetic
+from kvstore.tiers.gdsf import GDSFIndex
 from kvstore.tiers.lru import LRUIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
 
@@ -68,10 +69,11 @@ def test_tiers_use_the_real_order_classes() -> None:
     sim = TieredCacheSim(2, 2, 4, disk_policy="s3fifo")
     assert isinstance(sim.host.order, LRUIndex) and isinstance(sim.disk.order, S3FIFOIndex)
     assert isinstance(TieredCacheSim(2, 2, 4).disk.order, LRUIndex)
+    assert isinstance(TieredCacheSim(2, 2, 4, disk_policy="gdsf").disk.order, GDSFIndex)
 
 
-@pytest.mark.parametrize(("policy", "kept"), [("lru", False), ("s3fifo", True)])
-def test_disk_block_hit_once_survives_a_scan_only_under_s3fifo(policy: str, kept: bool) -> None:
+@pytest.mark.parametrize(("policy", "kept"), [("lru", False), ("s3fifo", True), ("gdsf", True)])
+def test_disk_block_hit_once_survives_a_scan_only_under_s3fifo_and_gdsf(policy: str, kept: bool) -> None:
     sim = TieredCacheSim(gpu_blocks=1, host_blocks=1, disk_blocks=10, disk_policy=policy)
     for r in _reqs([1], [2], [3]):  # 1 reaches disk
         sim.request(r)
@@ -81,8 +83,8 @@ def test_disk_block_hit_once_survives_a_scan_only_under_s3fifo(policy: str, kept
     assert (sim.request(_reqs([1])[0]).disk == 1) is kept
 
 
-@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
-def test_belady_bounds_both_policies_on_a_workload(policy: str) -> None:
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "gdsf"])
+def test_belady_bounds_every_policy_on_a_workload(policy: str) -> None:
     trace = synthetic("zipf", quick=True, seed=3)
     gpu = max(len(r.blocks) for r in trace.requests)
     tiered = TieredCacheSim(gpu, 2 * gpu, 4 * gpu, disk_policy=policy)

@@ -23,7 +23,7 @@ from kvstore.tiers import DiskTier, build_tier
 from kvstore.tiers.s3fifo import S3FIFOIndex
 
 L = LAYOUTS["float16"]
-EVICTIONS = ("lru", "s3fifo")
+EVICTIONS = ("lru", "s3fifo", "gdsf")
 
 
 def open_disk(path: Path, layout=L, max_size: int = 32 << 20, **kw: object) -> DiskTier:  # type: ignore[no-untyped-def]
