@@ -147,8 +147,8 @@ class KVStoreConnectorWorker:
         if not meta.loads:
             return
         load = _StepLoad(len(self.layer_names))
+        self._load = load  # published before the thread runs, so anything it calls sees this step's load
         load.future = self._io.submit(self._run_load, load, list(meta.loads))
-        self._load = load
 
     def _run_load(self, load: _StepLoad, transfers: list[BlockTransfer]) -> None:
         cache = self._cache()

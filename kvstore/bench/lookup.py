@@ -35,18 +35,16 @@ depend on the block's size.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
+from kvstore.bench.peers.process import PeerProcess
 from kvstore.bench.harness import Progress, Results, SuiteOptions, timeit
 from kvstore.bench.plots import grid, save
 from kvstore.bench.vllm_hash_baseline import VLLMPrefixCache
@@ -64,41 +62,10 @@ SGLANG_SCRIPT = Path(__file__).with_name("peers_sglang_radix.py")
 SGLANG_VENV_PYTHON = Path(__file__).resolve().parents[2] / ".venv-sglang" / "bin" / "python"
 
 
-class SGLangPeer:
+def sglang_peer(python: str, lengths: tuple[int, ...], seed: int, repeat: int) -> PeerProcess:
     """SGLang's radix cache in its own process, one round per request (see :mod:`peers_sglang_radix`)."""
-
-    def __init__(self, python: str, lengths: tuple[int, ...], seed: int, repeat: int) -> None:
-        self._err: IO[str] = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(
-            [python, str(SGLANG_SCRIPT), "--lengths", ",".join(map(str, lengths)), "--seed", str(seed),
-             "--block-size", str(BLOCK_SIZE), "--repeat", str(repeat)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True)
-        self.info = self._read()
-
-    def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            self._err.seek(0)
-            tail = self._err.read()[-1500:]
-            self._err.close()
-            raise RuntimeError(f"{SGLANG_SCRIPT.name} exited ({self.proc.wait()}): {tail}")
-        doc: dict[str, Any] = json.loads(line)
-        return doc
-
-    def round(self) -> dict[tuple[str, int], float]:
-        """Run one round; ``{(figure name, prompt tokens): ms}``."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("round\n")
-        self.proc.stdin.flush()
-        return {(f["name"], f["prompt_tokens"]): f["ms"] for f in self._read()["figures"]}
-
-    def close(self) -> None:
-        """End the process (it exits at end of input)."""
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-        self._err.close()
+    return PeerProcess(python, SGLANG_SCRIPT, ["--lengths", ",".join(map(str, lengths)), "--seed", str(seed),
+                                               "--block-size", str(BLOCK_SIZE), "--repeat", str(repeat)])
 
 
 def _sglang_python() -> str | None:
@@ -108,15 +75,16 @@ def _sglang_python() -> str | None:
     return str(SGLANG_VENV_PYTHON) if SGLANG_VENV_PYTHON.exists() else None
 
 
-def _fresh_store(layout: KVLayout, blocks: int) -> TieredStore:
+def fresh_store(layout: KVLayout, blocks: int) -> TieredStore:
+    """An empty store over a CPU pool of ``blocks`` blocks (no lower tiers)."""
     return TieredStore(layout, GPUBlockPool(layout, blocks, device="cpu"))
 
 
-def _time_commit(layout: KVLayout, keys: list[bytes], tokens: list[int], repeat: int) -> float:
+def time_commit(layout: KVLayout, keys: list[bytes], tokens: list[int], repeat: int) -> float:
     """Best time of committing the whole prompt into a fresh store (built outside the timing)."""
     best = float("inf")
     for _ in range(max(repeat, 1)):
-        store = _fresh_store(layout, len(keys) + 1)
+        store = fresh_store(layout, len(keys) + 1)
         ids = store.allocate(len(keys))
         best = min(best, timeit(lambda: store.commit(keys, ids, tokens=tokens), 1))
     return best
@@ -139,7 +107,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
         tokens = arr.tolist()
         sibling = tokens[: n // 2] + rng.integers(0, 128_000, size=n - n // 2).tolist()
         blocks = n // BLOCK_SIZE
-        store = _fresh_store(layout, 2 * blocks + 1)
+        store = fresh_store(layout, 2 * blocks + 1)
         for t in (sibling, tokens):
             keys = block_keys(t, layout)
             ids = store.allocate(len(keys))
@@ -153,7 +121,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
         assert index.match_keys(block_keys(tokens, layout)).num_blocks == blocks
         cases.append({"n": n, "arr": arr, "tokens": tokens, "store": store, "base": base, "keys": keys})
 
-    peer: SGLangPeer | None = None
+    peer: PeerProcess | None = None
     python = _sglang_python()
     if options.quick:
         results.skip("sglang", "--quick: SGLang's import alone takes seconds; run without --quick to compare")
@@ -162,7 +130,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
                                "or KVSTORE_SGLANG_PYTHON=/path/to/python)")
     else:
         try:
-            peer = SGLangPeer(python, lengths, options.seed, repeat)
+            peer = sglang_peer(python, lengths, options.seed, repeat)
             results.config["sglang"] = {k: peer.info.get(k) for k in ("sglang", "python", "import_s")}
         except (OSError, RuntimeError, ValueError) as exc:
             results.skip("sglang", f"{python} could not run {SGLANG_SCRIPT.name}: {exc}")
@@ -188,7 +156,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
                 )
                 for name, inp, fn in timed:
                     put(name, inp, n, timeit(fn, repeat) * 1e3)
-                put("kvstore.commit", "list", n, _time_commit(layout, keys, tokens, repeat) * 1e3)
+                put("kvstore.commit", "list", n, time_commit(layout, keys, tokens, repeat) * 1e3)
             if peer is not None:
                 for (name, n), ms in peer.round().items():
                     put(name, "list", n, ms)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.bench.lookup import SGLangPeer
+from kvstore.bench.lookup import sglang_peer
 
 FAKE = '''
 import json, sys
@@ -29,10 +29,11 @@ def _fake_python(tmp_path: Path, body: str) -> str:
 
 
 def test_peer_answers_rounds_in_order_with_the_suites_prompt_options(tmp_path: Path) -> None:
-    peer = SGLangPeer(_fake_python(tmp_path, FAKE), (1024, 4096), seed=3, repeat=5)
+    peer = sglang_peer(_fake_python(tmp_path, FAKE), (1024, 4096), seed=3, repeat=5)
     try:
-        assert peer.info["args"][1:] == ["--lengths", "1024,4096", "--seed", "3", "--block-size", "16", "--repeat", "5"]
-        assert peer.info["args"][0].endswith("kvstore/bench/peers_sglang_radix.py")
+        assert peer.info["args"][3:] == ["--lengths", "1024,4096", "--seed", "3", "--block-size", "16", "--repeat", "5"]
+        assert peer.info["args"][:2] == ["-W", "ignore"]
+        assert peer.info["args"][2].endswith("kvstore/bench/peers_sglang_radix.py")
         assert peer.round() == {("sglang.match_prefix", 1024): 0.5}
         assert peer.round() == {("sglang.match_prefix", 1024): 1.5}
     finally:
@@ -42,5 +43,5 @@ def test_peer_answers_rounds_in_order_with_the_suites_prompt_options(tmp_path: P
 
 def test_a_peer_that_dies_is_an_error_carrying_its_stderr(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"peers_sglang_radix.py exited \(3\): no SGLang here"):
-        SGLangPeer(_fake_python(tmp_path, "import sys\nsys.stderr.write('no SGLang here')\nsys.exit(3)\n"),
+        sglang_peer(_fake_python(tmp_path, "import sys\nsys.stderr.write('no SGLang here')\nsys.exit(3)\n"),
                    (1024,), seed=0, repeat=1)

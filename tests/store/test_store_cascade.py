@@ -81,6 +81,7 @@ def _replay(root: Path, ops: list[tuple[str, int, int]], write: str, eviction: s
                 for k, b in zip(keys[:n], lease.block_ids):
                     assert torch.equal(s.pool.block(b), truth[k]), "served KV differs from what was written"
                 s.release(lease)
+            s.flush()  # integrity holds at rest: a disk victim leaves the index just after its write transaction
             for ev in s.drain_events():
                 if ev.tier == "disk" and ev.kind == "evicted":
                     dropped_by_disk.add(ev.key)

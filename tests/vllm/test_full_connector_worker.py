@@ -7,7 +7,6 @@ from needs_vllm import require_vllm
 require_vllm()
 
 # ruff: noqa: E402 - the imports below need vLLM
-from typing import Any
 
 import pytest
 import torch
@@ -82,15 +81,14 @@ def test_on_cuda_each_layer_is_announced_only_after_its_copies_are_fenced(monkey
     assert worker.cache is not None
     worker.cache.on_cuda = True
     seen: list[list[bool]] = []
-    step: dict[str, Any] = {}
 
     class FakeStream:
         def synchronize(self) -> None:
-            seen.append([ev.is_set() for ev in step["load"].layer_done])
+            assert worker._load is not None
+            seen.append([ev.is_set() for ev in worker._load.layer_done])
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
     worker.start_load_kv(KVStoreConnectorMetadata(loads=[BlockTransfer("b", (3,), (keys[0],))]))
-    step["load"] = worker._load
     for n in LAYERS:
         worker.wait_for_layer_load(n)
     assert seen == [[False, False, False], [True, False, False], [True, True, False]]

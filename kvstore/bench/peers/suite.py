@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from kvstore.bench.harness import Progress, Results, SuiteOptions, timeit
-from kvstore.bench.lookup import BLOCK_SIZE, SGLANG_SCRIPT, _fresh_store, _time_commit
+from kvstore.bench.lookup import BLOCK_SIZE, SGLANG_SCRIPT, fresh_store, time_commit
 from kvstore.bench.peers.process import PeerProcess
 from kvstore.bench.plots import grid, save
 from kvstore.hashing import block_keys
@@ -101,7 +101,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
     for n in lengths:  # the peers' scripts draw the same prompts in the same order
         tokens = rng.integers(0, 128_000, size=n, dtype=np.int64).tolist()
         sibling = tokens[: n // 2] + rng.integers(0, 128_000, size=n - n // 2).tolist()
-        store = _fresh_store(layout, 2 * (n // BLOCK_SIZE) + 1)
+        store = fresh_store(layout, 2 * (n // BLOCK_SIZE) + 1)
         for t in (sibling, tokens):
             keys = block_keys(t, layout)
             ids = store.allocate(len(keys))
@@ -123,7 +123,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
                 )
                 for name, fn in timed:
                     samples.setdefault((name, n), []).append(timeit(fn, repeat) * 1e3)
-                samples.setdefault(("kvstore.commit", n), []).append(_time_commit(layout, keys, tokens, repeat) * 1e3)
+                samples.setdefault(("kvstore.commit", n), []).append(time_commit(layout, keys, tokens, repeat) * 1e3)
             for peer in peers.values():
                 for key, ms in peer.round().items():
                     samples.setdefault(key, []).append(ms)
