@@ -90,13 +90,16 @@ class FakeOffloadWorker:
             finished = req is None or req.status == RequestStatus.FINISHED_LENGTH_CAPPED
             if finished and not self._pending():
                 return outs
-            if finished:
-                # Only the tier's transfer jobs are left: they run on its own thread, so poll for them
-                # by time rather than by steps (how many steps they take depends on the machine's load).
+            if finished or not outs[-1].num_scheduled_tokens:
+                # Only the tier's transfer jobs are left, or the request waits for a lookup or load running
+                # on the tier's own thread: poll for them by time rather than by steps (how many empty steps
+                # they take depends on the machine's load).
                 time.sleep(0.005)
             else:
                 steps += 1
-        raise AssertionError(f"request {req_id} did not finish in {max_steps} steps (or its transfers in 60 s)")
+        req = self.scheduler.requests.get(req_id)
+        raise AssertionError(f"request {req_id} did not finish in {max_steps} steps (or its transfers in 60 s): "
+                             f"status {req.status if req else None}, connector pending {self._pending()}")
 
     def _pending(self) -> bool:
         """Whether the connector still wants steps (vLLM's own answer: jobs in flight, cascades, tier work)."""
