@@ -76,9 +76,16 @@ def _cached_from(llm: LLM, prompt: list[int], salt: str, offload: tuple[str, ...
 
 
 def _assert_same(out: RequestOutput, logits: torch.Tensor, reference: tuple[list[int], torch.Tensor]) -> None:
+    """Same greedy tokens; first-token logits equal up to float32 rounding.
+
+    With a cached prefix the engine computes only the suffix (11 tokens instead of 59), so its matmuls
+    have other shapes and the CPU BLAS picks other kernels and summation orders; over 30 layers that
+    moves a logit by a few 1e-5 on some CPUs (2.7e-5 on one of 49,152 logits of magnitude ~14 on this
+    project's AMD EPYC VM, under 1e-5 on the CI machine). A wrong or shifted KV block moves logits by
+    whole units, so 1e-4 still catches every loading error; the tiny model's oracle keeps 1e-5."""
     ref_ids, ref_logits = reference
     assert out.token_ids == ref_ids
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
 
 
 def test_prefix_from_host(smollm2: LLM, prompt: list[int], reference: tuple[list[int], torch.Tensor]) -> None:
