@@ -27,21 +27,11 @@ class ReplicaEvents:
         indexes the daemon's blocks as its ``disk`` tier); raises ``ValueError``
         for a connector without one.
         """
-        from pydantic import ValidationError
-
         from connectors.embedded import EmbeddedConnector
+        from kvstore.config.events import events_override
         from kvstore.route.publisher import attach_publisher
 
-        overrides: dict[str, Any] = {"replica_id": replica}
-        if endpoint is not None:
-            overrides.update(enabled=True, endpoint=endpoint)
-        if replay_endpoint is not None:
-            overrides["replay_endpoint"] = replay_endpoint
-        try:
-            events = type(cfg.events).model_validate({**cfg.events.model_dump(), **overrides})
-        except ValidationError as exc:  # a bad --events-endpoint / --replay-endpoint
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise ValueError(f"--events-endpoint/--replay-endpoint: {problems}") from None
+        events = events_override(cfg.events, endpoint, replay_endpoint, replica_id=replica)
         if not events.enabled:
             return cls(None, None, None)
         if not isinstance(connector, EmbeddedConnector):

@@ -17,13 +17,16 @@ def _route(args: argparse.Namespace) -> int:
     from kvstore.route.index import RouterIndex
     from kvstore.route.policy import CostPolicy
     from kvstore.route.proxy import Router
-    from kvstore.route.replica_set import ReplicaSet, parse_replica
-    from kvstore.route.subscriber import EventSubscriber, ReplicaEndpoints
+    from kvstore.route.replica_set import ReplicaSet, parse_replica, parse_store
+    from kvstore.route.subscriber import EventSubscriber, ReplicaEndpoints, StoreEndpoints
 
     subscriber: EventSubscriber | None = None
     try:
         specs = [parse_replica(text) for text in args.replica]
         replicas = ReplicaSet(specs, args.poll_interval)
+        stores = [parse_store(text, replicas.replicas) for text in args.store]
+        if len({s.name for s in stores}) != len(stores):
+            raise ValueError("two --store arguments have one name; give one a name=NAME")
         weights = {k: v for k, v in (("block_weight", args.block_weight), ("request_weight", args.request_weight),
                                      ("token_weight", args.token_weight)) if v is not None}
         policy = CostPolicy(**weights)
@@ -34,16 +37,22 @@ def _route(args: argparse.Namespace) -> int:
         return 2
     index = RouterIndex()
     followed = {s.name: ReplicaEndpoints(s.events, s.replay) for s in specs if s.events is not None}
+    shared = {s.name: StoreEndpoints(s.events, s.replay, s.serves) for s in stores}
+    if shared:  # a store may serve a replica that publishes nothing itself: it must be in the index too
+        for spec in specs:
+            index.add_replica(spec.name)
     lock = threading.Lock()
     try:
-        if followed:
-            subscriber = EventSubscriber(index, followed, lock=lock)
+        if followed or shared:
+            subscriber = EventSubscriber(index, followed, stores=shared, lock=lock)
             subscriber.start()
         router = Router(replicas, index, policy, renderer.token_ids, lock,
                         subscriber.stats if subscriber is not None else None)
         names = ", ".join(f"{s.name}{' (events)' if s.events else ''}" for s in specs)
+        extra = "".join(f"; store {s.name} serving {'+'.join(s.serves) if s.serves else 'every replica'}"
+                        for s in stores)
         run_app(router.app(), args.host, args.port,
-                lambda port: f"kvstore route: {len(specs)} replicas ({names}) behind http://{args.host}:{port}")
+                lambda port: f"kvstore route: {len(specs)} replicas ({names}){extra} behind http://{args.host}:{port}")
     finally:
         if subscriber is not None:
             subscriber.close()
@@ -64,6 +73,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "traffic and a request it refused is retried on the next best one. POST /route answers the choice "
         "without forwarding; GET /metrics reports decisions, hit blocks per decision and event lag.",
     )
+    p.add_argument("--store", action="append", default=[], metavar="events=EP[,replay=EP,name=NAME,serves=R1+R2]",
+                   help="a sidecar daemon's KV events (`kvstore serve --events-endpoint EP`, or daemon.events): the "
+                   "blocks it holds count, in its host and disk tiers, for the replicas that share it (serves=, "
+                   "replica names joined by +; default every replica); repeat per daemon")
     p.add_argument("--replica", action="append", required=True, metavar="URL[,events=EP,replay=EP,name=NAME]",
                    help="a replica's base URL, with its ZMQ KV-events endpoint (events=tcp://HOST:PORT), its "
                    "replay endpoint (replay=...), and a name (default: HOST:PORT of the URL); repeat per replica. "

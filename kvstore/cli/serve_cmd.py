@@ -49,9 +49,10 @@ async def _serve(cfg: KVStoreConfig, config_name: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_stop)
     metrics = f"{info.metrics_url}/metrics" if info.metrics_url else "off"
+    events = f"{info.events} (replay {info.events_replay or 'off'})" if info.events else "off"
     print(
         f"kvstore serve: listening on unix:{info.socket_path} (mode 0600); tcp: {info.tcp or 'off'}; "
-        f"metrics: {metrics}; shm: {info.shm_name}; config: {config_name}",
+        f"metrics: {metrics}; shm: {info.shm_name}; config: {config_name}; kv events: {events}",
         flush=True,
     )
     log.info("serving with config %s", config_name)
@@ -65,6 +66,7 @@ async def _serve(cfg: KVStoreConfig, config_name: str) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from kvstore.config import ConfigError, load_config  # here, not at the top: pydantic costs `kvstore --help` ~0.3 s
+    from kvstore.config.events import events_override
 
     try:
         cfg = load_config(args.config)
@@ -72,6 +74,8 @@ def _run(args: argparse.Namespace) -> int:
             cfg.daemon.socket_path = args.socket
         if args.metrics_port is not None:
             cfg.metrics.port = args.metrics_port
+        if args.events_endpoint is not None or args.replay_endpoint is not None:
+            cfg.daemon.events = events_override(cfg.daemon.events, args.events_endpoint, args.replay_endpoint)
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -116,6 +120,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="Unix socket path, overriding daemon.socket_path (at most 107 bytes)")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="N",
                         help="HTTP port of /healthz and /metrics, overriding metrics.port (0 picks a free port)")
+    parser.add_argument("--events-endpoint", default=None, metavar="EP",
+                        help="publish KV events of the daemon's tiers on this ZMQ address (tcp://HOST:PORT; port 0 "
+                        "picks one), for `kvstore route --store`; turns daemon.events on and overrides its endpoint")
+    parser.add_argument("--replay-endpoint", default=None, metavar="EP",
+                        help="ZMQ address of the events' replay / full-report endpoint, overriding "
+                        "daemon.events.replay_endpoint")
     parser.add_argument("--log-level", default=None, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="lowest level logged to stderr, overriding logging.level (any case)")
     parser.set_defaults(func=_run)

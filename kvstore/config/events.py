@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
 
 from kvstore.config.section import Section
 
@@ -38,3 +40,19 @@ class EventsConfig(Section):
         if value is not None and not value.startswith(_SCHEMES):
             raise ValueError(f"{value!r} is not a ZMQ address: use tcp://host:port or ipc://path")
         return value
+
+
+def events_override(cfg: EventsConfig, endpoint: str | None, replay_endpoint: str | None,
+                    **fields: Any) -> EventsConfig:
+    """``cfg`` with the command line's ``--events-endpoint`` / ``--replay-endpoint`` (and ``fields``) applied;
+    an endpoint turns events on. Raises ``ValueError`` naming the flags and what is wrong with them."""
+    overrides: dict[str, Any] = dict(fields)
+    if endpoint is not None:
+        overrides.update(enabled=True, endpoint=endpoint)
+    if replay_endpoint is not None:
+        overrides["replay_endpoint"] = replay_endpoint
+    try:
+        return type(cfg).model_validate({**cfg.model_dump(), **overrides})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"--events-endpoint/--replay-endpoint: {problems}") from None

@@ -234,6 +234,12 @@ class DaemonConfig(Section):
     at once until the window has passed."""
     login_lockout_s: float = Field(60.0, gt=0, le=86_400)
     """Window over which failed logins are counted, and how long a peer that exceeded them is refused."""
+    events: EventsConfig = Field(default_factory=lambda: EventsConfig(endpoint="tcp://127.0.0.1:5559",
+                                                                      replay_endpoint="tcp://127.0.0.1:5560"))
+    """KV events of the daemon's own tiers (host, disk) for a router (``kvstore route --store``): what the
+    engines sharing this daemon can load from it. Separate from the top-level ``events`` section, which an
+    engine's own store publishes (so one config file serves both without a port clash). Keys are
+    published as the daemon stores them: untenanted clients' keys as sent, a tenant's in its namespace."""
 
     @model_validator(mode="after")
     def _tcp_needs_token(self) -> "DaemonConfig":

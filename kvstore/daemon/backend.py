@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from kvstore.daemon.events import DaemonEvents
 from kvstore.daemon.holds import HoldTable
 from kvstore.daemon.messages import PutState
 from kvstore.daemon.writer import WriteBehind
@@ -73,17 +74,21 @@ class DaemonBackend:
     """Host (shared memory) + disk tiers and the hold table, behind one mutex."""
 
     def __init__(self, layout: KVLayout, host: HostTier, disk: Tier | None, holds: HoldTable,
-                 durable_puts: bool = False) -> None:
-        """``durable_puts``: acknowledge a put only once its blocks are on disk and synced (``disk.sync: always``)."""
+                 durable_puts: bool = False, publish_events: bool = False) -> None:
+        """``durable_puts``: acknowledge a put only once its blocks are on disk and synced (``disk.sync: always``).
+        ``publish_events``: keep :attr:`events` (what the tiers hold, in order) for a KV-events publisher to drain."""
         self.layout, self.host, self.disk, self.holds = layout, host, disk, holds
         self.durable_puts = durable_puts and disk is not None
         self.counters = BackendCounters()
         self._mu = threading.Lock()
-        self.writer = WriteBehind(host, disk, self._unpin) if disk is not None else None
-        self._written_at_sync = 0
         for tier in (host, disk):
             if tier is not None:
-                tier.record_events(False)  # clients keep their own index; nobody here drains tier events
+                tier.record_events(False)  # clients keep their own index; nobody drains unless events are published
+        self.events = DaemonEvents(host, disk) if publish_events else None
+        """The tiers' changes for a router (``daemon.events``), or ``None`` when nothing publishes them."""
+        self.writer = (WriteBehind(host, disk, self._unpin, on_written=self._written if self.events is not None else None)
+                       if disk is not None else None)
+        self._written_at_sync = 0
 
     # ---------------------------------------------------------------- reads
     def exists_prefix(self, keys: Sequence[bytes]) -> int:
@@ -207,10 +212,14 @@ class DaemonBackend:
                         removed.add(key)
                 except BlockStateError:
                     pass  # a client holds it now; it stays until evicted
+            if self.events is not None:
+                self.events.removed([k for k in dict.fromkeys(keys) if k in removed], "host")
         if self.disk is not None:
             on_disk = [k for k in dict.fromkeys(keys) if self.disk.contains(k)]
             self.disk.delete(on_disk)
             removed.update(on_disk)
+            if self.events is not None:
+                self.events.removed(on_disk, "disk")
         return len(removed)
 
     @property
@@ -291,6 +300,8 @@ class DaemonBackend:
         with self._mu:
             self.host.abort([k for k in loading if k not in found])
             self.host.publish(list(found))
+            if self.events is not None:
+                self.events.stored(list(found), "host")
             for i, key in enumerate(keys):
                 if slots[i] is None and key in found:
                     self.host.pin([key])
@@ -350,6 +361,8 @@ class DaemonBackend:
             return set()
         with self._mu:
             self.host.publish(keys)
+            if self.events is not None:
+                self.events.stored(keys, "host")
             self.counters.bytes_in += len(keys) * self.layout.bytes_per_block
             if self.writer is None:
                 return set()
@@ -357,12 +370,21 @@ class DaemonBackend:
         failed = set(self.writer.submit([(k, s) for k, s in zip(keys, slots) if s is not None], wait=self.durable_puts))
         if failed:
             with self._mu:
+                gone = []
                 for key in failed:
                     try:
-                        self.host.delete([key])
+                        if self.host.delete([key]):
+                            gone.append(key)
                     except BlockStateError:
                         pass  # a reader holds it; it goes when evicted
+                if self.events is not None:
+                    self.events.removed(gone, "host")
         return failed
+
+    def _written(self, keys: list[bytes]) -> None:
+        """The write-behind thread stored ``keys`` on disk."""
+        if self.events is not None:
+            self.events.stored(keys, "disk")
 
     def _unpin(self, keys: list[bytes]) -> None:
         with self._mu:

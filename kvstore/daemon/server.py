@@ -27,11 +27,12 @@ import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstore.config.schema import KVStoreConfig
 from kvstore.daemon.admission import ConnectionLimits, LoginThrottle, Transport, peer_of
 from kvstore.daemon.backend import DaemonBackend
+from kvstore.daemon.events import DaemonEvents
 from kvstore.daemon.frames import ErrorCode, Op, encode_frame
 from kvstore.daemon.messages import encode_error
 from kvstore.daemon.http import HttpEndpoints
@@ -46,6 +47,9 @@ from kvstore.errors import NotDurable
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Tier
 from kvstore.tiers.host import HostTier
+
+if TYPE_CHECKING:
+    from kvstore.route.publisher import EventPublisher
 
 log = logging.getLogger(__name__)
 DRAIN_TIMEOUT_S = 10.0
@@ -63,6 +67,9 @@ class ListenInfo:
     tcp: str | None
     metrics_url: str | None
     shm_name: str
+    events: str | None = None
+    """Where the daemon publishes its KV events (``daemon.events``), or ``None``."""
+    events_replay: str | None = None
 
 
 class DaemonServer:
@@ -90,6 +97,7 @@ class DaemonServer:
         self._stop = asyncio.Event()
         self._stopping = False
         self.backend: DaemonBackend | None = None
+        self._publisher: EventPublisher | None = None
         self.info: ListenInfo | None = None
         self.durability_error: str | None = None
         """Set by :meth:`stop` when acknowledged blocks could not be made durable (the exit status says so)."""
@@ -109,7 +117,8 @@ class DaemonServer:
             host.close()  # unlink our segment now, not at interpreter exit
             raise
         durable = lower is not None and lower.name == "lmdb" and cfg.disk.sync == "always"
-        self.backend = DaemonBackend(self.layout, host, lower, HoldTable(d.hold_timeout_s), durable_puts=durable)
+        self.backend = DaemonBackend(self.layout, host, lower, HoldTable(d.hold_timeout_s), durable_puts=durable,
+                                     publish_events=d.events.enabled)
         asyncio.get_running_loop().set_exception_handler(self._loop_error)
         _raise_fd_limit(d.max_connections + FD_HEADROOM)
         tenants = {token: Tenant.from_salt(salt) for token, salt in d.tenant_salts.items()}
@@ -137,11 +146,15 @@ class DaemonServer:
                     raise DaemonStartError(f"metrics.port {cfg.metrics.port}: cannot listen on "
                                            f"{cfg.metrics.host}:{cfg.metrics.port} ({why})") from exc
                 metrics_url = f"http://{mhost}:{mport}"
+            if self.backend.events is not None:
+                self._publisher = self._publish_events(self.backend.events)
         except BaseException:
             await self.stop()  # the socket and segment are ours by now: remove them, do not leave them behind
             raise
         self._spawn(self._reap_holds())
-        self.info = ListenInfo(os.path.abspath(d.socket_path), tcp, metrics_url, shm_name)
+        events = self._publisher.endpoint if self._publisher is not None else None
+        replay = self._publisher.replay_endpoint if self._publisher is not None else None
+        self.info = ListenInfo(os.path.abspath(d.socket_path), tcp, metrics_url, shm_name, events, replay)
         disk = self.backend.disk
         log.info(
             "kvstore daemon serving model %r (%d layers, block %d tokens, %d bytes/block): host %d slots in shm %s, "
@@ -151,6 +164,21 @@ class DaemonServer:
             self.info.socket_path, tcp or "off", metrics_url or "off",
         )
         return self.info
+
+    def _publish_events(self, events: DaemonEvents) -> EventPublisher:
+        """Bind ``daemon.events``' endpoints and publish ``events`` there (raises ``DaemonStartError`` naming
+        the field when an endpoint cannot be bound)."""
+        from kvstore.route.publisher import default_replica_id, publish_feed  # zmq only when events are on
+
+        cfg = self.cfg.daemon.events
+        try:
+            publisher = publish_feed(cfg, self.layout.block_size, events.drain, events.holdings,
+                                     default_id=f"{default_replica_id()}:daemon")
+        except OSError as exc:
+            raise DaemonStartError(f"daemon.events: {exc}") from exc
+        log.info("KV events of the daemon's tiers as replica %s on %s (replay %s)", publisher.replica,
+                 publisher.endpoint, publisher.replay_endpoint or "off")
+        return publisher
 
     def _lower_tier(self) -> Tier | None:
         """The disk tier ``cfg.tiers`` names (``lmdb`` or ``file``), if any. The host tier always exists:
@@ -244,6 +272,12 @@ class DaemonServer:
             "model_id": self.layout.model_id,
             "bytes_per_block": self.layout.bytes_per_block,
         }
+        pub, ev = self._publisher, self.backend.events
+        out["events"] = None if pub is None or ev is None else {
+            "replica": pub.replica, "endpoint": pub.endpoint, "replay_endpoint": pub.replay_endpoint,
+            "last_seq": pub.last_seq, "replays_served": pub.replays_served, "reports_served": pub.reports_served,
+            "queued": len(ev.queue), "dropped": ev.queue.dropped,
+        }
         return out
 
     async def _metrics_text(self) -> str:
@@ -285,6 +319,8 @@ class DaemonServer:
             pass
         if self.backend is not None:
             loop = asyncio.get_running_loop()
+            if self._publisher is not None:  # before the tiers close: its last drain reads their queues
+                await loop.run_in_executor(self._executor, self._publisher.close)
             try:
                 await loop.run_in_executor(self._executor, self.backend.flush)
                 log.info("flushed: every acknowledged block is on disk")

@@ -48,8 +48,12 @@ class WriteBehind:
     """Copies pinned host slots down to ``disk`` in batches of up to ``batch`` blocks."""
 
     def __init__(self, host: HostTier, disk: Tier, unpin: Callable[[list[bytes]], None], batch: int = 64,
-                 failure_log: RateLimitedLog | None = None) -> None:
+                 failure_log: RateLimitedLog | None = None,
+                 on_written: Callable[[list[bytes]], None] | None = None) -> None:
+        """``on_written``: called on the writer thread with the keys of each batch that reached the disk tier
+        (before their waiters are told), e.g. to publish them as KV events."""
         self.host, self.disk, self._unpin, self.batch = host, disk, unpin, batch
+        self._on_written = on_written
         self._queue: deque[tuple[bytes, int, _Waiter | None]] = deque()
         self._cond = threading.Condition()
         self._in_flight = 0
@@ -130,6 +134,8 @@ class WriteBehind:
                 error = f"{type(exc).__name__}: {exc}"
             finally:
                 self._unpin(keys)
+            if self._on_written is not None:
+                self._on_written([k for k, stored in zip(keys, ok) if stored])
             with self._cond:
                 self._account(todo, ok, error)
                 self._in_flight = 0

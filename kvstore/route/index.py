@@ -10,6 +10,11 @@ A block in the shared ``remote`` tier is readable by every replica, so
 :meth:`RouterIndex.cached_prefix` counts it for all of them (the policy gives
 that tier a lower weight than a replica's own tiers). Who reported it still
 matters: a removal applies only to its sender's report.
+
+A *store* (:meth:`RouterIndex.add_store`: a sidecar daemon's feed) is a sender
+that is not a replica: what it holds counts, in its own tiers, for the
+replicas it serves (the engines sharing that daemon), and it is never a
+routing target itself.
 """
 
 from __future__ import annotations
@@ -60,18 +65,33 @@ class RouterIndex:
         self._held: dict[str, dict[BlockHash, int]] = {}
         self._holders: dict[BlockHash, set[str]] = {}
         self._remote: dict[BlockHash, int] = {}  # key -> how many replicas report it in the remote tier
+        self._stores: dict[str, frozenset[str] | None] = {}  # store -> the replicas it serves (None: every one)
         self.events_applied = 0
         """Events applied since creation (all replicas)."""
 
     # ----------------------------------------------------------- changes
     def add_replica(self, replica: str) -> None:
-        """Make ``replica`` known with nothing cached (it then appears in :meth:`cached_prefix`). Idempotent."""
+        """Make ``replica`` known with nothing cached (it then appears in :meth:`cached_prefix`). Idempotent.
+        Raises ``ValueError`` if ``replica`` is a store's name."""
+        if replica in self._stores:
+            raise ValueError(f"{replica!r} is a store; a replica needs a name of its own")
         self._held.setdefault(replica, {})
 
+    def add_store(self, store: str, serves: Iterable[str] | None = None) -> None:
+        """Make ``store`` known as a shared store (not a replica) whose blocks count for the replicas in
+        ``serves`` (``None``: every replica), with nothing held yet. Its events are applied like a
+        replica's (:meth:`apply` with ``store`` as the sender). Raises ``ValueError`` if ``store`` is a
+        replica already."""
+        if store in self._held and store not in self._stores:
+            raise ValueError(f"{store!r} is a replica; a store needs a name of its own")
+        self._stores[store] = None if serves is None else frozenset(serves)
+        self._held.setdefault(store, {})
+
     def remove_replica(self, replica: str) -> None:
-        """Forget ``replica`` and everything it reported."""
+        """Forget ``replica`` (or store) and everything it reported."""
         self.clear(replica)
         del self._held[replica]
+        self._stores.pop(replica, None)
 
     def apply(self, replica: str, batch: KVEventBatch) -> None:
         """Apply one batch from ``replica``, in order: stored adds tiers; removed takes tiers away from
@@ -149,8 +169,12 @@ class RouterIndex:
 
     # ----------------------------------------------------------- queries
     def replicas(self) -> list[str]:
-        """Every known replica, sorted by name."""
-        return sorted(self._held)
+        """Every known replica, sorted by name (stores are not replicas)."""
+        return sorted(r for r in self._held if r not in self._stores)
+
+    def stores(self) -> list[str]:
+        """Every known store, sorted by name."""
+        return sorted(self._stores)
 
     def blocks(self, replica: str) -> int:
         """How many blocks ``replica`` holds in any tier (0 for an unknown replica)."""
@@ -164,9 +188,11 @@ class RouterIndex:
     def cached_prefix(self, keys: Sequence[BlockHash]) -> dict[str, PrefixHit]:
         """For every known replica, the cached prefix of the prompt whose block keys are ``keys``.
 
-        A block counts for a replica while it is in one of that replica's tiers or in the shared remote
-        tier; the prefix stops at the first block that does not. Changes nothing.
+        A block counts for a replica while it is in one of that replica's tiers, in a store serving it,
+        or in the shared remote tier; the prefix stops at the first block that does not. Changes nothing.
         """
+        if self._stores:
+            return self._cached_prefix_with_stores(keys)
         names = self._held
         counts: dict[str, dict[str, int]] = {r: {} for r in names}
         depth = dict.fromkeys(names, 0)
@@ -180,6 +206,36 @@ class RouterIndex:
                 break
             for r in alive:
                 mask = names[r].get(h, 0) & _LOCAL
+                tier = _fastest(mask) if mask else "remote"
+                c = counts[r]
+                c[tier] = c.get(tier, 0) + 1
+                depth[r] += 1
+        return {r: PrefixHit(depth[r], counts[r]) for r in names}
+
+    def _cached_prefix_with_stores(self, keys: Sequence[BlockHash]) -> dict[str, PrefixHit]:
+        """:meth:`cached_prefix` when stores exist: a store's holding counts for each replica it serves."""
+        held, stores = self._held, self._stores
+        names = [r for r in held if r not in stores]
+        served = {s: (frozenset(names) if serves is None else serves & set(names)) for s, serves in stores.items()}
+        via = {r: [s for s, rs in served.items() if r in rs] for r in names}  # replica -> stores serving it
+        counts: dict[str, dict[str, int]] = {r: {} for r in names}
+        depth = dict.fromkeys(names, 0)
+        alive = set(names)
+        for h in keys:
+            if h not in self._remote:
+                holders = self._holders.get(h, ())
+                reach = {r for r in holders if r not in stores}
+                for s in holders:
+                    if s in stores:
+                        reach |= served[s]
+                alive &= reach
+            if not alive:
+                break
+            for r in alive:
+                mask = held[r].get(h, 0)
+                for s in via[r]:
+                    mask |= held[s].get(h, 0)
+                mask &= _LOCAL
                 tier = _fastest(mask) if mask else "remote"
                 c = counts[r]
                 c[tier] = c.get(tier, 0) + 1

@@ -250,13 +250,23 @@ def default_replica_id() -> str:
 def attach_publisher(store: TieredStore, cfg: EventsConfig) -> EventPublisher:
     """Publish ``store``'s events as ``cfg`` says, drained on a thread every ``cfg.interval_s``.
 
-    The first batch is ``AllBlocksCleared`` (a start: what a router knew of this replica is gone); the
-    full report lists the store's index (gpu, host, disk). Close the publisher before the store.
+    The first batch is a full report, ``AllBlocksCleared`` first (a start: what a router knew of this
+    replica is gone), then what the store's index holds (gpu, host, disk; nothing for a new store). Close
+    the publisher before the store.
     """
-    publisher = EventPublisher(cfg.endpoint, cfg.replay_endpoint, cfg.replica_id or default_replica_id(),
-                               block_size=store.layout.block_size, topic=cfg.topic,
-                               buffer_batches=cfg.buffer_batches,
-                               report=lambda: report_events(store_holdings(store), store.layout.block_size))
-    publisher.publish_cleared()
-    publisher.follow(store.drain_events, cfg.interval_s)
+    return publish_feed(cfg, store.layout.block_size, store.drain_events, lambda: store_holdings(store))
+
+
+def publish_feed(cfg: EventsConfig, block_size: int, drain: Callable[[], list[StoreEvent]],
+                 holdings: Callable[[], dict[str, list[bytes]]], default_id: str | None = None) -> EventPublisher:
+    """A publisher bound as ``cfg`` says whose batch 0 is a full report (``AllBlocksCleared``, then every
+    block ``holdings()`` lists: what a restarted daemon still has on disk), then publishes what ``drain``
+    returns every ``cfg.interval_s``; a full-report request is answered from ``holdings()`` too. The
+    replica id is ``cfg.replica_id``, else ``default_id``, else :func:`default_replica_id`."""
+    publisher = EventPublisher(cfg.endpoint, cfg.replay_endpoint, cfg.replica_id or default_id or default_replica_id(),
+                               block_size=block_size, topic=cfg.topic, buffer_batches=cfg.buffer_batches,
+                               report=lambda: report_events(holdings(), block_size))
+    drain()  # what the holdings below already include
+    publisher.publish_kv(report_events(holdings(), block_size))
+    publisher.follow(drain, cfg.interval_s)
     return publisher

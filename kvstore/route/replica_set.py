@@ -55,6 +55,41 @@ def parse_replica(text: str) -> ReplicaSpec:
     return ReplicaSpec(fields.get("name", parts.netloc), url.rstrip("/"), fields.get("events"), fields.get("replay"))
 
 
+@dataclass(frozen=True)
+class StoreSpec:
+    """One ``--store events=EP[,replay=EP][,name=NAME][,serves=R1+R2]`` argument: a sidecar daemon's feed."""
+
+    name: str
+    events: str
+    replay: str | None = None
+    serves: tuple[str, ...] | None = None
+    """The replicas that share this store (``None``: every replica)."""
+
+
+def parse_store(text: str, replicas: Iterable[str]) -> StoreSpec:
+    """The :class:`StoreSpec` ``text`` describes, its ``serves`` checked against ``replicas``' names;
+    raises ``ValueError`` naming the bad part."""
+    fields: dict[str, str] = {}
+    for option in (p.strip() for p in text.split(",")):
+        key, sep, value = option.partition("=")
+        if not sep or key not in ("events", "replay", "name", "serves") or not value or key in fields:
+            raise ValueError(f"--store {text!r}: {option!r} is not events=ENDPOINT, replay=ENDPOINT, name=NAME or "
+                             "serves=REPLICA+REPLICA (each once)")
+        fields[key] = value
+    if "events" not in fields:
+        raise ValueError(f"--store {text!r}: events=ENDPOINT is missing (the daemon's daemon.events.endpoint)")
+    serves = tuple(fields["serves"].split("+")) if "serves" in fields else None
+    known = set(replicas)
+    unknown = [r for r in serves or () if r not in known]
+    if unknown:
+        raise ValueError(f"--store {text!r}: serves names {', '.join(unknown)}, not a replica "
+                         f"(replicas: {', '.join(sorted(known))})")
+    name = fields.get("name", urlsplit(fields["events"]).netloc or fields["events"])
+    if name in known:
+        raise ValueError(f"--store {text!r}: {name!r} is a replica's name; give the store name=NAME")
+    return StoreSpec(name, fields["events"], fields.get("replay"), serves)
+
+
 @dataclass
 class Replica:
     """What the router knows about one replica (changed only by :class:`ReplicaSet`)."""

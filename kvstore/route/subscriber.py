@@ -13,6 +13,9 @@ Per replica the subscriber expects seq ``last + 1``:
 - a replica that answers a report with nothing (vLLM has no reports) is cleared and followed from
   the batch at hand: missing entries cost a hit, stale ones would send requests to the wrong place.
 
+A shared store's feed (a sidecar daemon, :class:`StoreEndpoints`) is followed and recovered the same
+way; only the index treats its blocks differently (they count for the replicas it serves).
+
 Bad input (wrong frame count, malformed msgpack, wrong types, unknown event tag or medium) is
 counted per replica and logged with the replica and what was wrong; it never stops the thread.
 All sockets live on the subscriber's thread; the index is changed under :attr:`EventSubscriber.lock`,
@@ -46,6 +49,13 @@ class ReplicaEndpoints:
     replay: str | None = None
 
 
+@dataclass(frozen=True)
+class StoreEndpoints(ReplicaEndpoints):
+    """A shared store's feed (a sidecar daemon): its endpoints and the replicas it serves (``None``: all)."""
+
+    serves: tuple[str, ...] | None = None
+
+
 @dataclass
 class ReplicaFeed:
     """What the subscriber knows of one replica's stream (counters only grow)."""
@@ -76,12 +86,24 @@ class EventSubscriber:
     endpoint (or its full report) to recover; counts lag and lost events."""
 
     def __init__(self, index: RouterIndex, replicas: Mapping[str, ReplicaEndpoints], *,
+                 stores: Mapping[str, StoreEndpoints] | None = None,
                  lock: threading.Lock | None = None, replay_timeout_s: float = 2.0, topic: str = "",
                  context: zmq.Context | None = None) -> None:
+        """Follow ``replicas`` and ``stores`` (shared stores whose blocks count for the replicas they serve;
+        :meth:`RouterIndex.add_store`). Raises ``ValueError`` when a store shares a replica's name or serves
+        a replica not in ``replicas``."""
         self.index = index
         self.lock = lock or threading.Lock()
         """Held while the index changes; take it to query the index from another thread."""
-        self.replicas = dict(replicas)
+        for name, ep in (stores or {}).items():
+            if name in replicas:
+                raise ValueError(f"store {name!r} has the name of a replica; give it a name of its own")
+            unknown = sorted(set(ep.serves or ()) - set(replicas) - set(index.replicas()))
+            if unknown:
+                raise ValueError(f"store {name!r} serves {', '.join(unknown)}, which "
+                                 f"{'is not a replica' if len(unknown) == 1 else 'are not replicas'}")
+        self.replicas: dict[str, ReplicaEndpoints] = {**replicas, **(stores or {})}
+        """Every feed followed, replicas' and stores' (by sender name)."""
         self.feeds = {name: ReplicaFeed() for name in self.replicas}
         self._timeout_ms = int(replay_timeout_s * 1000)
         self._topic = topic.encode()
@@ -93,8 +115,11 @@ class EventSubscriber:
         self._started_at = 0.0
         self._connect_error: str | None = None
         with self.lock:
-            for name in self.replicas:
-                index.add_replica(name)
+            for name, feed in self.replicas.items():
+                if isinstance(feed, StoreEndpoints):
+                    index.add_store(name, feed.serves)
+                else:
+                    index.add_replica(name)
 
     def start(self) -> None:
         """Connect to every replica on the thread; returns once the sockets are connected.

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from kvstore.errors import TierError
 from kvstore.layout import KVLayout
 
 Buffer = torch.Tensor
@@ -100,6 +101,13 @@ class Tier(ABC):
     @abstractmethod
     def contains(self, key: bytes) -> bool:
         """Whether ``key`` is stored. Changes nothing."""
+
+    def keys(self) -> list[bytes]:
+        """Every key stored now, a snapshot (for a full report of what this tier holds). Changes nothing.
+
+        Raises :class:`~kvstore.errors.TierError` for a tier that cannot list its keys (a remote store
+        shared with others, a daemon seen through its client)."""
+        raise TierError(f"the {self.name} tier cannot list its keys")
 
     # ---------------------------------------------------------------- data
     @abstractmethod

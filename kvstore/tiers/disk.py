@@ -239,6 +239,12 @@ class DiskTier(Tier):
         """Whether ``key`` is stored. Changes nothing."""
         return self.contains_prefix([key]) == 1
 
+    def keys(self) -> list[bytes]:
+        """Every stored key, next to evict first (a snapshot of the eviction order, which mirrors the
+        database). Changes nothing."""
+        with self._write_lock:
+            return list(self._lru)
+
     # ---------------------------------------------------------------- data
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
         """Decode found blocks straight from the map into ``dests`` (no intermediate bytes).

@@ -128,6 +128,11 @@ class FileTier(Tier):
         """Whether ``key`` has a file. Changes nothing."""
         return os.path.exists(self.path_of(key))
 
+    def keys(self) -> list[bytes]:
+        """Every key the tier accounts for, next to evict first (a snapshot). Changes nothing."""
+        with self._lock:
+            return list(self._lru)
+
     # ---------------------------------------------------------------- data
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
         """Read and verify each block's file into its destination; hits become most recently used (and get a new mtime)."""

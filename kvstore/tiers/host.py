@@ -209,6 +209,11 @@ class HostTier(Tier):
         """Whether ``key`` is published. Changes nothing."""
         return key in self._lru
 
+    def keys(self) -> list[bytes]:
+        """Every published key, least recently used first (a snapshot). Changes nothing."""
+        with self._lock:
+            return list(self._lru)
+
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
         """Copy published blocks into ``dests``; marks them most recently used. The slot stays pinned during the copy."""
         addrs = buffer_addresses(keys, dests, self.bpb, "host")

@@ -19,7 +19,7 @@ from kvstore.route.index import RouterIndex
 from kvstore.route.openai_request import CompletionRequest
 from kvstore.route.policy import CostPolicy, ReplicaLoad
 from kvstore.route.proxy import HIT_HEADER, ROUTED_HEADER, Router
-from kvstore.route.replica_set import Replica, ReplicaSet, ReplicaSpec, parse_replica
+from kvstore.route.replica_set import Replica, ReplicaSet, ReplicaSpec, StoreSpec, parse_replica, parse_store
 
 LAYOUT = KVLayout(2, 2, 8, 4, "float16", model_id="fake")
 PROMPT = "0123456789abcdefghijklmnopqrstuv"  # 32 bytes: 8 blocks of 4
@@ -202,3 +202,24 @@ def test_bad_replica_specs_name_the_part(text: str, bad: str) -> None:
 def test_two_replicas_with_one_name_are_refused() -> None:
     with pytest.raises(ValueError, match="two replicas are named 'x'"):
         ReplicaSet([ReplicaSpec("x", "http://a"), ReplicaSpec("x", "http://b")], interval=1)
+
+
+@pytest.mark.parametrize(("text", "spec"), [
+    ("events=tcp://d:5559", StoreSpec("d:5559", "tcp://d:5559")),
+    ("events=tcp://d:1,replay=tcp://d:2,name=daemon,serves=a+b", StoreSpec("daemon", "tcp://d:1", "tcp://d:2", ("a", "b"))),
+])
+def test_store_specs(text: str, spec: StoreSpec) -> None:
+    assert parse_store(text, ["a", "b"]) == spec
+
+
+@pytest.mark.parametrize(("text", "bad"), [
+    ("replay=tcp://d:2", "events=ENDPOINT is missing"),
+    ("events=tcp://d:1,serves=a+c", "serves names c, not a replica (replicas: a, b)"),
+    ("events=tcp://d:1,name=a", "'a' is a replica's name"),
+    ("events=tcp://d:1,events=tcp://d:2", "'events=tcp://d:2' is not"),
+    ("events=tcp://d:1,host=x", "'host=x' is not"),
+])
+def test_bad_store_specs_name_the_part(text: str, bad: str) -> None:
+    with pytest.raises(ValueError, match="--store") as exc:
+        parse_store(text, ["a", "b"])
+    assert bad in str(exc.value)

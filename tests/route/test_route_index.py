@@ -96,3 +96,46 @@ def test_vllm_integer_hashes_are_indexed_as_given() -> None:
     idx = RouterIndex()
     idx.apply("vllm-0", _batch(_stored([11, 12, 13], "GPU")))
     assert idx.cached_prefix([11, 12, 99]) == {"vllm-0": PrefixHit(2, {"gpu": 2})}
+
+
+def test_a_stores_blocks_count_only_for_the_replicas_it_serves(index: RouterIndex) -> None:
+    index.add_replica("c")
+    index.add_store("daemon", serves=["b", "c"])
+    index.apply("daemon", _batch(_stored(K[:3], "CPU"), _stored(K[3:5], "STORAGE")))
+    hits = index.cached_prefix(K[:6])
+    assert set(hits) == {"a", "b", "c"}  # the store is never a routing target
+    assert hits["a"] == PrefixHit(4, {"gpu": 4})  # a does not share the daemon
+    assert hits["b"] == PrefixHit(5, {"gpu": 2, "host": 1, "disk": 2})  # its own K[2] on disk, the store's in host
+    assert hits["c"] == PrefixHit(5, {"host": 3, "disk": 2})
+    assert index.replicas() == ["a", "b", "c"] and index.stores() == ["daemon"]
+    index.check_integrity()
+
+
+def test_a_store_serving_every_replica_counts_for_one_added_later(index: RouterIndex) -> None:
+    index.add_store("daemon")
+    index.apply("daemon", _batch(_stored(K[:2], "CPU")))
+    index.add_replica("c")
+    assert index.cached_prefix(K[:2])["c"] == PrefixHit(2, {"host": 2})
+
+
+def test_a_stores_removals_and_clears_touch_only_its_own_report(index: RouterIndex) -> None:
+    index.add_store("daemon", serves=["b"])
+    index.apply("daemon", _batch(_stored(K[:4], "STORAGE")))
+    assert index.cached_prefix(K[:4])["b"] == PrefixHit(4, {"gpu": 2, "disk": 2})
+    index.apply("daemon", _batch(BlockRemoved([K[3]], "STORAGE")))
+    assert index.cached_prefix(K[:4])["b"] == PrefixHit(3, {"gpu": 2, "disk": 1})  # b's own K[2] is on disk too
+    index.apply("daemon", _batch(AllBlocksCleared()))
+    assert index.cached_prefix(K[:4])["b"] == PrefixHit(3, {"gpu": 2, "disk": 1})  # b's own report stands
+    assert index.blocks("daemon") == 0 and index.blocks("b") == 3
+    index.apply("b", _batch(BlockRemoved(K[:4], None)))
+    index.apply("daemon", _batch(_stored([K[0]], "CPU")))
+    assert index.cached_prefix(K[:2])["b"] == PrefixHit(1, {"host": 1})
+    index.check_integrity()
+
+
+def test_a_store_and_a_replica_cannot_share_a_name(index: RouterIndex) -> None:
+    with pytest.raises(ValueError, match="'a' is a replica"):
+        index.add_store("a")
+    index.add_store("d")
+    with pytest.raises(ValueError, match="'d' is a store"):
+        index.add_replica("d")

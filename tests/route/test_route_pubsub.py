@@ -15,7 +15,7 @@ from kvstore.events import StoreEvent
 from kvstore.route.index import PrefixHit, RouterIndex
 from kvstore.route.kv_events import AllBlocksCleared, KVEventBatch, encode_batch
 from kvstore.route.publisher import EventPublisher
-from kvstore.route.subscriber import EventSubscriber, ReplicaEndpoints
+from kvstore.route.subscriber import EventSubscriber, ReplicaEndpoints, StoreEndpoints
 from kvstore.route.translate import report_events
 
 K = [i.to_bytes(32, "big") for i in range(32)]
@@ -253,3 +253,14 @@ def test_an_address_zmq_refuses_is_an_error_naming_the_replica() -> None:
     with pytest.raises(ValueError, match="replica bad: cannot connect to its events at 'tcp://no port here'"):
         sub.start()
     sub.close()
+
+
+def test_a_store_that_clashes_with_a_replica_or_serves_an_unknown_one_is_refused() -> None:
+    replicas = {"a": ReplicaEndpoints("tcp://127.0.0.1:1")}
+    with pytest.raises(ValueError, match="store 'a' has the name of a replica"):
+        EventSubscriber(RouterIndex(), replicas, stores={"a": StoreEndpoints("tcp://127.0.0.1:2")})
+    with pytest.raises(ValueError, match="store 'd' serves b, c, which are not replicas"):
+        EventSubscriber(RouterIndex(), replicas, stores={"d": StoreEndpoints("tcp://127.0.0.1:2", serves=("a", "b", "c"))})
+    index = RouterIndex()
+    EventSubscriber(index, replicas, stores={"d": StoreEndpoints("tcp://127.0.0.1:2", serves=("a",))})
+    assert index.replicas() == ["a"] and index.stores() == ["d"]

@@ -37,6 +37,7 @@ def test_contains_prefix_and_delete(tmp_path: Path) -> None:
     tier.put(keys[:2] + keys[3:], blocks[:2] + blocks[3:])
     assert tier.contains_prefix(keys) == 2
     assert tier.delete(keys[:1] + keys[2:3]) == 1 and tier.contains_prefix(keys) == 0
+    assert sorted(tier.keys()) == sorted([keys[1], keys[3], keys[4]])  # what a full report lists
     tier.close()
 
 
