@@ -100,6 +100,10 @@ class TieredStore:
         """Writes full groups to the remote tier under its own write policy (``remote.write``)."""
         if self.remote_writer is not None and remote_write == "write_back":
             self.h.hand_down = self.remote_writer.hand_down
+            if disk is not None:  # the disk tier evicts inside its put: it shows the writer its victims first
+                if not disk.takes_victim_hook:
+                    raise ValueError(f"remote write_back needs a disk tier that shows its victims; {disk.name} does not")
+                disk.set_victim_hook(self.remote_writer.disk_victims)
         self.prefetcher = Prefetcher(self.h, self.policy, streams=copy_streams)
         self.layout = layout
 
