@@ -155,28 +155,25 @@ class RemoteWriter:
 
     def disk_victims(self, keys: Sequence[bytes], read: BlockReader) -> VictimSend | None:
         """The disk tier's victim hook under ``write_back`` (:meth:`Tier.set_victim_hook`): the disk is about
-        to evict ``keys``; for each indexed one with no GPU or host copy (its last local copy goes), copy its
-        full group to private buffers (GPU and host blocks under the hierarchy lock, disk blocks through
-        ``read``, in the tier's own transaction, outside that lock) and return the send that schedules them.
-        A group sent already is not copied again; one whose block has no local copy is skipped (counted).
-        The send also records at once that the victims which keep a GPU or host copy left the disk, so the
-        hierarchy hands them down when that copy goes instead of trusting a disk copy that is gone.
+        to evict ``keys``, its last local tier's copies; for each indexed one, copy its full group to private
+        buffers (GPU and host blocks under the hierarchy lock, disk blocks through ``read``, in the tier's own
+        transaction, outside that lock) and return the send that schedules them. A group sent already is not
+        copied again; one whose block has no local copy is skipped (counted). A victim the GPU or the host
+        tier still holds goes too: those copies are transient (they leave without a disk write once the
+        index records the disk copy, and the spiller may publish a disk copy that this eviction just took),
+        and sending now, once, is what keeps the group from being lost.
 
         Runs on the thread whose ``put`` evicts (the spill writer's, or an engine thread making GPU room),
         under the disk tier's write lock: lock order is the disk tier's, then the hierarchy's, and nothing
         holding the hierarchy lock waits for the disk tier's. No network I/O here: the send only queues."""
         h = self.h
         groups: list[tuple[_Group, list[_Source]]] = []
-        kept: list[bytes] = []
         with h.lock:
             seen: set[bytes] = set()
             for key in keys:
                 entry = h.index.get(key)
                 if entry is None:
                     continue  # unindexed: no chain to group it by
-                if entry.gpu_block is not None or entry.host_slot is not None:
-                    kept.append(key)  # a copy stays: handed down when that one goes
-                    continue
                 group = self._group_of(entry)
                 if group is None or group.last in self._sent or group.last in seen:
                     continue
@@ -192,14 +189,12 @@ class RemoteWriter:
             for s, buf in zip(on_disk, bufs):
                 s.data = buf
             jobs.append((group.chain, group.start, srcs))
-        return (lambda: self._after_disk_eviction(kept, jobs)) if jobs or kept else None
+        return (lambda: self._submit_copies(jobs)) if jobs else None
 
-    def _after_disk_eviction(self, kept: list[bytes], jobs: list[tuple[list[bytes], int, list[_Source]]]) -> None:
-        """The send of :meth:`disk_victims`: the victims are gone. Record that the ``kept`` ones left the disk
-        and schedule the copied groups, except those sent meanwhile."""
+    def _submit_copies(self, jobs: list[tuple[list[bytes], int, list[_Source]]]) -> None:
+        """The send of :meth:`disk_victims` (the victims are gone): schedule the copied groups, except those
+        sent meanwhile."""
         with self.h.lock:
-            for key in kept:
-                self.h.placement.lost(key, "disk")
             jobs = [j for j in jobs if j[0][-1] not in self._sent]
             for chain, _, _ in jobs:
                 self._remember(chain[-1])
