@@ -50,6 +50,9 @@ RemoteWrite = WritePolicy | Literal["read_only"]
 SENT_MEMORY = 65536
 """Last keys of the groups a writer remembers having sent (least recently sent forgotten first)."""
 
+MAX_QUEUED_BYTES = 256 << 20
+"""Default bound on the bytes of ``write_back`` copies waiting for (or in) a send; a group beyond it is shed."""
+
 
 @dataclass(frozen=True)
 class _Group:
@@ -83,13 +86,19 @@ class RemoteWriter:
     """Stores full groups of indexed blocks in the hierarchy's remote tier under ``policy`` (see the module docstring)."""
 
     def __init__(self, h: Hierarchy, remote: ChainTier, policy: RemoteWrite = "write_through",
-                 selective_hits: int = SELECTIVE_HITS_DEFAULT) -> None:
+                 selective_hits: int = SELECTIVE_HITS_DEFAULT, max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:
         self.h = h
         self.remote = remote
         self.policy: RemoteWrite = policy
         self.selective_hits = selective_hits
+        self.max_queued_bytes = max_queued_bytes
+        """Most bytes of private copies (``write_back``) queued or being sent at once: a slow server makes
+        further groups shed (counted), never the tier that evicts wait or memory grow."""
         self.skipped_groups = 0
         """Groups not written because a block had left every local tier before the write."""
+        self.shed_groups = 0
+        """``write_back`` groups dropped unsent because :attr:`max_queued_bytes` of copies were waiting already."""
+        self._queued = 0  # bytes of private copies in scheduled jobs (under h.lock)
         self._sent: OrderedDict[bytes, None] = OrderedDict()  # last keys of groups scheduled (under h.lock)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-remote-write")
         self._pending: set[Future[None]] = set()
@@ -150,8 +159,9 @@ class RemoteWriter:
         if not all(s.data is not None or (e.on_disk and self.h.disk is not None) for s, e in zip(srcs, group.entries)):
             self.skipped_groups += 1  # a block left every local tier: the group is incomplete
             return
-        self._remember(group.last)
-        self._submit([(group.chain, group.start, srcs)])
+        if self._admit(srcs):
+            self._remember(group.last)
+            self._submit([(group.chain, group.start, srcs)])
 
     def disk_victims(self, keys: Sequence[bytes], read: BlockReader) -> VictimSend | None:
         """The disk tier's victim hook under ``write_back`` (:meth:`Tier.set_victim_hook`): the disk is about
@@ -195,10 +205,23 @@ class RemoteWriter:
         """The send of :meth:`disk_victims` (the victims are gone): schedule the copied groups, except those
         sent meanwhile."""
         with self.h.lock:
-            jobs = [j for j in jobs if j[0][-1] not in self._sent]
+            jobs = [j for j in jobs if j[0][-1] not in self._sent and self._admit(j[2])]
             for chain, _, _ in jobs:
                 self._remember(chain[-1])
         self._submit(jobs)
+
+    def _admit(self, srcs: list[_Source]) -> bool:
+        """Count the private copies of ``srcs`` as queued, or shed the group if that would pass
+        :attr:`max_queued_bytes` (under the lock; :meth:`_write` gives the bytes back once sent)."""
+        nbytes = self._private_bytes(srcs)
+        if self._queued + nbytes > self.max_queued_bytes:
+            self.shed_groups += 1
+            return False
+        self._queued += nbytes
+        return True
+
+    def _private_bytes(self, srcs: list[_Source]) -> int:
+        return sum(1 for s in srcs if s.data is not None) * self.h.layout.bytes_per_block
 
     def _group_of(self, entry: BlockEntry) -> _Group | None:
         """The full group ``entry`` belongs to, or ``None`` for a partial one or one whose end lies beyond a
@@ -278,6 +301,13 @@ class RemoteWriter:
 
         The GPU references and host pins last only as long as the copies, never a network round trip.
         """
+        try:
+            self._read_and_send(jobs)
+        finally:
+            with self.h.lock:
+                self._queued -= sum(self._private_bytes(srcs) for _, _, srcs in jobs)
+
+    def _read_and_send(self, jobs: list[tuple[list[bytes], int, list[_Source]]]) -> None:
         h = self.h
         copied: list[tuple[list[bytes], int, list[_Source], list[torch.Tensor]]] = []
         for chain, start, srcs in jobs:

@@ -496,6 +496,7 @@ class TieredStore:
                 d["spilled_blocks"] = c.spilled_blocks[name]
                 if name == "remote" and self.remote_writer is not None:
                     d["skipped_groups"] = self.remote_writer.skipped_groups
+                    d["shed_groups"] = self.remote_writer.shed_groups
                 out[name] = d
         return out
 

@@ -4,8 +4,9 @@ group once; a dead server never holds up the disk's eviction."""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from storelib import LAYOUT, prefill
 from kvstore.bench.redis_servers import RedisServer, start_server
 from kvstore.config.schema import PolicyConfig
 from kvstore.store import TieredStore
-from kvstore.tiers.base import Tier
+from kvstore.tiers.base import Buffer, Tier
 from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.file import FileTier
 
@@ -139,3 +140,34 @@ def test_a_dead_server_never_holds_up_the_disk_eviction(tmp_path: Path, small_di
     finally:
         store.close()
         server.stop()
+
+
+def test_a_slow_server_sheds_groups_beyond_the_queue_bound(redis_server: RedisServer, small_disk: Tier) -> None:
+    """While the writer waits on a late answer, the disk keeps evicting; copies beyond ``max_queued_bytes``
+    are shed (counted, not remembered as sent), never queued without bound nor waited for."""
+    prefix = new_prefix("wbd")
+    store = policy_store(redis_server.url, prefix, "write_back", host=False, disk=small_disk, local=WRITE_BACK)
+    writer, remote = store.remote_writer, store.h.remote
+    assert writer is not None and remote is not None
+    writer.max_queued_bytes = G * LAYOUT.bytes_per_block  # one group's copies
+    answer = threading.Event()
+    store_now = remote.store
+
+    def late(chain: Sequence[bytes], start: int, srcs: Sequence[Buffer]) -> int:
+        answer.wait(10)
+        return store_now(chain, start, srcs)
+
+    remote.store = late  # type: ignore[method-assign]  # a server that answers late
+    toks = prompt(20, seed=15)
+    prefill(store, toks, seed=15)
+    t0 = time.monotonic()
+    store.offload("gpu")  # 20 blocks into 11-12: the first evicted group is queued, the others shed
+    assert time.monotonic() - t0 < 2.0 and small_disk.stats().evictions >= 20 - DISK_BLOCKS[small_disk.name]
+    gone = _groups_gone_from_disk(store, small_disk, [toks])
+    answer.set()
+    store.flush()
+    assert len(gone) >= 2 and len(_redis_keys(redis_server.url, prefix)) == 1
+    st = store.stats()["remote"]
+    assert (st["groups_stored"], st["skipped_groups"]) == (1, 0) and st["shed_groups"] >= len(gone) - 1
+    store.check_integrity()
+    store.close()
