@@ -51,7 +51,8 @@ SENT_MEMORY = 65536
 """Last keys of the groups a writer remembers having sent (least recently sent forgotten first)."""
 
 MAX_QUEUED_BYTES = 256 << 20
-"""Default bound on the bytes of ``write_back`` copies waiting for (or in) a send; a group beyond it is shed."""
+"""Default bound on the bytes of ``write_back`` copies waiting for (or in) a send; a group beyond it is shed
+(a store built from config uses ``remote.max_inflight_bytes``)."""
 
 
 @dataclass(frozen=True)

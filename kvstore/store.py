@@ -29,7 +29,7 @@ from kvstore.hierarchy import Hierarchy
 from kvstore.layout import KVLayout
 from kvstore.prefetch import BlockPlan, Lease, Prefetcher
 from kvstore.radix import BlockEntry, RadixIndex, RadixMatch
-from kvstore.remote_writer import RemoteWrite, RemoteWriter
+from kvstore.remote_writer import MAX_QUEUED_BYTES, RemoteWrite, RemoteWriter
 from kvstore.spill import Spiller
 from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
@@ -91,11 +91,12 @@ class TieredStore:
         remote: ChainTier | None = None,
         remote_write: RemoteWrite = "write_through",
         remote_selective_hits: int = SELECTIVE_HITS_DEFAULT,
+        remote_max_queued_bytes: int = MAX_QUEUED_BYTES,
     ) -> None:
         self.policy = policy or PolicyConfig()
         self.h = Hierarchy(layout, pool, host, disk, remote)
         self.spiller = Spiller(self.h, self.policy)
-        self.remote_writer = (RemoteWriter(self.h, remote, remote_write, remote_selective_hits)
+        self.remote_writer = (RemoteWriter(self.h, remote, remote_write, remote_selective_hits, remote_max_queued_bytes)
                               if remote is not None else None)
         """Writes full groups to the remote tier under its own write policy (``remote.write``)."""
         if self.remote_writer is not None and remote_write == "write_back":
@@ -128,7 +129,8 @@ class TieredStore:
             remote.name if remote else "off", cfg.policy.write, cfg.remote.write, cfg.policy.prefetch,
         )
         return cls(layout, pool, host, disk, cfg.policy, remote=remote, remote_write=cfg.remote.write,
-                   remote_selective_hits=cfg.remote.selective_hits)
+                   remote_selective_hits=cfg.remote.selective_hits,
+                   remote_max_queued_bytes=int(cfg.remote.max_inflight_bytes))
 
     # ------------------------------------------------------------ accessors
     @property
