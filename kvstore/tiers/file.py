@@ -21,6 +21,9 @@ rounded up to 4 KiB blocks.
 I/O runs with aiofiles on one event loop in a background thread (started
 once; a per-batch ``asyncio.run`` would create a loop and executor per call),
 so synchronous callers just wait on the batch's future.
+
+Victims: an owner may see every capacity eviction before the files go
+(:meth:`FileTier.set_victim_hook`, :mod:`kvstore.tiers.victims`).
 """
 
 from __future__ import annotations
