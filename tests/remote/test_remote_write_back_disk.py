@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 from policylib import G, loads_back, new_prefix, policy_store, prompt
-from storelib import LAYOUT, prefill
+from storelib import LAYOUT, MemoryTier, prefill
 
 from kvstore.bench.redis_servers import RedisServer, start_server
 from kvstore.config.schema import PolicyConfig
@@ -171,3 +171,11 @@ def test_a_slow_server_sheds_groups_beyond_the_queue_bound(redis_server: RedisSe
     assert (st["groups_stored"], st["skipped_groups"]) == (1, 0) and st["shed_groups"] >= len(gone) - 1
     store.check_integrity()
     store.close()
+
+
+def test_write_back_refuses_a_disk_tier_that_cannot_show_its_victims(redis_server: RedisServer) -> None:
+    """A disk tier without a victim hook (a daemon's) would lose every group it evicts: refused at build."""
+    silent = MemoryTier(LAYOUT)
+    assert not silent.takes_victim_hook
+    with pytest.raises(ValueError, match="remote write_back needs a disk tier that shows its victims"):
+        policy_store(redis_server.url, new_prefix("wbd"), "write_back", host=False, disk=silent)
