@@ -10,6 +10,9 @@ the evicting transaction); the group's blocks are copied to private buffers at o
 block copies, once per group), and sent on the writer's thread.
 A group is sent once per writer (:data:`SENT_MEMORY` last keys remembered), so repeated hits or the
 eviction of its other blocks do not send it again.
+The ``write_back`` copies waiting for a send are bounded (:attr:`RemoteWriter.max_queued_bytes`): past
+it a group is shed (``shed_groups``) and not remembered, so neither a slow server nor a fast disk makes
+the evicting thread wait or the queue grow.
 
 ::
 
