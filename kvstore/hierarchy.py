@@ -86,7 +86,8 @@ class Hierarchy:
         """Called under :attr:`lock` just before a block loses its last local copy: a host copy evicted with
         no disk tier and no GPU copy (:meth:`Placement.evict_host`), or a block removed from the index with
         its copies (:meth:`Placement.drop_from`: a GPU victim with nowhere to go, or the blocks after a broken
-        prefix). The remote tier's ``write_back`` sets it (:meth:`RemoteWriter.hand_down`)."""
+        prefix). The remote tier's ``write_back`` sets it (:meth:`RemoteWriter.hand_down`); a disk tier's own
+        evictions reach the writer through the tier's victim hook instead (:meth:`RemoteWriter.disk_victims`)."""
 
     def lower_tiers(self) -> list[tuple[str, Tier]]:
         """``[("host", tier), ("disk", tier), ("remote", tier)]`` for the tiers that exist, fastest first."""

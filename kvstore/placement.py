@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from kvstore.hierarchy import Hierarchy
 
 _GPU_BLOCK = attrgetter("gpu_block")
+LEFT_DISK_MEMORY = 65536
+"""Most keys :class:`Placement` remembers as lost by the disk before their publish (oldest forgotten first)."""
 
 
 class PlacementError(BlockStateError):
@@ -121,6 +123,9 @@ class Placement:
         self.gpu_lru = GpuLru()
         self._by_block: dict[int, BlockEntry] = {}  # GPU block -> the entry the index records it for
         self._homeless: dict[bytes, BlockEntry] = {}  # entries with no copy left, removed once unpinned
+        self._left_disk: OrderedDict[bytes, None] = OrderedDict()
+        """Indexed keys the disk reported losing while the index did not record them there: a put of theirs
+        whose publish is still to come (:meth:`mark_on_disk`) may have stored the very copy that went."""
 
     # ----------------------------------------------------------- GPU blocks
     def index_gpu(self, entry: BlockEntry, block: int) -> None:
@@ -350,7 +355,16 @@ class Placement:
 
     # ------------------------------------------------------------------ disk
     def mark_on_disk(self, key: bytes) -> None:
-        """Record that the disk tier now holds ``key`` (if indexed)."""
+        """Record that the disk tier now holds ``key`` (if indexed), unless the disk reported losing ``key``
+        since the index last recorded it there.
+
+        A put is published after it returns, and another put may evict the block (and a lookup apply that
+        eviction) in between: recording it then would make a copy that is gone (a phantom disk hit; a GPU
+        or host copy dropped as if the disk had it, its remote ``write_back`` never sent). Left unrecorded,
+        a copy that did survive is only unused disk space."""
+        if key in self._left_disk:
+            del self._left_disk[key]
+            return
         entry = self.h.index.get(key)
         if entry is not None:
             entry.on_disk = True
@@ -369,6 +383,10 @@ class Placement:
         if tier == "host":
             entry.host_slot = None
         elif tier == "disk":
+            if not entry.on_disk:  # a put's publish may still be coming: see mark_on_disk
+                self._left_disk[key] = None
+                if len(self._left_disk) > LEFT_DISK_MEMORY:
+                    self._left_disk.popitem(last=False)
             entry.on_disk = False
         else:
             raise PlacementError(f"lost: {tier!r} is not a lower tier")
@@ -429,6 +447,7 @@ class Placement:
                     pass  # a copy in flight pins the slot; it stays as an unindexed, evictable block
                 e.host_slot = None
             e.on_disk = False
+            self._left_disk.pop(e.key, None)
             h.counters.dropped_blocks += 1
             h.events.put("dropped", e.key, "index")
 

@@ -3,11 +3,16 @@
 ``write_through``: a group goes remote once its last block is committed (below).
 ``write_through_selective``: once a lookup has matched its last block ``remote.selective_hits`` times
 (the first block of a prefix is matched at least as often as its last, so the last decides).
-``write_back``: when one of its blocks is about to lose its last local copy (the GPU, or the host tier
-with no disk tier below it); the group's blocks are copied to private buffers at once, under the lock
-(``group_blocks`` block copies, once per group), and sent on the writer's thread.
+``write_back``: when one of its blocks is about to lose its last local copy: leaving the GPU or the host
+tier with no tier below (:meth:`RemoteWriter.hand_down`), or evicted by the disk tier
+(:meth:`RemoteWriter.disk_victims`, the disk tier's victim hook, which reads the group's disk blocks in
+the evicting transaction); the group's blocks are copied to private buffers at once (``group_blocks``
+block copies, once per group), and sent on the writer's thread.
 A group is sent once per writer (:data:`SENT_MEMORY` last keys remembered), so repeated hits or the
 eviction of its other blocks do not send it again.
+The ``write_back`` copies waiting for a send are bounded (:attr:`RemoteWriter.max_queued_bytes`): past
+it a group is shed (``shed_groups``) and not remembered, so neither a slow server nor a fast disk makes
+the evicting thread wait or the queue grow.
 
 ::
 
@@ -36,6 +41,7 @@ from kvstore.config.write_policy import SELECTIVE_HITS_DEFAULT, WritePolicy
 from kvstore.hierarchy import Hierarchy
 from kvstore.placement import HostSlot
 from kvstore.radix import BlockEntry, RadixIndex
+from kvstore.tiers.base import BlockReader, VictimSend
 from kvstore.tiers.chain import ChainTier
 from kvstore.transfer import copy_bytes, staging_buffer
 
@@ -46,6 +52,27 @@ RemoteWrite = WritePolicy | Literal["read_only"]
 
 SENT_MEMORY = 65536
 """Last keys of the groups a writer remembers having sent (least recently sent forgotten first)."""
+
+MAX_QUEUED_BYTES = 256 << 20
+"""Default bound on the bytes of ``write_back`` copies waiting for (or in) a send; a group beyond it is shed
+(a store built from config uses ``remote.max_inflight_bytes``)."""
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One full group of indexed blocks (see :meth:`RemoteWriter._group_of`)."""
+
+    chain: list[bytes]
+    """Keys of the chain from position 0 to the group's last block."""
+    start: int
+    """Position of the group's first block."""
+    entries: list[BlockEntry]
+    """The group's ``G`` blocks."""
+
+    @property
+    def last(self) -> bytes:
+        """The key the group is stored under (its last block's)."""
+        return self.chain[-1]
 
 
 @dataclass
@@ -63,13 +90,19 @@ class RemoteWriter:
     """Stores full groups of indexed blocks in the hierarchy's remote tier under ``policy`` (see the module docstring)."""
 
     def __init__(self, h: Hierarchy, remote: ChainTier, policy: RemoteWrite = "write_through",
-                 selective_hits: int = SELECTIVE_HITS_DEFAULT) -> None:
+                 selective_hits: int = SELECTIVE_HITS_DEFAULT, max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:
         self.h = h
         self.remote = remote
         self.policy: RemoteWrite = policy
         self.selective_hits = selective_hits
+        self.max_queued_bytes = max_queued_bytes
+        """Most bytes of private copies (``write_back``) queued or being sent at once: a slow server makes
+        further groups shed (counted), never the tier that evicts wait or memory grow."""
         self.skipped_groups = 0
         """Groups not written because a block had left every local tier before the write."""
+        self.shed_groups = 0
+        """``write_back`` groups dropped unsent because :attr:`max_queued_bytes` of copies were waiting already."""
+        self._queued = 0  # bytes of private copies in scheduled jobs (under h.lock)
         self._sent: OrderedDict[bytes, None] = OrderedDict()  # last keys of groups scheduled (under h.lock)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-remote-write")
         self._pending: set[Future[None]] = set()
@@ -117,11 +150,88 @@ class RemoteWriter:
 
     def hand_down(self, entry: BlockEntry) -> None:
         """Under ``write_back``: ``entry``'s last local copy (its GPU block or host slot) is about to go;
-        copy its full group to private buffers now and schedule the send, unless that group was sent
-        already or one of its blocks has no local copy (call under the lock, before the copy goes). Copying
-        now, rather than holding the sources, keeps the group's other blocks evictable. Other policies: nothing."""
-        if self.policy != "write_back" or entry.node is None:
+        copy its full group's GPU and host blocks to private buffers now and schedule the send (blocks only
+        on disk are read on the writer's thread), unless that group was sent already or one of its blocks
+        has no local copy (call under the lock, before the copy goes). Copying now, rather than holding the
+        sources, keeps the group's other blocks evictable. Other policies: nothing."""
+        if self.policy != "write_back":
             return
+        group = self._group_of(entry)
+        if group is None or group.last in self._sent:
+            return
+        srcs = self._copy_group(group.entries)
+        if not all(s.data is not None or (e.on_disk and self.h.disk is not None) for s, e in zip(srcs, group.entries)):
+            self.skipped_groups += 1  # a block left every local tier: the group is incomplete
+            return
+        if self._admit(srcs):
+            self._remember(group.last)
+            self._submit([(group.chain, group.start, srcs)])
+
+    def disk_victims(self, keys: Sequence[bytes], read: BlockReader) -> VictimSend | None:
+        """The disk tier's victim hook under ``write_back`` (:meth:`Tier.set_victim_hook`): the disk is about
+        to evict ``keys``, its last local tier's copies; for each indexed one, copy its full group to private
+        buffers (GPU and host blocks under the hierarchy lock, disk blocks through ``read``, in the tier's own
+        transaction, outside that lock) and return the send that schedules them. A group sent already is not
+        copied again; one whose block has no local copy is skipped (counted). A victim the GPU or the host
+        tier still holds goes too: those copies are transient (they leave without a disk write once the
+        index records the disk copy, and the spiller may publish a disk copy that this eviction just took),
+        and sending now, once, is what keeps the group from being lost.
+
+        Runs on the thread whose ``put`` evicts (the spill writer's, or an engine thread making GPU room),
+        under the disk tier's write lock: lock order is the disk tier's, then the hierarchy's, and nothing
+        holding the hierarchy lock waits for the disk tier's. No network I/O here: the send only queues."""
+        h = self.h
+        groups: list[tuple[_Group, list[_Source]]] = []
+        with h.lock:
+            seen: set[bytes] = set()
+            for key in keys:
+                entry = h.index.get(key)
+                if entry is None:
+                    continue  # unindexed: no chain to group it by
+                group = self._group_of(entry)
+                if group is None or group.last in self._sent or group.last in seen:
+                    continue
+                seen.add(group.last)
+                groups.append((group, self._copy_group(group.entries)))
+        jobs: list[tuple[list[bytes], int, list[_Source]]] = []
+        for group, srcs in groups:
+            on_disk = [s for s in srcs if s.data is None]
+            bufs = [staging_buffer(h.layout, pin=False) for _ in on_disk]
+            if not all(read([s.key for s in on_disk], bufs)):
+                self.skipped_groups += 1  # a block is in no local tier (or damaged on disk): the group is incomplete
+                continue
+            for s, buf in zip(on_disk, bufs):
+                s.data = buf
+            jobs.append((group.chain, group.start, srcs))
+        return (lambda: self._submit_copies(jobs)) if jobs else None
+
+    def _submit_copies(self, jobs: list[tuple[list[bytes], int, list[_Source]]]) -> None:
+        """The send of :meth:`disk_victims` (the victims are gone): schedule the copied groups, except those
+        sent meanwhile."""
+        with self.h.lock:
+            jobs = [j for j in jobs if j[0][-1] not in self._sent and self._admit(j[2])]
+            for chain, _, _ in jobs:
+                self._remember(chain[-1])
+        self._submit(jobs)
+
+    def _admit(self, srcs: list[_Source]) -> bool:
+        """Count the private copies of ``srcs`` as queued, or shed the group if that would pass
+        :attr:`max_queued_bytes` (under the lock; :meth:`_write` gives the bytes back once sent)."""
+        nbytes = self._private_bytes(srcs)
+        if self._queued + nbytes > self.max_queued_bytes:
+            self.shed_groups += 1
+            return False
+        self._queued += nbytes
+        return True
+
+    def _private_bytes(self, srcs: list[_Source]) -> int:
+        return sum(1 for s in srcs if s.data is not None) * self.h.layout.bytes_per_block
+
+    def _group_of(self, entry: BlockEntry) -> _Group | None:
+        """The full group ``entry`` belongs to, or ``None`` for a partial one or one whose end lies beyond a
+        branch (neither goes remote) or an unindexed entry (under the lock). Changes nothing."""
+        if entry.node is None:
+            return None
         g = self.remote.group_blocks
         path = RadixIndex.path_to(entry)
         pos = len(path) - 1
@@ -129,14 +239,14 @@ class RemoteWriter:
         node_entries = entry.node.entries
         at = node_entries.index(entry)
         group = path[start:] + node_entries[at + 1: at + 1 + start + g - 1 - pos]  # the group's later blocks, if in this run
-        if len(group) < g or group[-1].key in self._sent:
-            return  # a partial group (or one whose end lies beyond a branch) never goes remote
-        srcs = [_Source(e.key, data=self._private_copy(e)) for e in group]
-        if any(src.data is None for src in srcs):
-            self.skipped_groups += 1
-            return
-        self._remember(group[-1].key)
-        self._submit([([e.key for e in path[:start]] + [e.key for e in group], start, srcs)])
+        if len(group) < g:
+            return None
+        return _Group([e.key for e in path[:start]] + [e.key for e in group], start, group)
+
+    def _copy_group(self, group: Sequence[BlockEntry]) -> list[_Source]:
+        """A source per block of ``group``: a private copy of its GPU block or host slot, else (no data) one to
+        read from the disk tier, if it has it (under the lock)."""
+        return [_Source(e.key, data=self._private_copy(e)) for e in group]
 
     def _private_copy(self, entry: BlockEntry) -> torch.Tensor | None:
         """A private CPU copy of ``entry``'s GPU block or host slot; ``None`` when it has neither (under the lock)."""
@@ -195,6 +305,13 @@ class RemoteWriter:
 
         The GPU references and host pins last only as long as the copies, never a network round trip.
         """
+        try:
+            self._read_and_send(jobs)
+        finally:
+            with self.h.lock:
+                self._queued -= sum(self._private_bytes(srcs) for _, _, srcs in jobs)
+
+    def _read_and_send(self, jobs: list[tuple[list[bytes], int, list[_Source]]]) -> None:
         h = self.h
         copied: list[tuple[list[bytes], int, list[_Source], list[torch.Tensor]]] = []
         for chain, start, srcs in jobs:

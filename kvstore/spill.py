@@ -7,7 +7,8 @@ copies outside it and publishes under it again::
                  free it if a lower tier has it, else copy it to host (or disk), then free it
     host full -> least recently used unpinned host slots:
                  drop it if the disk has it, else copy it to disk first (next round uses the slot)
-    disk full -> the disk tier deletes its least recently used entries itself
+    disk full -> the disk tier deletes its least recently used entries itself (under remote
+                 write_back it shows them to the remote writer first: RemoteWriter.disk_victims)
 
 A block being copied holds an extra GPU reference (or a host pin) so nobody
 reuses it mid-copy, and stays in the index, so lookups keep finding it.

@@ -29,7 +29,7 @@ from kvstore.hierarchy import Hierarchy
 from kvstore.layout import KVLayout
 from kvstore.prefetch import BlockPlan, Lease, Prefetcher
 from kvstore.radix import BlockEntry, RadixIndex, RadixMatch
-from kvstore.remote_writer import RemoteWrite, RemoteWriter
+from kvstore.remote_writer import MAX_QUEUED_BYTES, RemoteWrite, RemoteWriter
 from kvstore.spill import Spiller
 from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
@@ -91,15 +91,20 @@ class TieredStore:
         remote: ChainTier | None = None,
         remote_write: RemoteWrite = "write_through",
         remote_selective_hits: int = SELECTIVE_HITS_DEFAULT,
+        remote_max_queued_bytes: int = MAX_QUEUED_BYTES,
     ) -> None:
         self.policy = policy or PolicyConfig()
         self.h = Hierarchy(layout, pool, host, disk, remote)
         self.spiller = Spiller(self.h, self.policy)
-        self.remote_writer = (RemoteWriter(self.h, remote, remote_write, remote_selective_hits)
+        self.remote_writer = (RemoteWriter(self.h, remote, remote_write, remote_selective_hits, remote_max_queued_bytes)
                               if remote is not None else None)
         """Writes full groups to the remote tier under its own write policy (``remote.write``)."""
         if self.remote_writer is not None and remote_write == "write_back":
             self.h.hand_down = self.remote_writer.hand_down
+            if disk is not None:  # the disk tier evicts inside its put: it shows the writer its victims first
+                if not disk.takes_victim_hook:
+                    raise ValueError(f"remote write_back needs a disk tier that shows its victims; {disk.name} does not")
+                disk.set_victim_hook(self.remote_writer.disk_victims)
         self.prefetcher = Prefetcher(self.h, self.policy, streams=copy_streams)
         self.layout = layout
 
@@ -124,7 +129,8 @@ class TieredStore:
             remote.name if remote else "off", cfg.policy.write, cfg.remote.write, cfg.policy.prefetch,
         )
         return cls(layout, pool, host, disk, cfg.policy, remote=remote, remote_write=cfg.remote.write,
-                   remote_selective_hits=cfg.remote.selective_hits)
+                   remote_selective_hits=cfg.remote.selective_hits,
+                   remote_max_queued_bytes=int(cfg.remote.max_inflight_bytes))
 
     # ------------------------------------------------------------ accessors
     @property
@@ -492,6 +498,7 @@ class TieredStore:
                 d["spilled_blocks"] = c.spilled_blocks[name]
                 if name == "remote" and self.remote_writer is not None:
                     d["skipped_groups"] = self.remote_writer.skipped_groups
+                    d["shed_groups"] = self.remote_writer.shed_groups
                 out[name] = d
         return out
 

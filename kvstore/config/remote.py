@@ -50,14 +50,17 @@ class RemoteConfig(Section):
     Redis evicts values one by one, so a prefix survives eviction far better in groups; only full
     groups go remote."""
     max_inflight_bytes: PositiveSize = "256MiB"  # type: ignore[assignment]
-    """Bound on value bytes in flight to or from the server at once; further batches wait."""
+    """Bound on value bytes in flight to or from the server at once; further batches wait. Also bounds
+    the ``write_back`` copies waiting to be sent: beyond it a group is shed (counted), never waited for."""
     write: WritePolicy | Literal["read_only"] = "write_through"
     """When a full group goes to the server, as ``policy.write`` for the local tiers: ``write_through``
     once its last block is committed; ``write_through_selective`` once a lookup has matched its last
     block ``selective_hits`` times (SGLang HiCache's semantics: only reused prefixes cross the network);
-    ``write_back`` only when one of its blocks is about to leave the tier above (the GPU, or the host
-    tier when ``tiers`` names no disk tier; an LMDB or file tier evicts on its own, so ``write_back``
-    with one is refused). ``read_only``: this engine only reads what others stored."""
+    ``write_back`` only when one of its blocks is about to leave the last local tier: the GPU or the
+    host tier when ``tiers`` names no disk tier, else the LMDB or file tier, whose evictions show their
+    victims to the remote writer first (each group once; a group is shed, counted, while
+    ``max_inflight_bytes`` of copies wait for a slow server). ``read_only``: this engine only reads
+    what others stored."""
     selective_hits: int = Field(SELECTIVE_HITS_DEFAULT, ge=1, le=1_000_000)
     """Lookups that must match a group's last block before it is stored under ``write_through_selective``."""
     ttl_s: float | None = Field(None, gt=0)

@@ -319,10 +319,6 @@ class KVStoreConfig(Section):
             raise ValueError(f"tiers: 'host' must come first (fastest first), got {t}")
         if "remote" in t and t[-1] != "remote":
             raise ValueError(f"tiers: 'remote' must come last (fastest first), got {t}")
-        if "remote" in t and self.remote.write == "write_back" and ("lmdb" in t or "file" in t):
-            raise ValueError(f"remote.write: write_back with tiers {t}: the disk tier above remote evicts on its "
-                             "own and cannot hand its blocks down; use write_through or write_through_selective, "
-                             "or drop the disk tier")
         return self
 
     @model_validator(mode="after")

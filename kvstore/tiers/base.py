@@ -29,6 +29,20 @@ Buffer = torch.Tensor
 MAX_QUEUED_EVENTS = 65_536
 """Most undrained events a tier keeps; older ones are dropped (and counted) so an undrained queue never grows."""
 
+BlockReader = Callable[[Sequence[bytes], Sequence[Buffer]], list[bool]]
+"""Reads stored blocks into buffers as :meth:`Tier.get` does (``result[i]``: ``dests[i]`` filled, verified),
+without counting hits or changing recency. A victim hook's reader is valid only during the hook's call."""
+
+VictimSend = Callable[[], None]
+"""What a victim hook hands back: called once the victims are really gone (their deletion committed),
+outside the tier's write lock; dropped unrun if the deletion did not happen."""
+
+VictimHook = Callable[[Sequence[bytes], BlockReader], VictimSend | None]
+"""Called by a tier that evicts on its own with the keys it is about to evict and a reader that still sees
+them (the same LMDB transaction as the deletion): the last moment their bytes exist in this tier. It may
+read them (and other stored keys) and must not call back into the tier; a hook that raises is logged and
+the eviction proceeds. See :meth:`Tier.set_victim_hook`."""
+
 
 @dataclass
 class TierStats:
@@ -79,6 +93,8 @@ class Tier(ABC):
     reports_evictions: bool = True
     """Whether the tier announces every block it drops on its own as an event. A tier that cannot
     (a remote daemon) sets ``False``, and the tiered store asks it at lookup instead of mirroring it."""
+    takes_victim_hook: bool = False
+    """Whether :meth:`set_victim_hook` is supported (the tiers that evict inside their ``put``: LMDB, file)."""
 
     def __init__(self, layout: KVLayout) -> None:
         self.layout = layout
@@ -143,6 +159,12 @@ class Tier(ABC):
 
     def close(self) -> None:
         """Flush and release resources; the tier is unusable afterwards."""
+
+    def set_victim_hook(self, hook: VictimHook | None) -> None:
+        """Call ``hook`` before every capacity eviction from now on (``None``: stop). A callback, not an event:
+        an event is drained after the victims' bytes are gone, and the remote tier's ``write_back`` needs
+        them. ``NotImplementedError`` unless :attr:`takes_victim_hook`."""
+        raise NotImplementedError(f"the {self.name} tier has no victim hook")
 
     # --------------------------------------------------------------- async
     def get_async(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> Future[list[bool]]:

@@ -62,6 +62,11 @@ writer: hits are queued (a ``deque``, atomic appends) and moved up in the LRU
 order by the next holder of the write lock (put, flush, background thread),
 always before eviction picks victims. Writes are serialised by that lock
 (LMDB allows one writer). ``get_async``/``put_async`` run on ``io_threads``.
+
+Victims: an owner may see every capacity eviction before it happens
+(:meth:`DiskTier.set_victim_hook`, :mod:`kvstore.tiers.victims`): the hook
+reads the victims in the transaction that deletes them, and what it hands
+back runs after the commit, outside the write lock.
 """
 
 from __future__ import annotations
@@ -83,11 +88,12 @@ from kvstore.config.schema import DiskConfig
 from kvstore.errors import CorruptBlock, TierError, short_key
 from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
-from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
+from kvstore.tiers.base import BlockReader, Buffer, Tier, TierStats, VictimHook, VictimSend, check_buffers
 from kvstore.tiers.datadir import FILE_MODE, DirLock, make_private_dir, narrow
 from kvstore.tiers.gate import ResizeGate
 from kvstore.tiers.lmdbcheck import check_environment, damaged, repair_hint
 from kvstore.tiers.eviction import make_order
+from kvstore.tiers.victims import Handover
 
 log = logging.getLogger(__name__)
 _LRU_RECORD = struct.Struct("<QQ")
@@ -111,6 +117,7 @@ class DiskTier(Tier):
     """Blocks in LMDB at ``path``, at most ``max_size`` bytes on disk."""
 
     name = "lmdb"
+    takes_victim_hook = True
 
     def __init__(
         self,
@@ -168,6 +175,7 @@ class DiskTier(Tier):
         self._gate = ResizeGate()
         self._log = RateLimitedLog(log)  # corrupt values, unreadable pages: once per interval, not per block
         self._lru = make_order(eviction)  # the eviction order; named `_lru` for the database it mirrors
+        self._handover = Handover(self.name)  # the victim hook (set_victim_hook) and its pending sends
         self._touched: dict[bytes, int] = {}  # key -> access counter not yet written to `lru`
         self._clock = 0
         try:
@@ -337,9 +345,18 @@ class DiskTier(Tier):
             todo = {k: v for k, v in todo.items() if k not in self._lru}
             stored = self._write(todo, keep=keys)
             present = {k for k in keys if k in self._lru}
+        self._handover.run_ready()
         if stored:
             self._note_unsynced(stored)
         return [k in present for k in keys]
+
+    def set_victim_hook(self, hook: VictimHook | None) -> None:
+        """Call ``hook`` in the write transaction that evicts, before the deletion (:mod:`kvstore.tiers.victims`).
+
+        Its reader sees that transaction, so the victims (and every other stored block) are read with no
+        second transaction. The hook runs under the tier's write lock on the thread that called ``put``;
+        its send runs after the commit, outside the write lock."""
+        self._handover.hook = hook
 
     def delete(self, keys: Sequence[bytes]) -> int:
         """Remove these keys (one write transaction); returns how many were stored."""
@@ -420,9 +437,10 @@ class DiskTier(Tier):
         while todo:
             need = sum(self._cost(len(v)) for v in todo.values())
             victims = self._lru.victims(need, budget, exclude=keep)
+            sends: list[VictimSend | None] = [None]
 
             def body(txn: lmdb.Transaction) -> None:
-                self._delete_in(txn, victims)
+                sends[0] = self._evict_in(txn, victims)  # a retried body (map grown) offers them again
                 self._write_touches(txn)
                 for key, value in todo.items():
                     self._clock += 1
@@ -437,6 +455,7 @@ class DiskTier(Tier):
                     todo.pop(next(reversed(todo)))  # the batch alone does not fit: give up its last block
                 continue
             self._forget(victims, "evicted")
+            self._handover.committed(sends[0])
             for key, value in reversed(todo.items()):  # deepest first (see Tier.put)
                 self._lru.add(key, self._cost(len(value)))
                 self._stats.puts += 1
@@ -497,11 +516,17 @@ class DiskTier(Tier):
             return False
         for start in range(0, len(doomed), 16):  # small txns: a delete copies the leaf pages it touches
             chunk = doomed[start : start + 16]
+            sends: list[VictimSend | None] = [None]
+
+            def body(txn: lmdb.Transaction) -> None:
+                sends[0] = self._evict_in(txn, chunk)  # noqa: B023 (runs before chunk changes)
+
             try:
-                self._txn(lambda txn: self._delete_in(txn, chunk))  # noqa: B023 (runs before chunk changes)
+                self._txn(body)
             except lmdb.MapFullError:
                 return False  # too full even to copy the leaves a delete touches: refuse the put instead
             self._forget(chunk, "evicted")
+            self._handover.committed(sends[0])
         try:
             for _ in range(2):
                 self._clock += 1
@@ -530,6 +555,31 @@ class DiskTier(Tier):
             else:
                 self._stats.corrupt_dropped += 1
             self._emit(kind, key)
+
+    def _evict_in(self, txn: lmdb.Transaction, victims: Sequence[bytes]) -> VictimSend | None:
+        """Offer ``victims`` to the victim hook with a reader on ``txn``, then delete them in it; the hook's send."""
+        send = self._handover.offer(victims, self._reader(txn)) if victims else None
+        self._delete_in(txn, victims)
+        return send
+
+    def _reader(self, txn: lmdb.Transaction) -> BlockReader:
+        """A :data:`BlockReader` on the open transaction ``txn`` (a corrupt or unreadable value reads ``False``)."""
+
+        def read(keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
+            check_buffers(keys, dests, self.layout.bytes_per_block, "disk")
+            out: list[bool] = []
+            for key, dest in zip(keys, dests):
+                try:
+                    value = txn.get(key, db=self._blocks)
+                    ok = value is not None
+                    if ok:
+                        decode_into(value, dest, self._fp, key)
+                except (lmdb.Error, CorruptBlock):
+                    ok = False
+                out.append(ok)
+            return out
+
+        return read
 
     def _delete_in(self, txn: lmdb.Transaction, keys: Sequence[bytes]) -> None:
         for key in keys:

@@ -21,6 +21,9 @@ rounded up to 4 KiB blocks.
 I/O runs with aiofiles on one event loop in a background thread (started
 once; a per-batch ``asyncio.run`` would create a loop and executor per call),
 so synchronous callers just wait on the batch's future.
+
+Victims: an owner may see every capacity eviction before the files go
+(:meth:`FileTier.set_victim_hook`, :mod:`kvstore.tiers.victims`).
 """
 
 from __future__ import annotations
@@ -42,9 +45,10 @@ from kvstore.config.schema import FileConfig
 from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
-from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
+from kvstore.tiers.base import Buffer, Tier, TierStats, VictimHook, check_buffers
 from kvstore.tiers.datadir import DIR_MODE, FILE_MODE, DirLock, make_private_dir, narrow
 from kvstore.tiers.eviction import make_order
+from kvstore.tiers.victims import Handover
 
 log = logging.getLogger(__name__)
 _FS_BLOCK = 4096
@@ -64,6 +68,7 @@ class FileTier(Tier):
     """Blocks as files under ``path``, at most ``max_size`` bytes (rounded to 4 KiB per file)."""
 
     name = "file"
+    takes_victim_hook = True
 
     def __init__(
         self,
@@ -89,6 +94,7 @@ class FileTier(Tier):
         self._lock = threading.Lock()
         self._log = RateLimitedLog(log)  # corrupt files: once per interval, not per block
         self._lru = make_order(eviction)
+        self._handover = Handover(self.name)  # the victim hook (set_victim_hook) and its pending sends
         make_private_dir(self.root)
         self._dirlock = DirLock(self.root, "file.path")
         try:
@@ -176,7 +182,10 @@ class FileTier(Tier):
                 self._emit("evicted", key)
             for key, value in reversed(todo.items()):  # accounted before writing (cap); deepest first
                 self._lru.add(key, _footprint(len(value)))
+        send = self._handover.offer(victims, self._read_quietly) if victims else None
         self._run(self._unlink_all(victims))
+        self._handover.committed(send)
+        self._handover.run_ready()
         written = self._run(self._write_all(todo))
         with self._lock:
             for key, ok in written.items():
@@ -186,6 +195,18 @@ class FileTier(Tier):
                 else:
                     self._lru.remove(key)
         return [self.contains(key) for key in keys]
+
+    def set_victim_hook(self, hook: VictimHook | None) -> None:
+        """Call ``hook`` with each put's victims before their files are unlinked (:mod:`kvstore.tiers.victims`).
+
+        They are out of the eviction order already (the cap counts them gone); the hook reads their files on
+        the thread that called ``put``, outside the tier's lock, and its send runs once they are unlinked."""
+        self._handover.hook = hook
+
+    def _read_quietly(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
+        """Read and verify files into ``dests`` without counting or recency (a victim hook's reader)."""
+        check_buffers(keys, dests, self.layout.bytes_per_block, "file")
+        return [ok is True for ok in self._run(self._read_all(keys, dests, touch=False))]
 
     def delete(self, keys: Sequence[bytes]) -> int:
         """Remove the files of these keys; returns how many existed."""
@@ -229,11 +250,12 @@ class FileTier(Tier):
         if getattr(self, "_closed", False):
             raise TierError(f"file tier at {self.root} is closed")
 
-    async def _read_all(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool | CorruptBlock]:
-        return list(await asyncio.gather(*(self._read(k, d) for k, d in zip(keys, dests))))
+    async def _read_all(self, keys: Sequence[bytes], dests: Sequence[Buffer],
+                        touch: bool = True) -> list[bool | CorruptBlock]:
+        return list(await asyncio.gather(*(self._read(k, d, touch) for k, d in zip(keys, dests))))
 
-    async def _read(self, key: bytes, dest: Buffer) -> bool | CorruptBlock:
-        """``True`` filled, ``False`` absent, the error if corrupt."""
+    async def _read(self, key: bytes, dest: Buffer, touch: bool = True) -> bool | CorruptBlock:
+        """``True`` filled, ``False`` absent, the error if corrupt; ``touch``: refresh the mtime (recency) of a hit."""
         path = self.path_of(key)
         try:
             async with aiofiles.open(path, "rb") as f:
@@ -244,6 +266,8 @@ class FileTier(Tier):
             decode_into(value, dest, self._fp, key)
         except CorruptBlock as exc:
             return exc
+        if not touch:
+            return True
         try:
             await aiofiles.os.wrap(os.utime)(path)  # recency that survives a restart
         except FileNotFoundError:

@@ -1,6 +1,7 @@
 """Two engine processes that share no disk, only a Redis server: one computes a prompt, the other (empty
 GPU, host and disk) loads the prefix from Redis, and its output equals recompute (the connector oracle
-through the remote tier). Tenants never hit each other's blocks through it."""
+through the remote tier), also when ``write_back`` sent the groups as a small disk evicted them. Tenants
+never hit each other's blocks through it."""
 
 from __future__ import annotations
 
@@ -75,3 +76,26 @@ def test_tenants_never_hit_each_others_blocks_through_redis(tmp_path: Path, redi
     assert out.metrics.cached_tokens_by_tier["remote"] == 32 and out.token_ids == reference[0]
     for llm in (other, same):
         llm.connector.close()  # type: ignore[union-attr]
+
+
+def test_write_back_groups_evicted_by_a_small_disk_reach_a_second_engine(
+        tmp_path: Path, redis_server: RedisServer, reference) -> None:  # noqa: ANN001
+    """``remote.write: write_back`` under a disk of 6 blocks: the disk evicts the sequence's early blocks as
+    its later ones are written through, so exactly the two full groups with an evicted block go to Redis
+    (the third stays on disk), and an engine with empty local tiers loads them and matches recompute."""
+    small = {**_remote(redis_server, "wbdisk:"), "disk": {"path": str(tmp_path / "first" / "lmdb"), "max_size": 24 * 4096}}
+    small["remote"] = {**small["remote"], "write": "write_back"}  # type: ignore[dict-item]
+    first = make_llm(tmp_path / "first", **small)
+    first.generate([PROMPT], GREEDY)
+    first.connector.flush()  # type: ignore[union-attr]
+    st = first.connector.stats()  # type: ignore[union-attr]
+    assert st["disk"]["evictions"] > 0 and st["disk"]["num_blocks"] == 6  # the last six blocks stay: one full group
+    assert (st["remote"]["groups_stored"], st["remote"]["spilled_blocks"], st["remote"]["skipped_groups"]) == (2, 8, 0)
+    first.connector.close()  # type: ignore[union-attr]
+    second = make_llm(tmp_path / "second", **_remote(redis_server, "wbdisk:"))
+    logits = capture_logits(second)
+    out = second.generate([PROMPT], GREEDY)[0]
+    assert out.metrics.cached_tokens_by_tier == {"gpu": 0, "host": 0, "disk": 0, "remote": 32}
+    assert out.token_ids == reference[0]
+    torch.testing.assert_close(logits[out.request_id], reference[1], rtol=1e-5, atol=1e-5)
+    second.connector.close()  # type: ignore[union-attr]

@@ -199,3 +199,29 @@ def test_host_slot_handles_release_exactly_once_and_transitions_check_state() ->
         with pytest.raises(PlacementError, match="already in GPU block"):
             pl.index_gpu(entry, 3)
     s.check_integrity()
+
+
+# ------------------------------------------------------ a disk eviction that overtakes a publish
+
+
+def test_a_disk_copy_evicted_before_its_publish_is_never_recorded() -> None:
+    """The spiller records a disk copy after its put returns; a put of other blocks may evict it (and a
+    lookup apply that eviction) first. The late record must not bring a copy that is gone back."""
+    disk = MemoryTier(LAYOUT, capacity_blocks=2)
+    s = make_store(gpu_blocks=8, host_blocks=None, disk=disk, write="write_back")
+    prefill(s, toks(0, 1))
+    key = s.keys(toks(0, 1))[0]
+    entry = s.index.get(key)
+    assert entry is not None and entry.gpu_block is not None and not entry.on_disk
+    block = s.pool.block_bytes(entry.gpu_block)
+    assert disk.put([key], [block]) == [True]  # the spiller's put returned ...
+    disk.put([b"x" * 32, b"y" * 32], [block, block])  # ... another put evicted it ...
+    assert s.lookup(toks(0, 1)).tiers == ("gpu",)  # ... and a lookup applied the eviction
+    with s.lock:
+        s.h.placement.mark_on_disk(key)  # the late publish
+    assert not entry.on_disk
+    s.check_integrity()
+    assert s.offload("gpu") == 1 and disk.contains(key)  # its next eviction from the GPU copies it down again
+    with s.lock:
+        assert entry.on_disk  # and that publish is recorded: the loss was remembered once
+    s.check_integrity()
