@@ -154,8 +154,10 @@ class FileTier(Tier):
                 if isinstance(ok, CorruptBlock):
                     self._stats.corrupt_dropped += 1
                     self._emit("corrupt", key)
-                elif ok and not self._lru.touch(key):  # written by another process since we opened
-                    self._lru.add(key, _footprint(os.path.getsize(self.path_of(key))))
+                elif ok:
+                    # A block evicted by a concurrent put after it was read and verified is not touched back
+                    # into the order (its file is gone; the bytes read are whole and checked, so still a hit).
+                    self._lru.touch(key)
             hits = sum(ok is True for ok in found)
             self._stats.hits += hits
             self._stats.misses += len(keys) - hits

@@ -128,3 +128,25 @@ def test_registry_builds_every_tier(tmp_path: Path) -> None:
     assert isinstance(host, HostTier) and host.num_slots == (64 << 10) // L.bytes_per_block
     with pytest.raises(ValueError, match="known tiers"):
         build_tier("s3", FileConfig(), L)
+
+
+def test_a_block_evicted_between_its_read_and_the_bookkeeping_is_still_a_hit(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    tier = FileTier(L, tmp_path, 1 << 20)
+    keys, blocks = make_keys(L, 2), make_blocks(L, 2)
+    tier.put(keys, blocks)
+    read_all = tier._read_all
+
+    async def read_then_evicted(*args: object, **kw: object) -> list:
+        found = await read_all(*args, **kw)  # type: ignore[arg-type]
+        with tier._lock:  # what a concurrent put's eviction does: the order forgets it, the file goes
+            tier._lru.remove(keys[0])
+        os.unlink(tier.path_of(keys[0]))
+        return found
+
+    monkeypatch.setattr(tier, "_read_all", read_then_evicted)
+    dests = empty_blocks(L, 2)
+    assert tier.get(keys, dests) == [True, True]  # read whole and verified before it went: the bytes are good
+    assert all(torch.equal(d, b) for d, b in zip(dests, blocks))
+    assert keys[0] not in tier.keys() and keys[1] in tier.keys()  # not re-added for a file that is gone
+    tier.close()
