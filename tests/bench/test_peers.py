@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,16 +35,6 @@ for i, _ in enumerate(sys.stdin):
 DISK_ROWS = ("kvstore.lmdb.put", "kvstore.lmdb.get_cold", "raw.write", "raw.read", "raw.read_parallel")
 HOST_ROWS = ("kvstore.host.put", "kvstore.host.get", "memcpy", "memcpy.per_block")
 LMCACHE_PYTHON = suite.ROOT / ".venv-lmcache" / "bin" / "python"
-
-
-def _fake_python(tmp_path: Path, body: str) -> str:
-    """An interpreter stand-in that runs ``body`` instead of the script it is given."""
-    script = tmp_path / "fake.py"
-    script.write_text(body)
-    exe = tmp_path / "python"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
-    exe.chmod(0o755)
-    return str(exe)
 
 
 def test_quick_run_reports_kvstore_rows_and_names_every_skipped_peer(tmp_path: Path) -> None:
@@ -104,8 +95,8 @@ def test_ratios_are_paired_per_round(tmp_path: Path) -> None:
 
 
 def test_lmcache_peer_gets_the_storage_options_and_answers_times_and_bandwidths(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KVSTORE_LMCACHE_PYTHON", _fake_python(tmp_path, FAKE_LMCACHE))
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_python: Callable[[str], str]) -> None:
+    monkeypatch.setenv("KVSTORE_LMCACHE_PYTHON", fake_python(FAKE_LMCACHE))
     monkeypatch.setattr(suite, "PEERS", {"lmcache": suite.PEERS["lmcache"]})
     options = SuiteOptions(out_dir=tmp_path, quick=False, seed=3)
     bench = storage.StorageBench(options, tmp_path, 8 << 20, {})
