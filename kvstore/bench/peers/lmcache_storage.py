@@ -17,10 +17,11 @@ suite) and cycles through them. Per round it times:
   (page cache dropped, ``/proc/sys/vm/drop_caches``, before each) through
   ``get_blocking`` one key at a time and ``batched_get_blocking`` (its
   ``disk_io_threads`` = 4 readers);
-- ``lmcache.cpu.put`` / ``.get``: ``LocalCPUBackend`` put = ``allocate`` +
-  copy of the block into the ``MemoryObj`` + ``batched_submit_put_task``; get
-  = ``get_blocking`` + copy out into a preallocated destination (the copies
-  LMCache's connector does on each side of this tier);
+- ``lmcache.cpu.put`` / ``.get``: ``LocalCPUBackend`` put = ``allocate`` (one
+  per block, as ``LMCacheEngine.store`` does) + copy of the block into the
+  ``MemoryObj`` + ``batched_submit_put_task``; get = ``get_blocking`` + copy
+  out into a preallocated destination (the copies LMCache's connector does on
+  each side of this tier; ``torch.copy_`` on one intra-op thread);
 - ``lmcache.lookup``: ``ChunkedTokenDatabase.process_tokens`` of a cached
   prompt (256-token chunks, LMCache's default ``builtin`` hash) with
   ``LocalCPUBackend.contains`` per chunk until the first miss, the prompt
@@ -99,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     from lmcache.v1.token_database import ChunkedTokenDatabase
 
     import_s = time.perf_counter() - t0
+    # One copy per block: torch's intra-op threads only spin against each other on a small shared machine (0.05-4
+    # GB/s, varying by 10x between rounds, with 2 on 2 loaded cores; 1.6-7 GB/s with 1). LMCache's own copies into
+    # these buffers are its GPU connector's DMA, so the cheapest CPU copy is the fair stand-in.
+    torch.set_num_threads(1)
     sizes = sorted(set(args.disk_sizes) | set(args.host_sizes))
     pools = {b: torch.from_numpy(np.fromfile(args.data / f"pool-{b}.bin", dtype=np.uint8).reshape(-1, b))
              for b in sizes}
@@ -234,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(json.dumps({"ready": True, "lmcache": getattr(lmcache, "__version__", "0.5.6"),
                       "python": sys.version.split()[0], "import_s": round(import_s, 2),
-                      "disk_io_threads": 4, "chunk_tokens": CHUNK_TOKENS}), flush=True)
+                      "disk_io_threads": 4, "chunk_tokens": CHUNK_TOKENS, "torch_threads": torch.get_num_threads()}),
+          flush=True)
     try:
         for i, _line in enumerate(sys.stdin):
             print(json.dumps(one_round(i)), flush=True)
