@@ -40,7 +40,8 @@ SUITE_HELP: dict[str, str] = {
     "soak": "reliability: daemon + client processes under kill -9; lost/wrong blocks, memory growth, holds",
     "remote": "Redis tier get/put GB/s by block and group size vs raw redis-py and redis-benchmark; fleet hit rate",
     "route": "Mooncake trace on N simulated replicas: round robin vs SGLang approx tree vs kvstore events + cost",
-    "peers": "lookup / commit against real vLLM and SGLang, each in its own venv and process, interleaved",
+    "peers": "lookup / commit against real vLLM, SGLang and LMCache, disk / host tiers against LMCache and the "
+             "machine's limits, each peer in its own venv and process, interleaved",
 }
 """One line per suite for ``--help``."""
 

@@ -46,12 +46,13 @@ HOST_TARGET = 0.85
 SMALL_BLOCK = 256 << 10
 
 
-def _layout(block_bytes: int) -> KVLayout:
+def block_layout(block_bytes: int) -> KVLayout:
+    """The bench layout whose blocks are ``block_bytes`` long (a key of :data:`TOKENS_PER_BLOCK`)."""
     return KVLayout(num_layers=4, num_kv_heads=8, head_dim=128, block_size=TOKENS_PER_BLOCK[block_bytes],
                     dtype="float16", model_id="bench-tiers")
 
 
-def _openers(layout: KVLayout, root: Path, total: int, codec: str, results: Results) -> dict[str, Callable[[], Any]]:
+def tier_openers(layout: KVLayout, root: Path, total: int, codec: str, results: Results) -> dict[str, Callable[[], Any]]:
     """Factories of the tiers that exist in this checkout; the others are recorded as skipped."""
     cap = 2 * total + (256 << 20)
     out: dict[str, Callable[[], Any]] = {}
@@ -81,7 +82,7 @@ def _openers(layout: KVLayout, root: Path, total: int, codec: str, results: Resu
 
 
 def _block_size(options: SuiteOptions, results: Results, bpb: int, total: int) -> None:
-    layout = _layout(bpb)
+    layout = block_layout(bpb)
     n = total // bpb
     pool = kv_like_blocks(layout, max(1, min(n, POOL_BYTES // bpb)), options.seed)
     p = {"block_bytes": bpb, "total_bytes": n * bpb}
@@ -94,7 +95,7 @@ def _block_size(options: SuiteOptions, results: Results, bpb: int, total: int) -
         par_read = raw.parallel_read_gbps or 0.0
         results.add("raw.read_parallel", par_read, "GB/s", mode=raw.mode, threads=raw.parallel_threads,
                     request_bytes=raw.parallel_request, **p)
-        for name, open_tier in _openers(layout, root, n * bpb, "none", results).items():
+        for name, open_tier in tier_openers(layout, root, n * bpb, "none", results).items():
             cold = None if name == "host" else root / name
             per_block = memcpy_per_block_gbps(n * bpb, bpb) if name == "host" else 0.0  # right before the host run
             t = run_tier(open_tier, pool, n, f"{name}/{bpb}", cold, prefault=name == "host")
@@ -119,7 +120,7 @@ def _block_size(options: SuiteOptions, results: Results, bpb: int, total: int) -
 
 
 def _codecs(options: SuiteOptions, results: Results, total: int) -> None:
-    layout = _layout(CODEC_BLOCK)
+    layout = block_layout(CODEC_BLOCK)
     n = max(2, total // CODEC_BLOCK)
     pool = kv_like_blocks(layout, min(n, POOL_BYTES // CODEC_BLOCK), options.seed + 1)
     dest = pool[0].clone()
@@ -140,7 +141,7 @@ def _codecs(options: SuiteOptions, results: Results, total: int) -> None:
         results.add("codec.encode", raw / t_enc / 1e9, "GB/s", **p)
         results.add("codec.decode", raw / t_dec / 1e9, "GB/s", **p)
         with scratch_dir(options) as root:
-            opener = _openers(layout, root, n * CODEC_BLOCK, codec, results).get("lmdb")
+            opener = tier_openers(layout, root, n * CODEC_BLOCK, codec, results).get("lmdb")
             if opener is not None:
                 t = run_tier(opener, pool, n, f"codec/{codec}", root / "lmdb")
                 results.add("lmdb.put", t.put_gbps, "GB/s", total_bytes=n * CODEC_BLOCK, **p)

@@ -2,9 +2,10 @@
 
 The script prints one JSON line ``{"ready": ...}`` after its (slow) imports,
 then for every line it reads on stdin one line ``{"round": i, "figures":
-[{"name", "prompt_tokens", "ms"}...]}``, and exits at end of input; so the
-suite interleaves its own measurements with the peer's without paying the
-peer's import per round.
+[...]}``, and exits at end of input; so the suite interleaves its own
+measurements with the peer's without paying the peer's import per round. A
+figure is a time, ``{"name", "prompt_tokens", "ms"}``, or a bandwidth,
+``{"name", "block_bytes", "gbps"}`` (the LMCache peer's storage rows).
 """
 
 from __future__ import annotations
@@ -38,12 +39,17 @@ class PeerProcess:
         doc: dict[str, Any] = json.loads(line)
         return doc
 
-    def round(self) -> dict[tuple[str, int], float]:
-        """Run one round; ``{(figure name, prompt tokens): ms}``."""
+    def round_figures(self) -> list[dict[str, Any]]:
+        """Run one round; its figures as the peer printed them."""
         assert self.proc.stdin is not None
         self.proc.stdin.write("round\n")
         self.proc.stdin.flush()
-        return {(f["name"], f["prompt_tokens"]): f["ms"] for f in self._read()["figures"]}
+        figures: list[dict[str, Any]] = self._read()["figures"]
+        return figures
+
+    def round(self) -> dict[tuple[str, int], float]:
+        """Run one round; ``{(figure name, prompt tokens): ms}`` of its times (bandwidths left out)."""
+        return {(f["name"], f["prompt_tokens"]): f["ms"] for f in self.round_figures() if "ms" in f}
 
     def close(self) -> None:
         """End the process (it exits at end of input)."""

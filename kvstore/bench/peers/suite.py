@@ -1,19 +1,23 @@
-"""Suite ``peers``: kvstore's lookup and commit beside real vLLM and real SGLang, interleaved, paired per round.
+"""Suite ``peers``: kvstore beside real vLLM, SGLang and LMCache, interleaved, paired per round.
 
 Each peer runs in its own environment and process (``make venv-vllm``,
-``make venv-sglang``; ``KVSTORE_VLLM_PYTHON`` / ``KVSTORE_SGLANG_PYTHON`` name
-another interpreter) through :class:`~kvstore.bench.peers.process.PeerProcess`.
-Every round times kvstore here, then each peer, on the same prompts (the
-same seeded draws as :mod:`kvstore.bench.lookup`); figures are medians over
-rounds and every ratio is the median of the per-round ratios.
+``make venv-sglang``, ``make venv-lmcache``; ``KVSTORE_VLLM_PYTHON`` /
+``KVSTORE_SGLANG_PYTHON`` / ``KVSTORE_LMCACHE_PYTHON`` name another
+interpreter) through :class:`~kvstore.bench.peers.process.PeerProcess`.
+Every round times kvstore here (and the machine's limits), then each peer,
+on the same prompts (the same seeded draws as :mod:`kvstore.bench.lookup`)
+and the same blocks; figures are medians over rounds and every ratio is the
+median of the per-round ratios.
 
 Rows: ``kvstore.lookup`` (``TieredStore.lookup``), ``kvstore.key_path``
 (``block_keys`` + ``match_keys``), ``kvstore.commit`` (``TieredStore.commit``
 into a fresh store); ``vllm.lookup`` (``hash_block_tokens`` + sha256 +
 ``find_longest_cache_hit``), ``vllm.hash``; ``sglang.match_prefix`` (incl.
-``RadixKey`` build), ``sglang.insert``. A peer that cannot run is skipped
-with the reason in ``results.json``. LMCache and the disk / host rows of
-issue 15's table are not measured by this suite yet (``skipped`` says so).
+``RadixKey`` build), ``sglang.insert``; ``lmcache.lookup``
+(``ChunkedTokenDatabase`` + ``LocalCPUBackend.contains``); and the disk / host
+rows of :mod:`.storage` (LMDB and host tier against LMCache's
+``LocalDiskBackend`` / ``LocalCPUBackend``, raw direct I/O and memcpy). A
+peer that cannot run is skipped with the reason in ``results.json``.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from kvstore.bench.harness import Progress, Results, SuiteOptions, timeit
+from kvstore.bench.harness import Progress, Results, SuiteOptions, scratch_dir, timeit
 from kvstore.bench.lookup import BLOCK_SIZE, SGLANG_SCRIPT, fresh_store, time_commit
+from kvstore.bench.peers import storage
 from kvstore.bench.peers.process import PeerProcess
 from kvstore.bench.plots import grid, save
 from kvstore.hashing import block_keys
@@ -37,9 +42,11 @@ FULL_TOKENS = (4096, 32768, 131072)
 QUICK_TOKENS = (1024, 4096)
 ROOT = Path(__file__).resolve().parents[3]
 VLLM_SCRIPT = Path(__file__).with_name("vllm_lookup.py")
+LMCACHE_SCRIPT = Path(__file__).with_name("lmcache_storage.py")
 PEERS: dict[str, tuple[str, Path, str]] = {
     "vllm": ("KVSTORE_VLLM_PYTHON", VLLM_SCRIPT, ".venv-vllm"),
     "sglang": ("KVSTORE_SGLANG_PYTHON", SGLANG_SCRIPT, ".venv-sglang"),
+    "lmcache": ("KVSTORE_LMCACHE_PYTHON", LMCACHE_SCRIPT, ".venv-lmcache"),
 }
 """Peer name -> (environment variable naming its python, its script, its venv in the checkout)."""
 PAIRS: tuple[tuple[str, str, str, float | None], ...] = (
@@ -47,13 +54,12 @@ PAIRS: tuple[tuple[str, str, str, float | None], ...] = (
     ("speedup.kvstore_key_path/vllm_lookup", "vllm.lookup", "kvstore.key_path", 5.0),
     ("speedup.kvstore_lookup/sglang_match_prefix", "sglang.match_prefix", "kvstore.lookup", 1.0),
     ("speedup.kvstore_commit/sglang_insert", "sglang.insert", "kvstore.commit", 1.0),
+    ("speedup.kvstore_lookup/lmcache_lookup", "lmcache.lookup", "kvstore.lookup", None),
 )
 """(ratio name, peer figure, kvstore figure, target at the longest prompt): ratio = peer ms / kvstore ms."""
 NOT_MEASURED = {
-    "lmcache": "LMCache 0.5.6 (local disk / local CPU backends, token database) is not driven by this suite yet; "
-               "make venv-lmcache builds its environment",
-    "disk_and_host_rows": "durable put / cold get / host put-get against LMCache and the machine's limits: not in this "
-                          "suite yet (kvstore bench tiers measures kvstore against memcpy and raw direct I/O)",
+    "lmcache_commit": "LMCache's index insert of a prompt (issue 15's commit row, 'LMCache index') is not timed by "
+                      "this suite yet; its lookup and storage backends are",
 }
 
 
@@ -66,7 +72,9 @@ def _python(peer: str) -> str | None:
     return str(path) if path.exists() else None
 
 
-def _start_peers(options: SuiteOptions, results: Results, lengths: tuple[int, ...], repeat: int) -> dict[str, PeerProcess]:
+def _start_peers(options: SuiteOptions, results: Results, lengths: tuple[int, ...], repeat: int,
+                 extra: dict[str, list[str]] | None = None) -> dict[str, PeerProcess]:
+    """Every peer that can run, started with the prompts' options and its own ``extra`` ones; the others skipped."""
     peers: dict[str, PeerProcess] = {}
     for name, (env, script, venv) in PEERS.items():
         python = _python(name)
@@ -77,8 +85,8 @@ def _start_peers(options: SuiteOptions, results: Results, lengths: tuple[int, ..
         else:
             try:
                 peers[name] = PeerProcess(python, script, ["--lengths", ",".join(map(str, lengths)), "--seed",
-                                                           str(options.seed), "--block-size", str(BLOCK_SIZE),
-                                                           "--repeat", str(repeat)])
+                                                           str(options.seed), "--repeat", str(repeat),
+                                                           *(extra or {}).get(name, [])])
                 results.config[name] = {k: peers[name].info.get(k) for k in (name, "python", "import_s")}
             except (OSError, RuntimeError, ValueError) as exc:
                 results.skip(name, f"{python} could not run {script.name}: {exc}")
@@ -110,29 +118,51 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
         assert store.lookup(tokens).num_blocks == n // BLOCK_SIZE
         cases.append({"n": n, "tokens": tokens, "store": store, "keys": keys})
 
-    peers = _start_peers(options, results, lengths, repeat)
-    samples: dict[tuple[str, int], list[float]] = {}
-    progress.grow(rounds)
-    try:
-        for r in range(rounds):
-            for c in cases:
-                n, store, tokens, keys = c["n"], c["store"], c["tokens"], c["keys"]
-                timed: tuple[tuple[str, Callable[[], object]], ...] = (
-                    ("kvstore.lookup", lambda: store.lookup(tokens)),
-                    ("kvstore.key_path", lambda: store.index.match_keys(block_keys(tokens, layout))),
-                )
-                for name, fn in timed:
-                    samples.setdefault((name, n), []).append(timeit(fn, repeat) * 1e3)
-                samples.setdefault(("kvstore.commit", n), []).append(time_commit(layout, keys, tokens, repeat) * 1e3)
+    with scratch_dir(options) as data:  # the blocks shared with the LMCache peer, and its files
+        bench = storage.prepare(options, data)
+        results.config["storage"] = {"disk_block_bytes": list(storage.DISK_SIZES), "total_bytes": bench.total,
+                                     "host_block_bytes": list(storage.HOST_SIZES), "lmcache_durability":
+                                     "os.sync() after its writes complete (LMCache never fsyncs)",
+                                     "cold": "drop_caches before every cold get"}
+        extra = {"vllm": ["--block-size", str(BLOCK_SIZE)], "sglang": ["--block-size", str(BLOCK_SIZE)],
+                 "lmcache": bench.peer_args()}
+        peers = _start_peers(options, results, lengths, repeat, extra)
+        samples: dict[tuple[str, int], list[float]] = {}
+        disk_host: storage.Samples = {}
+        progress.grow(rounds)
+        try:
+            for r in range(rounds):
+                _kvstore_round(cases, layout, repeat, samples)
+                for key, gbps in storage.kvstore_round(bench, results, r).items():
+                    disk_host.setdefault(key, []).append(gbps)
+                for peer in peers.values():
+                    for f in peer.round_figures():
+                        if "gbps" in f:
+                            disk_host.setdefault((f["name"], f["block_bytes"]), []).append(f["gbps"])
+                        else:
+                            samples.setdefault((f["name"], f["prompt_tokens"]), []).append(f["ms"])
+                progress.step(f"round {r + 1}/{rounds}")
+        finally:
             for peer in peers.values():
-                for key, ms in peer.round().items():
-                    samples.setdefault(key, []).append(ms)
-            progress.step(f"round {r + 1}/{rounds}")
-    finally:
-        for peer in peers.values():
-            peer.close()
+                peer.close()
+    results.config["load_1min_end"] = os.getloadavg()[0]
     _report(results, samples, lengths)
+    storage.report(results, disk_host, bench.total)
     return results
+
+
+def _kvstore_round(cases: list[dict[str, Any]], layout: KVLayout, repeat: int,
+                   samples: dict[tuple[str, int], list[float]]) -> None:
+    """Append one round of kvstore's lookup, key path and commit times (ms) to ``samples``."""
+    for c in cases:
+        n, store, tokens, keys = c["n"], c["store"], c["tokens"], c["keys"]
+        timed: tuple[tuple[str, Callable[[], object]], ...] = (
+            ("kvstore.lookup", lambda: store.lookup(tokens)),
+            ("kvstore.key_path", lambda: store.index.match_keys(block_keys(tokens, layout))),
+        )
+        for name, fn in timed:
+            samples.setdefault((name, n), []).append(timeit(fn, repeat) * 1e3)
+        samples.setdefault(("kvstore.commit", n), []).append(time_commit(layout, keys, tokens, repeat) * 1e3)
 
 
 def _report(results: Results, samples: dict[tuple[str, int], list[float]], lengths: tuple[int, ...]) -> None:
@@ -149,10 +179,12 @@ def _report(results: Results, samples: dict[tuple[str, int], list[float]], lengt
 
 
 def plot(results: Results, path: Path) -> None:
-    """Time per prompt length of every row (log-log), and the paired speedups."""
-    fig, (ax_t, ax_s) = grid(2, f"kvstore vs real peers, {BLOCK_SIZE}-token blocks, prompt cached")
-    for name in sorted({f.name for f in results.figures}):
-        pts = sorted((f.params["prompt_tokens"], f.value) for f in results.figures if f.name == name)
+    """Time per prompt length of every lookup / commit row (log-log), the paired speedups, and the storage rows."""
+    fig, (ax_t, ax_s, ax_d, ax_h) = grid(4, f"kvstore vs real peers, {BLOCK_SIZE}-token blocks, prompt cached",
+                                         ncols=2)
+    timed = [f for f in results.figures if "prompt_tokens" in f.params]
+    for name in sorted({f.name for f in timed}):
+        pts = sorted((f.params["prompt_tokens"], f.value) for f in timed if f.name == name)
         ax_t.plot([x for x, _ in pts], [y for _, y in pts], "o-" if name.startswith("kvstore") else "s--", label=name)
     ax_t.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="ms")
     ax_t.legend(fontsize=7)
@@ -165,4 +197,5 @@ def plot(results: Results, path: Path) -> None:
     ax_s.set(xscale="log", xlabel="prompt tokens", ylabel="peer time / kvstore time (x)")
     ax_s.legend(fontsize=7)
     ax_s.grid(alpha=0.3)
+    storage.plot(results, ax_d, ax_h)
     save(fig, path)
