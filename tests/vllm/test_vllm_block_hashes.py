@@ -1,6 +1,7 @@
 """The router's vLLM block keys (kvstore/route/vllm_keys.py) are vLLM's own: chains from vLLM's request block
 hasher (extra keys, cache_salt, PYTHONHASHSEED seed) and its KV-event int form, and the known answers the main
-suite checks (tests/route/vllm_known_hashes.json) are what vLLM computes."""
+suite checks (tests/route/vllm_known_hashes.json) are what vLLM computes; the router's index, fed the events
+vLLM's own BlockPool queues, matches the router's keys."""
 
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
+from vllm.distributed import kv_events as vk
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core import kv_cache_utils as ku
+from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.request import Request
 
+from kvstore.route.index import PrefixHit, RouterIndex
+from kvstore.route.kv_events import decode_batch
 from kvstore.route.vllm_keys import VllmKeyScheme
 
 KNOWN = json.loads((Path(__file__).parent.parent / "route" / "vllm_known_hashes.json").read_text())["cases"]
@@ -83,3 +89,28 @@ def test_long_chains_match_vllms_hash_block_tokens(block_size: int, seed: str | 
         by_hand.append(parent)
     assert len(expected) == 12 and by_hand == expected
     assert VllmKeyScheme(block_size, seed).block_hashes(tokens, salt) == expected
+
+
+@pytest.mark.parametrize(("int_hashes", "salt"), [(True, None), (False, None), (True, "tenant")])
+def test_the_router_matches_the_events_vllms_block_pool_publishes(int_hashes: bool, salt: str | None,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  none_hash_restored: None) -> None:
+    """vLLM's BlockPool caches a request's full blocks and queues BlockStored; its bytes (vLLM's encoder), decoded
+    and applied by the router's index, hold exactly the prefix the router's keys look up."""
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1" if int_hashes else "0")
+    prompt = [(i * 31) % 997 for i in range(16 * 5 + 7)]  # 5 full blocks
+    case = {"name": "pool", "token_ids": prompt, "block_size": 16, "hash_seed": None, "cache_salt": salt}
+    _vllm_hashes(case, monkeypatch)  # seeds vLLM's NONE_HASH as a replica would
+    request = Request(request_id="r", prompt_token_ids=prompt, sampling_params=SamplingParams(max_tokens=1),
+                      pooling_params=None, cache_salt=salt, block_hasher=ku.get_request_block_hasher(16, sha256))
+    pool = BlockPool(num_gpu_blocks=16, enable_caching=True, hash_block_size=16, enable_kv_cache_events=True)
+    blocks = pool.get_new_blocks(5)
+    pool.cache_full_blocks(request, blocks, num_cached_blocks=0, num_full_blocks=3, block_size=16,
+                           kv_cache_group_id=0)
+    data = msgspec.msgpack.Encoder().encode(vk.KVEventBatch(ts=1.0, events=pool.take_events()))
+    index = RouterIndex()
+    index.add_replica("other")
+    index.apply("vllm-0", decode_batch(data))
+    keys = VllmKeyScheme(16, int_hashes=int_hashes).keys(prompt, salt)
+    assert len(keys) == 5 and all(isinstance(k, int if int_hashes else bytes) for k in keys)
+    assert index.cached_prefix(keys) == {"vllm-0": PrefixHit(3, {"gpu": 3}), "other": PrefixHit(0, {})}
