@@ -47,39 +47,34 @@ def _ids(req: CompletionRequest) -> list[int]:
     return list(req.prompt)
 
 
-def _vllm_replica(name: str, metrics: bytes = b"", content_type: str = "text/plain") -> web.Application:
-    """What a vLLM server answers: an empty 200 /health, Prometheus text /metrics, OpenAI completions."""
-    async def health(request: web.Request) -> web.Response:
-        return web.Response(status=200)
+def _replica(name: str, health: Callable[[], web.Response], metrics: Callable[[], web.Response]) -> web.Application:
+    """A fake replica answering ``health()`` on /health, ``metrics()`` on /metrics, and completions."""
+    async def get_health(request: web.Request) -> web.Response:
+        return health()
 
     async def get_metrics(request: web.Request) -> web.Response:
-        return web.Response(body=metrics, headers={"Content-Type": f"{content_type}; version=0.0.4; charset=utf-8"})
+        return metrics()
 
     async def complete(request: web.Request) -> web.Response:
         return web.json_response({"served_by": name})
 
     app = web.Application()
-    app.router.add_get("/health", health)
+    app.router.add_get("/health", get_health)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_post("/v1/completions", complete)
     return app
+
+
+def _vllm_replica(name: str, metrics: bytes = b"", content_type: str = "text/plain") -> web.Application:
+    """What a vLLM server answers: an empty 200 /health, Prometheus text /metrics."""
+    headers = {"Content-Type": f"{content_type}; version=0.0.4; charset=utf-8"}
+    return _replica(name, lambda: web.Response(status=200), lambda: web.Response(body=metrics, headers=headers))
 
 
 def _kvstore_replica(name: str) -> web.Application:
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "kv_layout": dataclasses.asdict(LAYOUT)})
-
-    async def get_metrics(request: web.Request) -> web.Response:
-        return web.json_response({"in_flight_requests": 0, "in_flight_tokens": 0})
-
-    async def complete(request: web.Request) -> web.Response:
-        return web.json_response({"served_by": name})
-
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", get_metrics)
-    app.router.add_post("/v1/completions", complete)
-    return app
+    """A kvstore engine server: its layout on /health, JSON /metrics."""
+    return _replica(name, lambda: web.json_response({"status": "ok", "kv_layout": dataclasses.asdict(LAYOUT)}),
+                    lambda: web.json_response({"in_flight_requests": 0, "in_flight_tokens": 0}))
 
 
 def _run(fleet: dict[str, tuple[web.Application, str]],
@@ -246,3 +241,20 @@ def test_bad_vllm_specs_name_the_part(text: str, bad: str) -> None:
     with pytest.raises(ValueError, match="--replica") as exc:
         parse_replica(text)
     assert bad in str(exc.value)
+
+
+def test_a_replica_without_keys_vllm_answering_like_vllm_is_up_by_load_and_a_bad_health_body_is_down() -> None:
+    def bad_health() -> web.Response:
+        return web.Response(body=b"<html>ok</html>", content_type="text/html")
+
+    async def test(client: TestClient, router: Router) -> None:
+        plain = router.replicas.replicas["plain"]
+        assert plain.up and plain.layout is None and plain.reported == ReplicaLoad(4, 0)  # Prometheus: not JSON
+        odd = router.replicas.replicas["odd"]
+        assert not odd.up and odd.reason is not None and odd.reason.endswith("/health: not JSON (Expecting value: "
+                                                                              "line 1 column 1 (char 0))")
+        assert router.replicas.layout is None
+        assert await _completion(client, list(range(40))) == ("plain", "0")
+
+    _run({"plain": (_vllm_replica("plain", VLLM_METRICS.encode()), ""),
+          "odd": (_replica("odd", bad_health, lambda: web.json_response({})), "")}, test)
