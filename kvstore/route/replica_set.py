@@ -33,7 +33,6 @@ from kvstore.route.policy import ReplicaLoad
 from kvstore.route.replica_metrics import replica_load
 from kvstore.route.vllm_keys import (
     DEFAULT_VLLM_BLOCK_SIZE,
-    VLLM_HASH_ALGOS,
     UnsupportedHashError,
     VllmHashAlgo,
     VllmKeyScheme,
@@ -74,11 +73,9 @@ def _vllm_scheme(text: str, fields: dict[str, str]) -> VllmKeyScheme:
     if int_hashes not in ("0", "1"):
         raise ValueError(f"--replica {text!r}: 'int_hashes={int_hashes}' is not int_hashes=0 or int_hashes=1 "
                          "(the replica's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)")
-    algo = fields.get("hash", "sha256")
-    if algo not in VLLM_HASH_ALGOS:
-        raise ValueError(f"--replica {text!r}: 'hash={algo}' is not one of vLLM's {', '.join(VLLM_HASH_ALGOS)}")
+    algo = cast(VllmHashAlgo, fields.get("hash", "sha256"))  # VllmKeyScheme refuses a name vLLM does not have
     try:
-        return VllmKeyScheme(int(block_size), fields.get("hash_seed"), cast(VllmHashAlgo, algo), int_hashes == "1")
+        return VllmKeyScheme(int(block_size), fields.get("hash_seed"), algo, int_hashes == "1")
     except UnsupportedHashError as exc:
         raise ValueError(f"--replica {text!r}: {exc}") from None
 

@@ -78,7 +78,7 @@ def vllm_hash_function(algo: str) -> Callable[[Any], bytes]:
     """vLLM's ``get_hash_fn_by_name(algo)``: serialize (pickle or canonical CBOR), then digest (sha256 or
     xxh3-128). Raises :class:`UnsupportedHashError` for an unknown name or a missing package, naming it."""
     if algo not in VLLM_HASH_ALGOS:
-        raise UnsupportedHashError(f"hash={algo!r} is not one of vLLM's {', '.join(VLLM_HASH_ALGOS)}")
+        raise UnsupportedHashError(f"'hash={algo}' is not one of vLLM's {', '.join(VLLM_HASH_ALGOS)}")
     serialize, digest = _serializer(algo), _digest(algo)
     return lambda obj: digest(serialize(obj))
 

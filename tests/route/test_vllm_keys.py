@@ -51,7 +51,7 @@ def test_a_salt_or_a_seed_changes_every_key_and_the_salt_only_enters_the_first_b
 
 @pytest.mark.parametrize(("kwargs", "says"), [
     ({"block_size": 0}, "block_size must be > 0, got 0"),
-    ({"algo": "md5"}, "hash='md5' is not one of vLLM's sha256, sha256_cbor, xxhash, xxhash_cbor"),
+    ({"algo": "md5"}, "'hash=md5' is not one of vLLM's sha256, sha256_cbor, xxhash, xxhash_cbor"),
     ({"algo": "xxhash"}, "hash=xxhash without hash_seed: vLLM seeds non-cryptographic hashes with random bytes"),
     ({"algo": "xxhash_cbor"}, "set PYTHONHASHSEED on the replica and give it as hash_seed="),
 ])
