@@ -19,7 +19,7 @@ import msgspec
 import pytest
 from vllm.distributed import kv_events as vk
 from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import sha256
+from vllm.utils.hashing import sha256, sha256_cbor
 from vllm.v1.core import kv_cache_utils as ku
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.request import Request
@@ -114,3 +114,14 @@ def test_the_router_matches_the_events_vllms_block_pool_publishes(int_hashes: bo
     keys = VllmKeyScheme(16, int_hashes=int_hashes).keys(prompt, salt)
     assert len(keys) == 5 and all(isinstance(k, int if int_hashes else bytes) for k in keys)
     assert index.cached_prefix(keys) == {"vllm-0": PrefixHit(3, {"gpu": 3}), "other": PrefixHit(0, {})}
+
+
+def test_sha256_cbor_chains_match_vllms_where_cbor2_is_installed(monkeypatch: pytest.MonkeyPatch,
+                                                                 none_hash_restored: None) -> None:
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    ku.init_none_hash(sha256_cbor)
+    tokens = list(range(50))
+    request = Request(request_id="cbor", prompt_token_ids=tokens, sampling_params=SamplingParams(max_tokens=1),
+                      pooling_params=None, cache_salt="s", block_hasher=ku.get_request_block_hasher(16, sha256_cbor))
+    assert len(request.block_hashes) == 3
+    assert VllmKeyScheme(16, algo="sha256_cbor").block_hashes(tokens, "s") == list(request.block_hashes)
