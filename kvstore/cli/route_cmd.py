@@ -65,9 +65,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "route",
         help="KV-cache-aware reverse proxy: send each request to the replica that holds its prefix",
         description="An OpenAI-compatible reverse proxy (POST /v1/completions, /v1/chat/completions, streaming "
-        "included) in front of engine replicas (`kvstore engine serve`). It tokenizes each prompt with the served "
-        "model's tokenizer and chat template, computes kvstore's block keys (rooted in the KV layout the "
-        "replicas report on /health), looks them up in an index built from the replicas' KV events, and picks "
+        "included) in front of engine replicas (`kvstore engine serve`, or vLLM with keys=vllm). It tokenizes "
+        "each prompt with the served model's tokenizer and chat template, computes kvstore's block keys (rooted "
+        "in the KV layout the replicas report on /health) and vLLM's for vLLM replicas, looks them up in an "
+        "index built from the replicas' KV events, and picks "
         "the replica with the lowest cost: uncached prompt blocks (weighted by tier) plus load (in-flight "
         "requests and tokens: its own accounting plus the replicas' /metrics). A replica that is down gets no "
         "traffic and a request it refused is retried on the next best one. POST /route answers the choice "
@@ -77,10 +78,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a sidecar daemon's KV events (`kvstore serve --events-endpoint EP`, or daemon.events): the "
                    "blocks it holds count, in its host and disk tiers, for the replicas that share it (serves=, "
                    "replica names joined by +; default every replica); repeat per daemon")
-    p.add_argument("--replica", action="append", required=True, metavar="URL[,events=EP,replay=EP,name=NAME]",
+    p.add_argument("--replica", action="append", required=True,
+                   metavar="URL[,events=EP,replay=EP,name=NAME,keys=vllm,...]",
                    help="a replica's base URL, with its ZMQ KV-events endpoint (events=tcp://HOST:PORT), its "
                    "replay endpoint (replay=...), and a name (default: HOST:PORT of the URL); repeat per replica. "
-                   "A replica without events= is routed by load only")
+                   "A replica without events= is routed by load only. A vLLM replica: keys=vllm, with "
+                   "block_size=N (its --block-size, default 16), hash_seed=S (its PYTHONHASHSEED, if set), "
+                   "hash=ALGO (its --prefix-caching-hash-algo, default sha256), int_hashes=0|1 (its "
+                   "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, default 1) and model=NAME (its served model: requests "
+                   "for another, a LoRA adapter, go to it by load only); its /metrics are read as Prometheus "
+                   "text")
     p.add_argument("--model", default="default", metavar="PATH",
                    help="the model the replicas serve, for its tokenizer and chat template: 'default', a .gguf "
                    "file, a checkpoint directory, or 'builtin' (default: default)")

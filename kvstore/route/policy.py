@@ -6,6 +6,12 @@ replica ``r`` must compute and the tier's weight (below 1) for one it must load.
 alone sends all traffic to whichever replica cached most, so the load term is what keeps the
 fleet balanced; with ``token_weight = block_weight / block_tokens`` both terms are in units of
 "tokens of prefill waiting", an estimate of the time to first token.
+
+Replicas with other block sizes (a vLLM replica keyed in its own blocks beside kvstore's) are
+made comparable by a per-replica ``scale``: its block size in the policy's block unit (the
+fleet's kvstore block size). The prompt's length is then counted in unit blocks for everyone,
+and a replica's hit and loaded blocks are multiplied by its scale; a scale of 1 (every kvstore
+replica) gives exactly the unscaled cost.
 """
 
 from __future__ import annotations
@@ -71,16 +77,19 @@ class CostPolicy:
         return cls(block_weight=1.0, token_weight=load_weight / block_tokens,
                    tier_weights=dict(DEFAULT_TIER_WEIGHTS if tier_weights is None else tier_weights))
 
-    def cost(self, num_blocks: int, hit: PrefixHit, load: ReplicaLoad) -> float:
-        """The cost of sending a prompt of ``num_blocks`` full blocks to a replica with ``hit`` and ``load``."""
+    def cost(self, num_blocks: int, hit: PrefixHit, load: ReplicaLoad, scale: float = 1.0) -> float:
+        """The cost of sending a prompt of ``num_blocks`` full blocks to a replica with ``hit`` and ``load``;
+        ``scale``: the replica's block size in units of the blocks ``num_blocks`` counts (its hit is in its own
+        blocks)."""
         loaded = sum(self.tier_weights.get(t, 1.0) * n for t, n in hit.by_tier.items())
-        missing = max(num_blocks - hit.blocks, 0)
-        return (self.block_weight * (missing + loaded) + self.request_weight * load.in_flight_requests
+        missing = max(num_blocks - hit.blocks * scale, 0)
+        return (self.block_weight * (missing + loaded * scale) + self.request_weight * load.in_flight_requests
                 + self.token_weight * load.in_flight_tokens)
 
-    def choose(self, num_blocks: int, hits: Mapping[str, PrefixHit],
-               loads: Mapping[str, ReplicaLoad]) -> Decision:
-        """The cheapest replica that is up among ``loads`` (a replica without a hit has none cached).
+    def choose(self, num_blocks: int, hits: Mapping[str, PrefixHit], loads: Mapping[str, ReplicaLoad],
+               scales: Mapping[str, float] | None = None) -> Decision:
+        """The cheapest replica that is up among ``loads`` (a replica without a hit has none cached; one without
+        a scale has scale 1: see :meth:`cost`).
 
         Raises :class:`NoReplicaError` when none is up. Changes nothing.
         """
@@ -88,7 +97,8 @@ class CostPolicy:
         empty = PrefixHit(0, {})
         for name, load in loads.items():
             if load.up:
-                costs[name] = self.cost(num_blocks, hits.get(name, empty), load)
+                scale = 1.0 if scales is None else scales.get(name, 1.0)
+                costs[name] = self.cost(num_blocks, hits.get(name, empty), load, scale)
         if not costs:
             raise NoReplicaError(f"no replica is up (known: {', '.join(sorted(loads)) or 'none'})")
         best = min(costs, key=lambda r: (costs[r], loads[r].in_flight_requests, r))

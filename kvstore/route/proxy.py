@@ -3,9 +3,9 @@
 Per request::
 
     body --parse_request--> CompletionRequest --token_ids--> prompt tokens
-         --block_keys(layout from the replicas' /health, cache_salt)--> keys
-         --RouterIndex.cached_prefix--> hit per replica
-         --CostPolicy.choose(hits, loads of the replicas that are up)--> replica
+         --prompt_keys(layout from the replicas' /health, vLLM replicas' schemes, cache_salt)--> keys per scheme
+         --cached_prefixes (RouterIndex.cached_prefix per scheme)--> hit per replica, in its own blocks
+         --CostPolicy.choose(hits, loads of the replicas that are up, block scales)--> replica
          --forward (SSE streamed through as it arrives)--> client
 
 A replica that refuses the connection (or answers 502-504) before any byte
@@ -28,10 +28,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kvstore.hashing import block_keys
-from kvstore.route.index import PrefixHit, RouterIndex
+from kvstore.route.index import RouterIndex
 from kvstore.route.openai_request import CompletionRequest, RequestError, RequestKind, parse_request
 from kvstore.route.policy import CostPolicy, Decision
+from kvstore.route.prompt_keys import PromptKeys, block_scales, cached_prefixes, prompt_keys
 from kvstore.route.replica_set import ReplicaSet
 
 ROUTED_HEADER = "x-kvstore-routed-to"
@@ -39,7 +39,6 @@ ROUTED_HEADER = "x-kvstore-routed-to"
 HIT_HEADER = "x-kvstore-hit-blocks"
 """Response header: prompt blocks the router's index found cached on that replica."""
 _RETRY_STATUSES = (502, 503, 504)
-_NO_HIT = PrefixHit(0, {})
 
 
 def error_response(message: str, param: str | None = None, status: int = 400) -> web.Response:
@@ -56,6 +55,7 @@ class RouteStats:
     decisions: int = 0
     by_replica: dict[str, int] = field(default_factory=dict)
     prompt_blocks: int = 0
+    """Prompt blocks of the decisions, each in its chosen replica's blocks (a vLLM replica's may be larger)."""
     hit_blocks: int = 0
     hit_histogram: dict[str, int] = field(default_factory=dict)
     """Decisions by hit blocks, bucketed 0, 1-3, 4-15, 16-63, 64+."""
@@ -122,24 +122,24 @@ class Router:
             await self._session.close()
 
     # ----------------------------------------------------------------- deciding
-    def keys(self, req: CompletionRequest) -> tuple[list[int], list[bytes]]:
-        """The request's token ids and block keys (no keys before any replica reported its layout)."""
-        ids = self.token_ids(req)
-        layout = self.replicas.layout
-        return ids, ([] if layout is None else block_keys(ids, layout, req.cache_salt))
+    def keys(self, req: CompletionRequest) -> PromptKeys:
+        """The request's token ids and block keys under every scheme in the fleet (no kvstore keys before any
+        kvstore replica reported its layout)."""
+        specs = [r.spec for r in self.replicas.replicas.values()]
+        return prompt_keys(self.token_ids(req), specs, self.replicas.layout, req.cache_salt, req.model)
 
-    def decide(self, keys: list[bytes], exclude: set[str] = frozenset()) -> Decision | None:  # type: ignore[assignment]  # a frozenset default is never mutated
+    def decide(self, keys: PromptKeys, exclude: set[str] = frozenset()) -> Decision | None:  # type: ignore[assignment]  # a frozenset default is never mutated
         """The policy's choice among the replicas that are up and not in ``exclude``; None when there is none."""
         started = time.perf_counter()
         loads = {n: load for n, load in self.replicas.loads().items() if load.up and n not in exclude}
         if not loads:
             return None
-        hits: dict[str, PrefixHit] = {}
-        if keys:
-            with self.index_lock:
-                hits = self.index.cached_prefix(keys)
-        decision = self.policy.choose(len(keys), {n: hits.get(n, _NO_HIT) for n in loads}, loads)
-        self.stats.record(decision, len(keys), time.perf_counter() - started)
+        specs = [self.replicas.replicas[n].spec for n in loads]
+        with self.index_lock:
+            hits = cached_prefixes(self.index, keys, specs)
+        decision = self.policy.choose(keys.unit_blocks, hits, loads, block_scales(keys, specs))
+        prompt_blocks = len(keys.of(self.replicas.replicas[decision.replica].spec))
+        self.stats.record(decision, prompt_blocks, time.perf_counter() - started)
         return decision
 
     def _none_up(self) -> web.Response:
@@ -169,25 +169,26 @@ class Router:
         as in flight)."""
         try:
             _, req = await self._parse("completion", request)
-            ids, keys = self.keys(req)
+            keys = self.keys(req)
         except RequestError as exc:
             return error_response(str(exc), exc.param)
         decision = self.decide(keys)
         if decision is None:
             return self._none_up()
+        spec = self.replicas.replicas[decision.replica].spec
         return web.json_response({
-            "replica": decision.replica, "url": self.replicas.replicas[decision.replica].spec.url,
-            "prompt_tokens": len(ids), "prompt_blocks": len(keys), "hit_blocks": decision.hit.blocks,
+            "replica": decision.replica, "url": spec.url, "prompt_tokens": len(keys.token_ids),
+            "prompt_blocks": len(keys.of(spec)), "hit_blocks": decision.hit.blocks,
             "hit_by_tier": decision.hit.by_tier, "costs": decision.costs})
 
     async def _forward(self, kind: RequestKind, path: str, request: web.Request) -> web.StreamResponse:
         try:
             raw, req = await self._parse(kind, request)
-            ids, keys = self.keys(req)
+            keys = self.keys(req)
         except RequestError as exc:
             return error_response(str(exc), exc.param)
         assert self._session is not None
-        tokens = len(ids) + req.max_tokens
+        tokens = len(keys.token_ids) + req.max_tokens
         tried: set[str] = set()
         while True:
             decision = self.decide(keys, tried)

@@ -8,7 +8,10 @@ count plus the *others'* share of the last report (the report minus what the
 router had in flight around the poll), so a stale report never counts the
 router's own finished requests twice. A replica is *down* after a connection
 error or a failed ``/health`` and up again after a successful poll.
-``/health`` also gives the replica's KV layout, the root of its block keys.
+``/health`` also gives a kvstore replica's KV layout, the root of its block keys.
+A vLLM replica (``keys=vllm``) answers an empty ``/health`` and Prometheus
+``/metrics`` (:mod:`kvstore.route.replica_metrics`); its keys follow its
+:class:`~kvstore.route.vllm_keys.VllmKeyScheme`, given in its spec.
 What a replica holds (and forgetting it on a restart) is the event
 subscriber's business, not this module's.
 """
@@ -16,28 +19,65 @@ subscriber's business, not this module's.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from kvstore.layout import KVLayout
 from kvstore.route.policy import ReplicaLoad
+from kvstore.route.replica_metrics import replica_load
+from kvstore.route.vllm_keys import (
+    DEFAULT_VLLM_BLOCK_SIZE,
+    UnsupportedHashError,
+    VllmHashAlgo,
+    VllmKeyScheme,
+)
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """One ``--replica URL[,events=EP][,replay=EP][,name=NAME]`` argument."""
+    """One ``--replica URL[,events=EP][,replay=EP][,name=NAME][,keys=vllm,...]`` argument."""
 
     name: str
     url: str
     events: str | None = None
     replay: str | None = None
+    vllm: VllmKeyScheme | None = None
+    """How a vLLM replica keys its blocks (``keys=vllm``); None: a kvstore replica, keyed by kvstore's chain
+    rooted in the layout its ``/health`` reports."""
+    model: str | None = None
+    """A vLLM replica's served model name (``model=``): a request naming another model (a LoRA adapter) is
+    routed there by load only, its keys unknown. None: every request is taken to be for the base model."""
+
+
+_OPTIONS = {"events": "events=ENDPOINT", "replay": "replay=ENDPOINT", "name": "name=NAME",
+            "keys": "keys=kvstore|vllm", "block_size": "block_size=TOKENS", "hash_seed": "hash_seed=SEED",
+            "hash": "hash=ALGO", "int_hashes": "int_hashes=0|1", "model": "model=NAME"}
+_VLLM_OPTIONS = ("block_size", "hash_seed", "hash", "int_hashes", "model")
+
+
+def _vllm_scheme(text: str, fields: dict[str, str]) -> VllmKeyScheme:
+    """The key scheme ``keys=vllm`` options describe; raises ``ValueError`` naming the bad part."""
+    block_size = fields.get("block_size", str(DEFAULT_VLLM_BLOCK_SIZE))
+    if not block_size.isdigit() or int(block_size) <= 0:
+        raise ValueError(f"--replica {text!r}: 'block_size={block_size}' is not a positive number of tokens "
+                         "(the replica's --block-size)")
+    int_hashes = fields.get("int_hashes", "1")
+    if int_hashes not in ("0", "1"):
+        raise ValueError(f"--replica {text!r}: 'int_hashes={int_hashes}' is not int_hashes=0 or int_hashes=1 "
+                         "(the replica's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)")
+    algo = cast(VllmHashAlgo, fields.get("hash", "sha256"))  # VllmKeyScheme refuses a name vLLM does not have
+    try:
+        return VllmKeyScheme(int(block_size), fields.get("hash_seed"), algo, int_hashes == "1")
+    except UnsupportedHashError as exc:
+        raise ValueError(f"--replica {text!r}: {exc}") from None
 
 
 def parse_replica(text: str) -> ReplicaSpec:
@@ -49,10 +89,17 @@ def parse_replica(text: str) -> ReplicaSpec:
     fields: dict[str, str] = {}
     for option in options:
         key, sep, value = option.partition("=")
-        if not sep or key not in ("events", "replay", "name") or not value:
-            raise ValueError(f"--replica {text!r}: {option!r} is not events=ENDPOINT, replay=ENDPOINT or name=NAME")
+        if not sep or key not in _OPTIONS or not value or key in fields:
+            raise ValueError(f"--replica {text!r}: {option!r} is not {', '.join(_OPTIONS.values())} (each once)")
         fields[key] = value
-    return ReplicaSpec(fields.get("name", parts.netloc), url.rstrip("/"), fields.get("events"), fields.get("replay"))
+    keys = fields.get("keys", "kvstore")
+    if keys not in ("kvstore", "vllm"):
+        raise ValueError(f"--replica {text!r}: 'keys={keys}' is not keys=kvstore or keys=vllm")
+    vllm_only = [f"{k}={fields[k]}" for k in _VLLM_OPTIONS if k in fields]
+    if keys == "kvstore" and vllm_only:
+        raise ValueError(f"--replica {text!r}: {vllm_only[0]!r} needs keys=vllm (it describes a vLLM replica)")
+    return ReplicaSpec(fields.get("name", parts.netloc), url.rstrip("/"), fields.get("events"), fields.get("replay"),
+                       _vllm_scheme(text, fields) if keys == "vllm" else None, fields.get("model"))
 
 
 @dataclass(frozen=True)
@@ -179,23 +226,20 @@ class ReplicaSet:
         own_before = (replica.requests, replica.tokens)
         try:
             async with session.get(f"{url}/health", timeout=self.timeout) as resp:
-                health = await resp.json() if resp.status == 200 else None
-                status = resp.status
-            metrics: dict[str, Any] = {}
+                status, health_body = resp.status, await resp.read()
             async with session.get(f"{url}/metrics", timeout=self.timeout) as resp:
-                if resp.status == 200 and resp.content_type == "application/json":
-                    metrics = await resp.json()
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                reported = (replica_load(resp.content_type, await resp.read()) if resp.status == 200
+                            else ReplicaLoad(0, 0))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             self.mark_down(name, f"{url}: {type(exc).__name__}: {exc}")
             return
-        if health is None:
+        if status != 200:
             self.mark_down(name, f"{url}/health answered {status}")
             return
-        problem = self._check_layout(replica, health.get("kv_layout"))
+        problem = self._check_health(replica, health_body)
         if problem is not None:
             self.mark_down(name, problem)
             return
-        reported = ReplicaLoad(int(metrics.get("in_flight_requests", 0)), int(metrics.get("in_flight_tokens", 0)))
         # The report counts the router's own requests too: take off the most the router had in flight
         # while the report was made (before or after it), so a request that finished meanwhile is not
         # counted twice.
@@ -207,6 +251,17 @@ class ReplicaSet:
         if not replica.up:
             log.info("replica %s is up", name)
         replica.up, replica.reason = True, None
+
+    def _check_health(self, replica: Replica, body: bytes) -> str | None:
+        """Why ``replica``'s 200 ``/health`` body rules it out, or None. A vLLM replica's body is not read (vLLM
+        answers an empty 200); a kvstore one's is its JSON status with the KV layout, or empty (no layout)."""
+        if replica.spec.vllm is not None or not body.strip():
+            return None  # no kvstore layout: a vLLM replica keyed by its own scheme, or routed by load
+        try:
+            health = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return f"{replica.spec.url}/health: not JSON ({exc})"
+        return self._check_layout(replica, health.get("kv_layout") if isinstance(health, dict) else None)
 
     def _check_layout(self, replica: Replica, fields: Any) -> str | None:
         """Why ``replica``'s reported layout rules it out, or None. The first layout seen becomes the set's."""

@@ -50,3 +50,11 @@ def test_for_block_size_puts_both_terms_in_prompt_tokens() -> None:
     assert p.cost(2, PrefixHit(0, {}), ReplicaLoad(0, 1024)) == pytest.approx(3.0)
     with pytest.raises(ValueError, match="load_weight >= 0"):
         CostPolicy.for_block_size(16, load_weight=-1)
+
+
+def test_a_replica_with_larger_blocks_is_weighed_in_the_policys_unit() -> None:
+    p = CostPolicy()
+    hits = {"k": PrefixHit(2, {"gpu": 2}), "v": PrefixHit(2, {"gpu": 1, "host": 1})}  # v: 2 blocks of 32 tokens
+    d = p.choose(6, hits, {"k": ReplicaLoad(0, 0), "v": ReplicaLoad(0, 0)}, {"v": 2.0})
+    assert d.replica == "v" and d.costs == {"k": 4.0, "v": pytest.approx(2.0 + 0.05 * 2)}
+    assert p.cost(3, PrefixHit(4, {"gpu": 4}), ReplicaLoad(0, 0), scale=1.5) == 0.0  # a hit past the prompt: no miss
