@@ -33,6 +33,10 @@ class EventsConfig(Section):
     """Batches kept for replay; older ones are recovered with a full report."""
     interval_s: float = Field(0.05, gt=0, le=60)
     """How often the store's event queue is drained and published."""
+    heartbeat_s: float | None = Field(1.0, gt=0, le=3600)
+    """After this many seconds with nothing to publish, an empty batch: its seq tells a router that missed
+    batches or a whole restart that it is behind (it then replays or asks for a full report) without
+    waiting for the next real event; ``null``: never (vLLM's publisher sends none)."""
 
     @field_validator("endpoint", "replay_endpoint")
     @classmethod

@@ -54,10 +54,12 @@ class EventPublisher:
 
     def __init__(self, endpoint: str, replay_endpoint: str | None, replica: str, *, block_size: int = 16,
                  topic: str = "", buffer_batches: int = 10_000, report: Report | None = None,
-                 hwm: int = 100_000, context: zmq.Context | None = None) -> None:
+                 hwm: int = 100_000, context: zmq.Context | None = None, first_seq: int = 0) -> None:
         """Bind ``endpoint`` (and ``replay_endpoint``); port 0 picks a free port (see :attr:`endpoint`).
 
         ``report``: how to build a full report; without one, a report request gets only the end marker.
+        ``first_seq``: the seq of the first batch (vLLM's publisher starts at 0; :func:`publish_feed` starts
+        each process at :func:`start_seq`, so a restart's seqs never repeat the previous run's).
         """
         self.replica = replica
         self.block_size = block_size
@@ -66,7 +68,9 @@ class EventPublisher:
         self._ctx = context or zmq.Context.instance()
         self._lock = threading.Lock()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
-        self._next_seq = 0
+        self._next_seq = first_seq
+        self._sent_at = time.monotonic()
+        self._heartbeat_s: float | None = None
         self.replays_served = 0
         """Replay requests answered (counted on the replay thread)."""
         self.reports_served = 0
@@ -122,7 +126,14 @@ class EventPublisher:
             self._next_seq += 1
             self._send((self._topic, seq.to_bytes(8, "big"), payload))
             self._buffer.append((seq, payload))
+            self._sent_at = time.monotonic()
         return seq
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds since the last batch was published."""
+        with self._lock:
+            return time.monotonic() - self._sent_at
 
     def _send(self, frames: tuple[bytes, bytes, bytes]) -> None:
         """Put one batch on the wire (called under the lock; the one place a batch is sent)."""
@@ -151,12 +162,17 @@ class EventPublisher:
         """Publish ``AllBlocksCleared`` (a start or a reset: the router forgets what this replica held)."""
         return self.publish_kv([AllBlocksCleared()])
 
-    def follow(self, drain: Callable[[], list[StoreEvent]], interval_s: float) -> None:
+    def follow(self, drain: Callable[[], list[StoreEvent]], interval_s: float, heartbeat_s: float | None = None) -> None:
         """Every ``interval_s``, on a thread, publish what ``drain`` returns (a store's ``drain_events``);
-        :meth:`close` publishes what is left and stops it. Once per publisher."""
+        :meth:`close` publishes what is left and stops it. Once per publisher.
+
+        ``heartbeat_s``: after that long with nothing to publish, publish an empty batch. Its seq tells a
+        router that missed batches, or a whole restart (batch 0 lost while its SUB socket reconnected),
+        that it is behind, so it recovers without waiting for the replica's next real event."""
         if self._follower is not None:
             raise RuntimeError(f"event publisher of replica {self.replica} already follows a store")
         self._drain = drain
+        self._heartbeat_s = heartbeat_s
         self._follower = threading.Thread(target=self._follow, args=(interval_s,),
                                           name=f"kv-events-{self.replica}", daemon=True)
         self._follower.start()
@@ -170,7 +186,8 @@ class EventPublisher:
     def _follow(self, interval_s: float) -> None:
         while not self._stop_follow.wait(interval_s):
             try:
-                self.pump()
+                if self.pump() < 0 and self._heartbeat_s is not None and self.idle_s >= self._heartbeat_s:
+                    self.publish_kv([])
             except Exception:  # noqa: BLE001 - the thread must outlive one failure; logged with its cause
                 log.exception("replica %s: publishing KV events failed", self.replica)
 
@@ -242,6 +259,14 @@ def _bind(sock: zmq.Socket, endpoint: str) -> str:
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
+def start_seq() -> int:
+    """The first seq of a process's feed: microseconds since the epoch. Each later batch adds one, so a
+    restarted replica's seqs are above the previous run's (unless that run sent over a million batches a
+    second), and a router that missed the restart sees a gap: the replay it asks for then begins at the
+    new run's first batch, a full report (``AllBlocksCleared`` first), which replaces what it knew."""
+    return time.time_ns() // 1000
+
+
 def default_replica_id() -> str:
     """``<hostname>:<pid>``: the replica id when the config names none."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -265,8 +290,8 @@ def publish_feed(cfg: EventsConfig, block_size: int, drain: Callable[[], list[St
     replica id is ``cfg.replica_id``, else ``default_id``, else :func:`default_replica_id`."""
     publisher = EventPublisher(cfg.endpoint, cfg.replay_endpoint, cfg.replica_id or default_id or default_replica_id(),
                                block_size=block_size, topic=cfg.topic, buffer_batches=cfg.buffer_batches,
-                               report=lambda: report_events(holdings(), block_size))
+                               report=lambda: report_events(holdings(), block_size), first_seq=start_seq())
     drain()  # what the holdings below already include
     publisher.publish_kv(report_events(holdings(), block_size))
-    publisher.follow(drain, cfg.interval_s)
+    publisher.follow(drain, cfg.interval_s, cfg.heartbeat_s)
     return publisher

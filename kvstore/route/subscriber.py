@@ -198,9 +198,12 @@ class EventSubscriber:
             self._apply(name, seq, batch)
         elif seq > expected:
             feed.gaps += 1
-            feed.lost_batches += seq - expected
-            self._log.warning(f"gap:{name}", "replica %s: batches %d..%d missing; recovering", name, expected, seq - 1)
-            self._recover(name, expected)
+            joined = feed.last_seq is None  # a first contact: what came before is not "lost"
+            if not joined:
+                self._log.warning(f"gap:{name}", "replica %s: batches %d..%d missing; recovering", name, expected,
+                                  seq - 1)
+            if not self._recover(name, expected) and not joined:
+                feed.lost_batches += seq - expected  # not a restart: those batches were really lost
             self._catch_up(name, seq, batch)
         elif seq == 0 and batch.events and isinstance(batch.events[0], AllBlocksCleared):
             feed.restarts += 1
@@ -238,19 +241,31 @@ class EventSubscriber:
         self._log.warning(f"bad:{name}:{what}", "replica %s: rejected a message: %s", name, detail)
 
     # ---------------------------------------------------------- recovery
-    def _recover(self, name: str, start: int) -> None:
-        """Replay from ``start``; fall back to a full report when the replica no longer has it."""
+    def _recover(self, name: str, start: int) -> bool:
+        """Replay from ``start``; fall back to a full report when the replica no longer has it. Returns whether
+        the replay began a new history instead (a restart, or a first contact: its seqs are not "lost")."""
         feed = self.feeds[name]
-        replies = self._ask(name, start.to_bytes(8, "big"))
+        replies = self._ask(name, start.to_bytes(8, "big", signed=True))
         if replies is not None:
             batches = [(s, b) for s, b in replies if s >= start]
-            if batches and batches[0][0] == start:
+            fresh = bool(batches) and batches[0][0] != start and _starts_history(batches[0][1])
+            if fresh:
+                # The replica's buffer begins with its first batch (a full report, AllBlocksCleared first)
+                # after the seq asked for: it restarted (or we joined late). That batch and the rest are
+                # its whole history: apply them instead of asking for a report.
+                if feed.last_seq is not None:
+                    feed.restarts += 1
+                    self._log.warning(f"restart:{name}", "replica %s restarted (its feed now begins at batch %d)",
+                                      name, batches[0][0])
+                feed.last_seq = batches[0][0] - 1
+            if batches and batches[0][0] == (feed.last_seq if feed.last_seq is not None else -1) + 1:
                 for s, b in batches:
                     if s == (feed.last_seq if feed.last_seq is not None else -1) + 1:
                         self._apply(name, s, b)
                 feed.replays += 1
-                return
+                return fresh
         self._full_report(name)
+        return False
 
     def _full_report(self, name: str) -> None:
         """Replace what the index holds for ``name`` with its full report (cleared when it gives none)."""
@@ -299,3 +314,8 @@ class EventSubscriber:
                     return None
         finally:
             sock.close(linger=0)
+
+
+def _starts_history(batch: KVEventBatch) -> bool:
+    """Whether ``batch`` begins with ``AllBlocksCleared`` (a replica's first batch, or a reset)."""
+    return bool(batch.events) and isinstance(batch.events[0], AllBlocksCleared)

@@ -34,11 +34,11 @@ class Replica:
     """A fake replica: the set of blocks it holds (for its full report) and its publisher."""
 
     def __init__(self, name: str, endpoint: str = "tcp://127.0.0.1:0", replay: str | None = "tcp://127.0.0.1:0",
-                 buffer_batches: int = 100, drop: set[int] | None = None) -> None:
+                 buffer_batches: int = 100, drop: set[int] | None = None, first_seq: int = 0) -> None:
         self.held: dict[str, list[bytes]] = {"gpu": []}
         report = lambda: report_events({t: list(k) for t, k in self.held.items()}, 16)  # noqa: E731
         cls = LossyPublisher if drop else EventPublisher
-        self.pub = cls(endpoint, replay, name, buffer_batches=buffer_batches, report=report)
+        self.pub = cls(endpoint, replay, name, buffer_batches=buffer_batches, report=report, first_seq=first_seq)
         if drop:
             self.pub.drop = drop  # type: ignore[attr-defined]
 
@@ -264,3 +264,39 @@ def test_a_store_that_clashes_with_a_replica_or_serves_an_unknown_one_is_refused
     index = RouterIndex()
     EventSubscriber(index, replicas, stores={"d": StoreEndpoints("tcp://127.0.0.1:2", serves=("a",))})
     assert index.replicas() == ["a"] and index.stores() == ["d"]
+
+
+def test_an_idle_publisher_sends_heartbeats_and_a_missed_restart_is_found_by_their_seq(
+        follow: Callable[..., EventSubscriber]) -> None:
+    a = Replica("a", first_seq=1000)
+    sub = follow(a)
+    a.store(K[0], K[1], K[2])
+    wait_until(lambda: sub.feeds["a"].last_seq == 1000)
+    reports = sub.feeds["a"].full_reports  # its first batch was no full report: the router joined with one
+    endpoint, replay = a.pub.endpoint, a.pub.replay_endpoint
+    a.pub.close()
+    a2 = _rebind(lambda: Replica("a", endpoint, replay, first_seq=2000))  # restarted (seqs from start_seq())
+    a2.pub.publish_kv(report_events({}, 16))  # its batch 0, a full report; lost to the router (not subscribed yet)
+    a2.pub.follow(lambda: [], interval_s=0.02, heartbeat_s=0.1)
+    # The first heartbeat that arrives shows a gap; the replay asked for begins at the restarted run's first
+    # batch (AllBlocksCleared): the router takes it as a restart and forgets K[0..2], with no real event.
+    wait_until(lambda: _prefix(sub, [K[0]])["a"] == PrefixHit(0, {}))
+    feed = sub.feeds["a"]
+    assert feed.restarts == 1 and feed.full_reports == reports and feed.lost_batches == 0
+    seen = feed.batches
+    wait_until(lambda: sub.feeds["a"].batches >= seen + 2)  # heartbeats keep coming while idle
+    a2.pub.close()
+
+
+def test_publish_feed_starts_each_run_above_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstore.config.events import EventsConfig
+    from kvstore.route import publisher as pub_mod
+
+    cfg = EventsConfig(enabled=True, endpoint="tcp://127.0.0.1:0", replay_endpoint=None, heartbeat_s=None)
+    seqs = []
+    for now_us in (5_000_000, 5_000_001):
+        monkeypatch.setattr(pub_mod.time, "time_ns", lambda now_us=now_us: now_us * 1000)
+        p = pub_mod.publish_feed(cfg, 16, lambda: [], lambda: {"gpu": []})
+        seqs.append(p.last_seq)
+        p.close()
+    assert seqs == [5_000_000, 5_000_001]  # batch 0 of each run, a microsecond apart
