@@ -274,7 +274,7 @@ class Placement:
         assert host is not None
         slot = host.reserve([key])[0]
         if slot is None:
-            for victim in host.lru_victims(1):
+            for victim in host.victims(1):
                 entry = self.h.index.get(victim)
                 if self.h.disk is None or (entry is not None and entry.on_disk):
                     self.evict_host(victim)
@@ -315,6 +315,15 @@ class Placement:
         entry = self.h.index.get(handle.key)
         if entry is not None and entry.host_slot is None:
             entry.host_slot = handle.slot
+        uses = self.uses_of(handle.key)
+        if uses is not None:
+            host.seed_uses([handle.key], [uses])
+
+    def uses_of(self, key: bytes) -> int | None:
+        """Uses of indexed ``key`` so far (its insert plus the lookups that matched it) to seed a lower tier's
+        order with, or ``None`` when counts are not carried (``policy.carry_uses``) or ``key`` is not indexed."""
+        entry = self.h.index.get(key) if self.h.carry_uses else None
+        return None if entry is None else entry.hits + 1
 
     def abort(self, handle: HostSlot) -> None:
         """Give back a reservation whose write failed or was cancelled."""

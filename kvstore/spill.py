@@ -50,6 +50,8 @@ class _Move:
     host_dst: HostSlot | None = None
     """Reserved host destination of a GPU victim (``None`` with a GPU source: straight to disk)."""
     ok: bool = False
+    uses: int | None = None
+    """The block's use count when the move was planned (:meth:`Placement.uses_of`), if counts are carried."""
 
 
 class Spiller:
@@ -106,7 +108,7 @@ class Spiller:
                 h.counters.gpu_evictions += 1
                 continue
             pl.ref([b])  # held until the copy is published; out of the eviction queue meanwhile
-            moves.append(_Move(entry.key, entry, gpu_block=b, host_dst=dst))
+            moves.append(_Move(entry.key, entry, gpu_block=b, host_dst=dst, uses=pl.uses_of(entry.key)))
             planned += 1
         return moves
 
@@ -127,7 +129,7 @@ class Spiller:
 
     # ----------------------------------------------------------- host side
     def make_host_room(self, n: int) -> int:
-        """Free up to ``n`` host slots, least recently used first, copying each to disk first if needed.
+        """Free up to ``n`` host slots, in the host's eviction order, copying each to disk first if needed.
 
         Call without holding the lock. Returns how many slots were freed.
         """
@@ -137,7 +139,7 @@ class Spiller:
         while freed < n:
             with h.lock:
                 moves: list[_Move] = []
-                for key in h.host.lru_victims(n - freed):
+                for key in h.host.victims(n - freed):
                     entry = h.index.get(key)
                     if h.disk is None or (entry is not None and entry.on_disk):
                         freed += pl.evict_host(key)
@@ -159,7 +161,7 @@ class Spiller:
     def _choose_host_victims(self, n: int) -> list[_Move]:
         h = self.h
         assert h.host is not None
-        return self._choose_host_victims_for(h.host.lru_victims(n))
+        return self._choose_host_victims_for(h.host.victims(n))
 
     def _choose_host_victims_for(self, keys: Sequence[bytes]) -> list[_Move]:
         pl = self.h.placement
@@ -167,7 +169,7 @@ class Spiller:
         for key in keys:
             src = pl.pin_host(key)
             if src is not None:
-                moves.append(_Move(key, self.h.index.get(key), host_src=src))
+                moves.append(_Move(key, self.h.index.get(key), host_src=src, uses=pl.uses_of(key)))
         return moves
 
     # -------------------------------------------------------- copy, publish
@@ -179,6 +181,7 @@ class Spiller:
                 if mv.host_src is not None:
                     assert h.disk is not None
                     mv.ok = h.disk.put([mv.key], [pl.view(mv.host_src)])[0]
+                    self._seed_disk(mv)
                     continue
                 assert mv.gpu_block is not None
                 src = h.pool.block_bytes(mv.gpu_block)
@@ -189,9 +192,16 @@ class Spiller:
                     assert h.disk is not None
                     data = src if src.device.type == "cpu" else copy_bytes(staging_buffer(h.layout, pin=False), src)
                     mv.ok = h.disk.put([mv.key], [data])[0]
+                    self._seed_disk(mv)
             except Exception:  # noqa: BLE001 - the move is published as failed; the block is not lost silently
                 log.exception("copying block %s down failed", mv.key.hex()[:16])
                 mv.ok = False
+
+    def _seed_disk(self, mv: _Move) -> None:
+        """After a copy to disk (outside the lock), bring the block's use count to the disk's order."""
+        if mv.ok and mv.uses is not None:
+            assert self.h.disk is not None
+            self.h.disk.seed_uses([mv.key], [mv.uses])
 
     def _publish(self, moves: list[_Move]) -> int:
         """Record the copies and free what they replaced (under the lock); returns host slots freed."""
@@ -309,6 +319,9 @@ class Spiller:
                 if h.disk.put([entry.key], [data])[0]:
                     with h.lock:
                         self._count_spill(entry.key, "disk", "stored")
+                        uses = pl.uses_of(entry.key)
+                    if uses is not None:
+                        h.disk.seed_uses([entry.key], [uses])
         finally:
             if held is not None:
                 with h.lock:

@@ -93,7 +93,7 @@ class TieredStore:
         remote_selective_hits: int = SELECTIVE_HITS_DEFAULT,
     ) -> None:
         self.policy = policy or PolicyConfig()
-        self.h = Hierarchy(layout, pool, host, disk, remote)
+        self.h = Hierarchy(layout, pool, host, disk, remote, carry_uses=self.policy.carry_uses)
         self.spiller = Spiller(self.h, self.policy)
         self.remote_writer = (RemoteWriter(self.h, remote, remote_write, remote_selective_hits)
                               if remote is not None else None)
@@ -159,10 +159,10 @@ class TieredStore:
         n_full = len(toks) // bs
         h = self.h
         h.sync_tier_events()
-        selective = self.policy.write == "write_through_selective" or (
+        count_hits = self.policy.write == "write_through_selective" or self.policy.carry_uses or (
             self.remote_writer is not None and self.remote_writer.counts_hits)
         with h.lock:
-            m = h.index.match(toks, salt, count_hits=selective)
+            m = h.index.match(toks, salt, count_hits=count_hits)
             if m.num_blocks < n_full:
                 first = m.entries[-1].key if m.entries else h.index.root_key(salt)
                 # Without a lower tier to probe, only the first key past the match is needed (to see whether

@@ -15,11 +15,20 @@ The model follows the store's request flow (``write_back``):
    host eviction spills to disk unless disk already has it; a disk eviction
    deletes the block.
 
+With ``carry_uses`` (``policy.carry_uses``) a block's use count (its insert
+plus every request that matched it, the store's ``BlockEntry.hits + 1``) is
+kept while the block is in any tier and seeds the order of a tier it
+enters (:meth:`~kvstore.tiers.eviction.EvictionOrder.seed`: GDSF starts it
+at that count). The store drops an orphan (a lower-tier block whose prefix
+left every tier) and its count; the simulator keeps both, as it keeps the
+orphan itself.
+
 With no host and no disk this is "GPU-only LRU" (SGLang's radix cache).
 The host and disk tiers evict through the real tiers' order classes
 (:mod:`kvstore.tiers.eviction`), so a policy is simulated by the code that
-runs it: the host tier is LRU (``HostTier`` has no other policy), the disk
-tier whatever ``disk_policy`` names (``disk.eviction`` in the config).
+runs it: the host tier whatever ``host_policy`` names (``host.eviction``,
+LRU by default), the disk tier whatever ``disk_policy`` names
+(``disk.eviction``).
 
 The index chooses no victims itself; replaying 12k requests needs millions
 of whole-leaf evictions, so :class:`_LeafHeap` keeps SGLang's order (least
@@ -121,15 +130,21 @@ class TieredCacheSim:
     """kvstore's GPU + host + disk caching of a trace, counted in blocks."""
 
     def __init__(self, gpu_blocks: int, host_blocks: int = 0, disk_blocks: int = 0, *,
-                 disk_policy: str | EvictionOrder = "lru") -> None:
-        """``disk_policy``: the disk tier's order (``lru``, ``s3fifo`` or an order object); host is always LRU."""
+                 disk_policy: str | EvictionOrder = "lru", host_policy: str | EvictionOrder = "lru",
+                 carry_uses: bool = False) -> None:
+        """``disk_policy`` / ``host_policy``: each tier's order (``lru``, ``s3fifo``, ``gdsf`` or an order object);
+        ``carry_uses``: seed a tier's order with a block's use count when the block enters it."""
         if gpu_blocks <= 0:
             raise ValueError("the GPU tier needs at least one block")
         self.index = RadixIndex(_LAYOUT)
         self.free_gpu = list(range(gpu_blocks))
-        self.host = SimTier(host_blocks, "lru")
+        self.host = SimTier(host_blocks, host_policy)
         self.disk = SimTier(disk_blocks, disk_policy)
         self._leaves = _LeafHeap()
+        self.carry_uses = carry_uses
+        self.uses: dict[bytes, int] = {}
+        """Use count of each block in some tier (kept only with ``carry_uses``)."""
+        self._held: set[bytes] = set()
 
     def request(self, req: Request) -> HitCounts:
         """Serve one prompt: count its cached prefix per tier, then cache its full blocks."""
@@ -146,6 +161,11 @@ class TieredCacheSim:
                 hits.append((block, False))
             else:
                 break
+        if self.carry_uses:
+            uses = self.uses
+            for block in keys[: g + len(hits)]:
+                uses[block] += 1
+            self._held = {block for block, _ in hits}  # the store's lookup pins their entries until loaded
         h = sum(1 for _, on_host in hits if on_host)
         d = len(hits) - h
         # Deepest block first, as the tiers update their order: a prompt's first blocks end up the most
@@ -161,8 +181,15 @@ class TieredCacheSim:
         self.index.unpin(match.node)
         if room:
             res = self.index.insert(keys[: g + room], gpu_blocks=[None] * g + [self.free_gpu.pop() for _ in range(room)])
+            if self.carry_uses:
+                for block in keys[g : g + room]:
+                    self.uses.setdefault(block, 1)  # a block matched below the GPU already has its count
             self._leaves.push(res.node)
             self._leaves.push(match.node)
+        if self._held:
+            held, self._held = self._held, set()
+            for block in held:
+                self._forget_if_gone(block)
         return HitCounts(g, h, d)
 
     def _make_room(self, need: int) -> int:
@@ -173,6 +200,8 @@ class TieredCacheSim:
                 break
             parent = victim.parent
             self.index.remove_leaf(victim)
+            if self.carry_uses:
+                self._held.update(e.key for e in victim.entries)  # indexed until their copies are published
             for e in reversed(victim.entries):  # the store spills a node's tail first, too
                 assert e.gpu_block is not None
                 self.free_gpu.append(e.gpu_block)
@@ -184,6 +213,21 @@ class TieredCacheSim:
 
     def _to_host(self, block: bytes) -> None:
         """Copy ``block`` into host; a host victim is written to disk unless disk has it (then just dropped)."""
-        for spilled in self.host.add(block):
+        for spilled in self._add(self.host, block):
             if spilled not in self.disk:
-                self.disk.add(spilled)
+                for gone in self._add(self.disk, spilled):
+                    self._forget_if_gone(gone)
+            self._forget_if_gone(spilled)
+
+    def _add(self, tier: SimTier, block: bytes) -> list[bytes]:
+        """``tier.add(block)``, then its count into the tier's order (``carry_uses``); returns the evicted."""
+        evicted = tier.add(block)
+        if self.carry_uses and block in tier:
+            tier.order.seed(block, self.uses[block])
+        return evicted
+
+    def _forget_if_gone(self, block: bytes) -> None:
+        """Drop the use count of a block no tier holds any more (the store drops its index entry)."""
+        if (self.carry_uses and block not in self._held and block not in self.host and block not in self.disk
+                and self.index.get(block) is None):
+            self.uses.pop(block, None)

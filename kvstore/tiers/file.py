@@ -182,6 +182,12 @@ class FileTier(Tier):
                     self._lru.remove(key)
         return [self.contains(key) for key in keys]
 
+    def seed_uses(self, keys: Sequence[bytes], uses: Sequence[int]) -> None:
+        """Restart the eviction order's use counts of stored ``keys`` at ``uses`` (see :meth:`Tier.seed_uses`)."""
+        with self._lock:
+            for key, n in zip(keys, uses):
+                self._lru.seed(key, n)
+
     def delete(self, keys: Sequence[bytes]) -> int:
         """Remove the files of these keys; returns how many existed."""
         with self._lock:

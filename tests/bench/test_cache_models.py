@@ -94,3 +94,26 @@ def test_belady_bounds_every_policy_on_a_workload(policy: str) -> None:
     opt = sum(belady_hits(trace.requests, 7 * gpu))
     inf = sum(belady_hits(trace.requests, trace.footprint_blocks))
     assert g <= t <= opt <= inf
+
+
+def _counts(tier: SimTier, ids: list[int]) -> list[int | None]:
+    order = tier.order
+    assert isinstance(order, GDSFIndex)
+    return [order.count_of(i.to_bytes(8, "little")) for i in ids]
+
+
+@pytest.mark.parametrize("carry", [False, True])
+def test_carried_use_count_seeds_host_then_disk(carry: bool) -> None:
+    sim = TieredCacheSim(2, 2, 4, disk_policy="gdsf", host_policy="gdsf", carry_uses=carry)
+    assert isinstance(sim.host.order, GDSFIndex)
+    r12, r34, r56 = _reqs([1, 2], [3, 4], [5, 6])
+    for r in (r12, r12, r12):  # inserted, then two GPU hits: 3 uses
+        sim.request(r)
+    sim.request(r34)  # [1,2] to host
+    assert _counts(sim.host, [1, 2]) == ([3, 3] if carry else [1, 1])
+    sim.request(r56)  # [3,4] to host push [1,2] to disk
+    assert _counts(sim.host, [3, 4]) == [1, 1] and _counts(sim.disk, [1, 2]) == ([3, 3] if carry else [1, 1])
+    assert sim.request(r12) == HitCounts(0, 0, 2)  # a disk hit: a use in the disk's own count too
+    assert _counts(sim.disk, [1, 2]) == ([4, 4] if carry else [2, 2])
+    if carry:
+        assert sim.uses[(1).to_bytes(8, "little")] == 4 and len(sim.uses) == 6
