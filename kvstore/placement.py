@@ -357,6 +357,23 @@ class Placement:
         self.lost(key, "host")
         return True
 
+    def leave_lower_tiers(self, key: bytes) -> bool:
+        """The GPU now holds ``key`` (``policy.exclusive_tiers``): drop its host copy and its disk record.
+
+        The host copy goes at once unless a reader pins it (then it stays, a copy as under inclusive
+        tiers). Returns whether the disk tier holds a copy, which the caller deletes outside the lock:
+        the index stops reporting it now, so no load is planned from it meanwhile.
+        """
+        entry = self.h.index.get(key)
+        if entry is None or entry.gpu_block is None:
+            return False
+        if entry.host_slot is not None or (self.h.host is not None and self.h.host.contains(key)):
+            self.evict_host(key)
+        if not entry.on_disk:
+            return False
+        self.lost(key, "disk")
+        return True
+
     # ------------------------------------------------------------------ disk
     def mark_on_disk(self, key: bytes) -> None:
         """Record that the disk tier now holds ``key`` (if indexed)."""

@@ -276,7 +276,8 @@ class TieredStore:
         need = sum(1 for p in sources if p.source != "gpu")
         if need:
             self.spiller.make_gpu_room(need)
-            self.spiller.ensure_host_free(sum(1 for p in sources if p.source in ("disk", "remote")))
+            if not self.policy.exclusive_tiers:  # exclusive: loads from disk take no host slot (see _plan_block)
+                self.spiller.ensure_host_free(sum(1 for p in sources if p.source in ("disk", "remote")))
         plan: list[BlockPlan] = []
         with h.lock:
             for i, src in enumerate(sources):
@@ -340,7 +341,8 @@ class TieredStore:
 
     def _plan_block(self, p: BlockPlan) -> str | None:
         """Take a GPU block and, for a disk or remote source, a host slot for ``p`` (under the lock); a string
-        says why not. The host slot is the promotion: the loaded block stays in the host tier."""
+        says why not. The host slot is the promotion: the loaded block stays in the host tier (not with
+        ``policy.exclusive_tiers``: then the block is staged privately and leaves the lower tiers once loaded)."""
         h, pl = self.h, self.h.placement
         if p.source == "gpu":
             return None
@@ -354,6 +356,8 @@ class TieredStore:
         if promoted is not None:
             p.source, p.host, p.ready = "host", promoted, True
             return None
+        if self.policy.exclusive_tiers:
+            return None  # no promotion into host: the block goes to the GPU only (staged privately)
         try:
             p.host = pl.reserve_host(p.key)
         except BlockStateError:

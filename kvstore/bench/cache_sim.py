@@ -7,11 +7,13 @@ The model follows the store's request flow (``write_back``):
 2. lookup continues down the hash chain in the host tier, then the disk
    tier (the store's batched ``contains_prefix`` probe); those hits are
    promoted: a disk hit is copied into host (inclusive tiers) and every hit
-   is loaded into GPU blocks;
+   is loaded into GPU blocks; with ``exclusive`` (``policy.exclusive_tiers``)
+   a disk hit is not copied into host, the host hits stay pinned while GPU
+   room is made, and every hit that got a GPU block then leaves host and disk;
 3. the request's path is locked, room is made on the GPU by evicting the
    least recently used unlocked radix leaf (a whole node, as SGLang does),
    and the prompt's full blocks are inserted;
-4. an evicted GPU block is written to host unless host already has it; a
+4. an evicted GPU block is written to host unless host (or, exclusive, disk) already has it; a
    host eviction spills to disk unless disk already has it; a disk eviction
    deletes the block.
 
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from kvstore.bench.workloads import Request
@@ -115,11 +118,12 @@ class SimTier:
         """A hit (LRU: most recent; S3-FIFO: frequency + 1)."""
         self.order.touch(block)
 
-    def add(self, block: bytes) -> list[bytes]:
-        """Store ``block``; returns the blocks evicted for it (``[block]`` itself when the tier has no room)."""
+    def add(self, block: bytes, pinned: Collection[bytes] = ()) -> list[bytes]:
+        """Store ``block``; returns the blocks evicted for it (``[block]`` itself when the tier has no room).
+        ``pinned`` blocks are never victims (as the host tier skips pinned slots)."""
         if self.capacity <= 0:
             return [block]
-        evicted = self.order.victims(1, self.capacity)
+        evicted = self.order.victims(1, self.capacity, exclude=pinned)
         for victim in evicted:
             self.order.remove(victim)
         self.order.add(block, 1)
@@ -131,9 +135,10 @@ class TieredCacheSim:
 
     def __init__(self, gpu_blocks: int, host_blocks: int = 0, disk_blocks: int = 0, *,
                  disk_policy: str | EvictionOrder = "lru", host_policy: str | EvictionOrder = "lru",
-                 carry_uses: bool = False) -> None:
+                 carry_uses: bool = False, exclusive: bool = False) -> None:
         """``disk_policy`` / ``host_policy``: each tier's order (``lru``, ``s3fifo``, ``gdsf`` or an order object);
-        ``carry_uses``: seed a tier's order with a block's use count when the block enters it."""
+        ``carry_uses``: seed a tier's order with a block's use count when the block enters it (``policy.carry_uses``);
+        ``exclusive``: a loaded block leaves host and disk (``policy.exclusive_tiers``)."""
         if gpu_blocks <= 0:
             raise ValueError("the GPU tier needs at least one block")
         self.index = RadixIndex(_LAYOUT)
@@ -145,6 +150,8 @@ class TieredCacheSim:
         self.uses: dict[bytes, int] = {}
         """Use count of each block in some tier (kept only with ``carry_uses``)."""
         self._held: set[bytes] = set()
+        self.exclusive = exclusive
+        self._pinned_host: set[bytes] = set()
 
     def request(self, req: Request) -> HitCounts:
         """Serve one prompt: count its cached prefix per tier, then cache its full blocks."""
@@ -175,10 +182,17 @@ class TieredCacheSim:
                 self.host.touch(block)
             else:
                 self.disk.touch(block)
-                self._to_host(block)
+                if not self.exclusive:
+                    self._to_host(block)
+        if self.exclusive:  # the lease pins its host sources while GPU room is made
+            self._pinned_host = {block for block, on_host in hits if on_host}
         self.index.pin(match.node)
         room = self._make_room(len(ids) - g)
         self.index.unpin(match.node)
+        if self.exclusive:  # the loaded blocks leave host and disk (those that found no GPU block stay)
+            for block, on_host in hits[:room]:
+                (self.host if on_host else self.disk).order.remove(block)
+            self._pinned_host = set()
         if room:
             res = self.index.insert(keys[: g + room], gpu_blocks=[None] * g + [self.free_gpu.pop() for _ in range(room)])
             if self.carry_uses:
@@ -205,7 +219,7 @@ class TieredCacheSim:
             for e in reversed(victim.entries):  # the store spills a node's tail first, too
                 assert e.gpu_block is not None
                 self.free_gpu.append(e.gpu_block)
-                if e.key not in self.host:
+                if e.key not in self.host and not (self.exclusive and e.key in self.disk):
                     self._to_host(e.key)
             if parent is not None and parent is not self.index.root:
                 self._leaves.push(parent)
@@ -221,7 +235,7 @@ class TieredCacheSim:
 
     def _add(self, tier: SimTier, block: bytes) -> list[bytes]:
         """``tier.add(block)``, then its count into the tier's order (``carry_uses``); returns the evicted."""
-        evicted = tier.add(block)
+        evicted = tier.add(block, self._pinned_host if tier is self.host else ())
         if self.carry_uses and block in tier:
             tier.order.seed(block, self.uses[block])
         return evicted

@@ -194,6 +194,18 @@ class PolicyConfig(Section):
     """A block's use count follows it across tiers: when it enters host or disk, a GDSF order there
     (``host.eviction`` / ``disk.eviction: gdsf``) starts it at its uses so far (the lookups that matched it,
     plus its insert, kept in its index entry) instead of 1. No effect on LRU or S3-FIFO tiers."""
+    exclusive_tiers: bool = False
+    """Each block is in one of GPU, host, disk (the lower tiers add capacity instead of holding copies of the
+    GPU's blocks): a block loaded into the GPU leaves host and disk, a GPU victim is written to host, a host
+    victim to disk. Needs ``write: write_back``. Durability changes: a block is on disk only while neither
+    the GPU nor host holds it, so a flush (or a restart) keeps only those; a block loaded back to the GPU is
+    durable again only once it is demoted to disk (docs/BENCHMARKS.md "hitrate")."""
+
+    @model_validator(mode="after")
+    def _exclusive_needs_write_back(self) -> PolicyConfig:
+        if self.exclusive_tiers and self.write != "write_back":
+            raise ValueError(f"policy.exclusive_tiers needs policy.write: write_back, not {self.write}")
+        return self
 
 
 class DaemonConfig(Section):
