@@ -120,10 +120,13 @@ class SimTier:
 
     def add(self, block: bytes, pinned: Collection[bytes] = ()) -> list[bytes]:
         """Store ``block``; returns the blocks evicted for it (``[block]`` itself when the tier has no room).
-        ``pinned`` blocks are never victims (as the host tier skips pinned slots)."""
+        ``pinned`` blocks are never victims (as the host tier skips pinned slots); if only they are left, the
+        tier has no room."""
         if self.capacity <= 0:
             return [block]
         evicted = self.order.victims(1, self.capacity, exclude=pinned)
+        if self.order.used - len(evicted) + 1 > self.capacity:
+            return [block]  # full of pinned blocks: the store sends a GPU victim straight to disk then
         for victim in evicted:
             self.order.remove(victim)
         self.order.add(block, 1)

@@ -117,3 +117,25 @@ def test_carried_use_count_seeds_host_then_disk(carry: bool) -> None:
     assert _counts(sim.disk, [1, 2]) == ([4, 4] if carry else [2, 2])
     if carry:
         assert sim.uses[(1).to_bytes(8, "little")] == 4 and len(sim.uses) == 6
+
+
+def test_exclusive_tiers_hold_each_block_once() -> None:
+    sim = TieredCacheSim(gpu_blocks=2, host_blocks=2, disk_blocks=4, exclusive=True)
+    r12, r34, r56 = _reqs([1, 2], [3, 4], [5, 6])
+    for r in (r12, r34, r56):  # [1,2] to host, then on to disk under [3,4]
+        assert sim.request(r) == HitCounts(0, 0, 0)
+    assert _ids(sim.host) == [4, 3] and _ids(sim.disk) == [2, 1]
+    assert sim.request(r12) == HitCounts(0, 0, 2)  # loaded from disk, not copied into host, gone from disk
+    assert _ids(sim.host) == [6, 5] and _ids(sim.disk) == [4, 3]  # [5,6] demoted to host pushed [3,4] down
+    assert sim.request(r56) == HitCounts(0, 2, 0)  # host sources stay pinned while [1,2] leaves the GPU:
+    assert _ids(sim.host) == [] and _ids(sim.disk) == [4, 3, 2, 1]  # the full host sends [1,2] to disk
+    sim.index.check_integrity()
+
+
+def test_inclusive_tiers_keep_the_lower_copies() -> None:
+    sim = TieredCacheSim(gpu_blocks=2, host_blocks=4, disk_blocks=4)
+    r12, r34 = _reqs([1, 2], [3, 4])
+    for r in (r12, r34):
+        sim.request(r)
+    assert sim.request(r12) == HitCounts(0, 2, 0)
+    assert sorted(_ids(sim.host)) == [1, 2, 3, 4]  # [1,2] still there beside their GPU copies
