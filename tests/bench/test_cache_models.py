@@ -1,16 +1,24 @@
-"""Exact behaviour of the hit-rate models: kvstore's tiered replay (disk LRU or S3-FIFO) and Belady's optimum."""
+"""Exact behaviour of the hit-rate models: kvstore's tiered replay (every host and disk order, carried counts,
+exclusive tiers), its agreement with the real host tier, and Belady's optimum."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvstore.bench.belady import belady_hits
 from kvstore.bench.cache_sim import HitCounts, SimTier, TieredCacheSim
 from kvstore.bench.workloads import Request, synthetic
+from kvstore.layout import KVLayout
 from kvstore.tiers.gdsf import GDSFIndex
+from kvstore.tiers.host import HostTier
 from kvstore.tiers.lru import LRUIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
+
+LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4, model_id="sim-agreement")
 
 
 def _reqs(*chains: list[int]) -> list[Request]:
@@ -139,3 +147,33 @@ def test_inclusive_tiers_keep_the_lower_copies() -> None:
         sim.request(r)
     assert sim.request(r12) == HitCounts(0, 2, 0)
     assert sorted(_ids(sim.host)) == [1, 2, 3, 4]  # [1,2] still there beside their GPU copies
+
+
+@settings(max_examples=30, deadline=None)
+@given(policy=st.sampled_from(["lru", "s3fifo", "gdsf"]),
+       ops=st.lists(st.tuples(st.sampled_from(["put", "get", "seed"]), st.integers(0, 11), st.integers(1, 6)),
+                    min_size=1, max_size=60))
+def test_simulated_host_keeps_what_the_real_host_tier_keeps(policy: str, ops: list[tuple[str, int, int]]) -> None:
+    """The simulator's host (``SimTier``) and a real ``HostTier`` under one order, fed the same puts, hits and
+    seeded counts, hold the same blocks after every step and give up the same victims."""
+    slots = 4
+    real = HostTier(LAYOUT, slots * LAYOUT.bytes_per_block, pin_memory="never", eviction=policy)
+    sim = SimTier(slots, policy)
+    block = torch.zeros(LAYOUT.bytes_per_block, dtype=torch.uint8)
+    try:
+        for op, i, n in ops:
+            key = i.to_bytes(8, "little")
+            if op == "put" and key not in sim:
+                assert real.put([key], [block]) == [True]
+                sim.add(key)
+            elif op == "get":
+                assert real.get([key], [torch.empty_like(block)]) == [key in sim]
+                sim.touch(key)
+            elif op == "seed":
+                real.seed_uses([key], [n])
+                sim.order.seed(key, n)
+            assert {k for k in (j.to_bytes(8, "little") for j in range(12)) if real.contains(k)} == set(sim.order)
+            real.check_integrity()
+        assert real.victims(slots) == sim.order.victims(slots, len(sim.order))
+    finally:
+        real.close()
