@@ -66,6 +66,8 @@ class HostTier(Tier):
         self._lock = threading.Lock()
         self._slots: dict[bytes, int] = {}  # published key -> slot
         self._keys: dict[int, bytes] = {}  # its inverse (to exclude pinned keys from victims), changed with it
+        self.eviction = eviction
+        """The eviction order's name (``host.eviction``)."""
         self._order: EvictionOrder = make_order(eviction)  # the published keys, 1 unit each
         self._reserved: dict[bytes, int] = {}
         self._refs: dict[int, int] = {}  # slot -> reference count, only while > 0
@@ -314,7 +316,7 @@ class HostTier(Tier):
             self.arena.close()
             self._slots.clear()
             self._keys.clear()
-            self._order = make_order("lru")
+            self._order = make_order(self.eviction)
             self._reserved.clear()
         self._copier.shutdown(wait=True)
 
