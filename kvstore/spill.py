@@ -5,9 +5,14 @@ copies outside it and publishes under it again::
 
     GPU full  -> least recently used blocks only the cache holds (Placement.gpu_lru, O(1)):
                  free it if a lower tier has it, else copy it to host (or disk), then free it
-    host full -> least recently used unpinned host slots:
+    host full -> unpinned host slots in the host's order (host.eviction; LRU by default):
                  drop it if the disk has it, else copy it to disk first (next round uses the slot)
-    disk full -> the disk tier deletes its least recently used entries itself
+    disk full -> the disk tier deletes entries itself, in its order (disk.eviction)
+
+With ``policy.carry_uses`` each copy down brings the block's use count to the
+tier it enters (``Tier.seed_uses``). Under ``policy.exclusive_tiers`` the
+cascade is the same: a loaded block has no lower copy left (the prefetcher
+removes them), so its GPU eviction copies it to host again.
 
 A block being copied holds an extra GPU reference (or a host pin) so nobody
 reuses it mid-copy, and stays in the index, so lookups keep finding it.
