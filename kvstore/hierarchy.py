@@ -63,7 +63,10 @@ class Hierarchy:
         host: HostTier | None,
         disk: Tier | None,
         remote: ChainTier | None = None,
+        *,
+        carry_uses: bool = False,
     ) -> None:
+        """``carry_uses``: seed the lower tiers' use counts from the index entries (``policy.carry_uses``)."""
         if pool.layout != layout:
             raise ValueError("the GPU pool's layout differs from the store's")
         self.layout = layout
@@ -73,6 +76,8 @@ class Hierarchy:
         self.remote = remote
         """The shared tier below disk. Never mirrored in the index (other engines write to it and its
         server evicts on its own): lookups probe it beyond the local match, loads read it by chain position."""
+        self.carry_uses = carry_uses
+        """Whether a block entering host or disk brings its use count (:meth:`Placement.uses_of`) to the tier's order."""
         self.has_lower_tiers = host is not None or disk is not None or remote is not None
         """Whether any tier lies below the GPU (a lookup hashes the tail past its match only to probe them)."""
         self.disk_reports_evictions = disk is None or disk.reports_evictions

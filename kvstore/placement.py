@@ -279,7 +279,7 @@ class Placement:
         assert host is not None
         slot = host.reserve([key])[0]
         if slot is None:
-            for victim in host.lru_victims(1):
+            for victim in host.victims(1):
                 entry = self.h.index.get(victim)
                 if self.h.disk is None or (entry is not None and entry.on_disk):
                     self.evict_host(victim)
@@ -320,6 +320,15 @@ class Placement:
         entry = self.h.index.get(handle.key)
         if entry is not None and entry.host_slot is None:
             entry.host_slot = handle.slot
+        uses = self.uses_of(handle.key)
+        if uses is not None:
+            host.seed_uses([handle.key], [uses])
+
+    def uses_of(self, key: bytes) -> int | None:
+        """Uses of indexed ``key`` so far (its insert plus the lookups that matched it) to seed a lower tier's
+        order with, or ``None`` when counts are not carried (``policy.carry_uses``) or ``key`` is not indexed."""
+        entry = self.h.index.get(key) if self.h.carry_uses else None
+        return None if entry is None else entry.hits + 1
 
     def abort(self, handle: HostSlot) -> None:
         """Give back a reservation whose write failed or was cancelled."""
@@ -351,6 +360,23 @@ class Placement:
             return False  # a reader or a copy in flight holds it: it stays
         self.h.events.put("evicted", key, "host")
         self.lost(key, "host")
+        return True
+
+    def leave_lower_tiers(self, key: bytes) -> bool:
+        """The GPU now holds ``key`` (``policy.exclusive_tiers``): drop its host copy and its disk record.
+
+        The host copy goes at once unless a reader pins it (then it stays, a copy as under inclusive
+        tiers). Returns whether the disk tier holds a copy, which the caller deletes outside the lock:
+        the index stops reporting it now, so no load is planned from it meanwhile.
+        """
+        entry = self.h.index.get(key)
+        if entry is None or entry.gpu_block is None:
+            return False
+        if entry.host_slot is not None or (self.h.host is not None and self.h.host.contains(key)):
+            self.evict_host(key)
+        if not entry.on_disk:
+            return False
+        self.lost(key, "disk")
         return True
 
     # ------------------------------------------------------------------ disk

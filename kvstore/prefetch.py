@@ -336,8 +336,12 @@ class Prefetcher:
         return p.staging
 
     def _register_loaded(self, lease: Lease, loaded: list[BlockPlan]) -> None:
-        """Record the new GPU copies in the index (the index takes its own reference) and unpin their host slots."""
+        """Record the new GPU copies in the index (the index takes its own reference) and unpin their host slots.
+
+        With ``policy.exclusive_tiers`` the loaded blocks then leave host and disk (the disk deletes run here,
+        outside the lock, before the lease can be released)."""
         h = self.h
+        leaving: list[bytes] = []
         with h.lock:
             keys = list(lease.keys[: lease.resolved_blocks])
             pos = {p.key: p for p in loaded}
@@ -350,6 +354,11 @@ class Prefetcher:
                 h.counters.loaded_blocks[p.source] += 1
                 h.events.put("loaded", p.key, "gpu")
                 self.release_host(p)
+            if self.policy.exclusive_tiers:
+                leaving = [p.key for p in loaded if h.placement.leave_lower_tiers(p.key)]
+        if leaving:
+            assert h.disk is not None
+            h.disk.delete(leaving)
 
     def close(self) -> None:
         """Stop the workers after the running loads finish."""

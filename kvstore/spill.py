@@ -5,10 +5,15 @@ copies outside it and publishes under it again::
 
     GPU full  -> least recently used blocks only the cache holds (Placement.gpu_lru, O(1)):
                  free it if a lower tier has it, else copy it to host (or disk), then free it
-    host full -> least recently used unpinned host slots:
+    host full -> unpinned host slots in the host's order (host.eviction; LRU by default):
                  drop it if the disk has it, else copy it to disk first (next round uses the slot)
-    disk full -> the disk tier deletes its least recently used entries itself (under remote
+    disk full -> the disk tier deletes entries itself, in its order (disk.eviction; under remote
                  write_back it shows them to the remote writer first: RemoteWriter.disk_victims)
+
+With ``policy.carry_uses`` each copy down brings the block's use count to the
+tier it enters (``Tier.seed_uses``). Under ``policy.exclusive_tiers`` the
+cascade is the same: a loaded block has no lower copy left (the prefetcher
+removes them), so its GPU eviction copies it to host again.
 
 A block being copied holds an extra GPU reference (or a host pin) so nobody
 reuses it mid-copy, and stays in the index, so lookups keep finding it.
@@ -51,6 +56,8 @@ class _Move:
     host_dst: HostSlot | None = None
     """Reserved host destination of a GPU victim (``None`` with a GPU source: straight to disk)."""
     ok: bool = False
+    uses: int | None = None
+    """The block's use count when the move was planned (:meth:`Placement.uses_of`), if counts are carried."""
 
 
 class Spiller:
@@ -107,7 +114,7 @@ class Spiller:
                 h.counters.gpu_evictions += 1
                 continue
             pl.ref([b])  # held until the copy is published; out of the eviction queue meanwhile
-            moves.append(_Move(entry.key, entry, gpu_block=b, host_dst=dst))
+            moves.append(_Move(entry.key, entry, gpu_block=b, host_dst=dst, uses=pl.uses_of(entry.key)))
             planned += 1
         return moves
 
@@ -128,7 +135,7 @@ class Spiller:
 
     # ----------------------------------------------------------- host side
     def make_host_room(self, n: int) -> int:
-        """Free up to ``n`` host slots, least recently used first, copying each to disk first if needed.
+        """Free up to ``n`` host slots, in the host's eviction order, copying each to disk first if needed.
 
         Call without holding the lock. Returns how many slots were freed.
         """
@@ -138,7 +145,7 @@ class Spiller:
         while freed < n:
             with h.lock:
                 moves: list[_Move] = []
-                for key in h.host.lru_victims(n - freed):
+                for key in h.host.victims(n - freed):
                     entry = h.index.get(key)
                     if h.disk is None or (entry is not None and entry.on_disk):
                         freed += pl.evict_host(key)
@@ -160,7 +167,7 @@ class Spiller:
     def _choose_host_victims(self, n: int) -> list[_Move]:
         h = self.h
         assert h.host is not None
-        return self._choose_host_victims_for(h.host.lru_victims(n))
+        return self._choose_host_victims_for(h.host.victims(n))
 
     def _choose_host_victims_for(self, keys: Sequence[bytes]) -> list[_Move]:
         pl = self.h.placement
@@ -168,7 +175,7 @@ class Spiller:
         for key in keys:
             src = pl.pin_host(key)
             if src is not None:
-                moves.append(_Move(key, self.h.index.get(key), host_src=src))
+                moves.append(_Move(key, self.h.index.get(key), host_src=src, uses=pl.uses_of(key)))
         return moves
 
     # -------------------------------------------------------- copy, publish
@@ -180,6 +187,7 @@ class Spiller:
                 if mv.host_src is not None:
                     assert h.disk is not None
                     mv.ok = h.disk.put([mv.key], [pl.view(mv.host_src)])[0]
+                    self._seed_disk(mv)
                     continue
                 assert mv.gpu_block is not None
                 src = h.pool.block_bytes(mv.gpu_block)
@@ -190,9 +198,16 @@ class Spiller:
                     assert h.disk is not None
                     data = src if src.device.type == "cpu" else copy_bytes(staging_buffer(h.layout, pin=False), src)
                     mv.ok = h.disk.put([mv.key], [data])[0]
+                    self._seed_disk(mv)
             except Exception:  # noqa: BLE001 - the move is published as failed; the block is not lost silently
                 log.exception("copying block %s down failed", mv.key.hex()[:16])
                 mv.ok = False
+
+    def _seed_disk(self, mv: _Move) -> None:
+        """After a copy to disk (outside the lock), bring the block's use count to the disk's order."""
+        if mv.ok and mv.uses is not None:
+            assert self.h.disk is not None
+            self.h.disk.seed_uses([mv.key], [mv.uses])
 
     def _publish(self, moves: list[_Move]) -> int:
         """Record the copies and free what they replaced (under the lock); returns host slots freed."""
@@ -310,6 +325,9 @@ class Spiller:
                 if h.disk.put([entry.key], [data])[0]:
                     with h.lock:
                         self._count_spill(entry.key, "disk", "stored")
+                        uses = pl.uses_of(entry.key)
+                    if uses is not None:
+                        h.disk.seed_uses([entry.key], [uses])
         finally:
             if held is not None:
                 with h.lock:

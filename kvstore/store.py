@@ -94,7 +94,7 @@ class TieredStore:
         remote_max_queued_bytes: int = MAX_QUEUED_BYTES,
     ) -> None:
         self.policy = policy or PolicyConfig()
-        self.h = Hierarchy(layout, pool, host, disk, remote)
+        self.h = Hierarchy(layout, pool, host, disk, remote, carry_uses=self.policy.carry_uses)
         self.spiller = Spiller(self.h, self.policy)
         self.remote_writer = (RemoteWriter(self.h, remote, remote_write, remote_selective_hits, remote_max_queued_bytes)
                               if remote is not None else None)
@@ -165,10 +165,10 @@ class TieredStore:
         n_full = len(toks) // bs
         h = self.h
         h.sync_tier_events()
-        selective = self.policy.write == "write_through_selective" or (
+        count_hits = self.policy.write == "write_through_selective" or self.policy.carry_uses or (
             self.remote_writer is not None and self.remote_writer.counts_hits)
         with h.lock:
-            m = h.index.match(toks, salt, count_hits=selective)
+            m = h.index.match(toks, salt, count_hits=count_hits)
             if m.num_blocks < n_full:
                 first = m.entries[-1].key if m.entries else h.index.root_key(salt)
                 # Without a lower tier to probe, only the first key past the match is needed (to see whether
@@ -282,7 +282,8 @@ class TieredStore:
         need = sum(1 for p in sources if p.source != "gpu")
         if need:
             self.spiller.make_gpu_room(need)
-            self.spiller.ensure_host_free(sum(1 for p in sources if p.source in ("disk", "remote")))
+            if not self.policy.exclusive_tiers:  # exclusive: loads from disk take no host slot (see _plan_block)
+                self.spiller.ensure_host_free(sum(1 for p in sources if p.source in ("disk", "remote")))
         plan: list[BlockPlan] = []
         with h.lock:
             for i, src in enumerate(sources):
@@ -346,7 +347,8 @@ class TieredStore:
 
     def _plan_block(self, p: BlockPlan) -> str | None:
         """Take a GPU block and, for a disk or remote source, a host slot for ``p`` (under the lock); a string
-        says why not. The host slot is the promotion: the loaded block stays in the host tier."""
+        says why not. The host slot is the promotion: the loaded block stays in the host tier (not with
+        ``policy.exclusive_tiers``: then the block is staged privately and leaves the lower tiers once loaded)."""
         h, pl = self.h, self.h.placement
         if p.source == "gpu":
             return None
@@ -360,6 +362,8 @@ class TieredStore:
         if promoted is not None:
             p.source, p.host, p.ready = "host", promoted, True
             return None
+        if self.policy.exclusive_tiers:
+            return None  # no promotion into host: the block goes to the GPU only (staged privately)
         try:
             p.host = pl.reserve_host(p.key)
         except BlockStateError:

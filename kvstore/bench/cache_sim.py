@@ -7,19 +7,30 @@ The model follows the store's request flow (``write_back``):
 2. lookup continues down the hash chain in the host tier, then the disk
    tier (the store's batched ``contains_prefix`` probe); those hits are
    promoted: a disk hit is copied into host (inclusive tiers) and every hit
-   is loaded into GPU blocks;
+   is loaded into GPU blocks; with ``exclusive`` (``policy.exclusive_tiers``)
+   a disk hit is not copied into host, the host hits stay pinned while GPU
+   room is made, and every hit that got a GPU block then leaves host and disk;
 3. the request's path is locked, room is made on the GPU by evicting the
    least recently used unlocked radix leaf (a whole node, as SGLang does),
    and the prompt's full blocks are inserted;
-4. an evicted GPU block is written to host unless host already has it; a
+4. an evicted GPU block is written to host unless host (or, exclusive, disk) already has it; a
    host eviction spills to disk unless disk already has it; a disk eviction
    deletes the block.
+
+With ``carry_uses`` (``policy.carry_uses``) a block's use count (its insert
+plus every request that matched it, the store's ``BlockEntry.hits + 1``) is
+kept while the block is in any tier and seeds the order of a tier it
+enters (:meth:`~kvstore.tiers.eviction.EvictionOrder.seed`: GDSF starts it
+at that count). The store drops an orphan (a lower-tier block whose prefix
+left every tier) and its count; the simulator keeps both, as it keeps the
+orphan itself.
 
 With no host and no disk this is "GPU-only LRU" (SGLang's radix cache).
 The host and disk tiers evict through the real tiers' order classes
 (:mod:`kvstore.tiers.eviction`), so a policy is simulated by the code that
-runs it: the host tier is LRU (``HostTier`` has no other policy), the disk
-tier whatever ``disk_policy`` names (``disk.eviction`` in the config).
+runs it: the host tier whatever ``host_policy`` names (``host.eviction``,
+LRU by default), the disk tier whatever ``disk_policy`` names
+(``disk.eviction``).
 
 The index chooses no victims itself; replaying 12k requests needs millions
 of whole-leaf evictions, so :class:`_LeafHeap` keeps SGLang's order (least
@@ -31,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from kvstore.bench.workloads import Request
@@ -106,11 +118,15 @@ class SimTier:
         """A hit (LRU: most recent; S3-FIFO: frequency + 1)."""
         self.order.touch(block)
 
-    def add(self, block: bytes) -> list[bytes]:
-        """Store ``block``; returns the blocks evicted for it (``[block]`` itself when the tier has no room)."""
+    def add(self, block: bytes, pinned: Collection[bytes] = ()) -> list[bytes]:
+        """Store ``block``; returns the blocks evicted for it (``[block]`` itself when the tier has no room).
+        ``pinned`` blocks are never victims (as the host tier skips pinned slots); if only they are left, the
+        tier has no room."""
         if self.capacity <= 0:
             return [block]
-        evicted = self.order.victims(1, self.capacity)
+        evicted = self.order.victims(1, self.capacity, exclude=pinned)
+        if self.order.used - len(evicted) + 1 > self.capacity:
+            return [block]  # full of pinned blocks: the store sends a GPU victim straight to disk then
         for victim in evicted:
             self.order.remove(victim)
         self.order.add(block, 1)
@@ -121,15 +137,24 @@ class TieredCacheSim:
     """kvstore's GPU + host + disk caching of a trace, counted in blocks."""
 
     def __init__(self, gpu_blocks: int, host_blocks: int = 0, disk_blocks: int = 0, *,
-                 disk_policy: str | EvictionOrder = "lru") -> None:
-        """``disk_policy``: the disk tier's order (``lru``, ``s3fifo`` or an order object); host is always LRU."""
+                 disk_policy: str | EvictionOrder = "lru", host_policy: str | EvictionOrder = "lru",
+                 carry_uses: bool = False, exclusive: bool = False) -> None:
+        """``disk_policy`` / ``host_policy``: each tier's order (``lru``, ``s3fifo``, ``gdsf`` or an order object);
+        ``carry_uses``: seed a tier's order with a block's use count when the block enters it (``policy.carry_uses``);
+        ``exclusive``: a loaded block leaves host and disk (``policy.exclusive_tiers``)."""
         if gpu_blocks <= 0:
             raise ValueError("the GPU tier needs at least one block")
         self.index = RadixIndex(_LAYOUT)
         self.free_gpu = list(range(gpu_blocks))
-        self.host = SimTier(host_blocks, "lru")
+        self.host = SimTier(host_blocks, host_policy)
         self.disk = SimTier(disk_blocks, disk_policy)
         self._leaves = _LeafHeap()
+        self.carry_uses = carry_uses
+        self.uses: dict[bytes, int] = {}
+        """Use count of each block in some tier (kept only with ``carry_uses``)."""
+        self._held: set[bytes] = set()
+        self.exclusive = exclusive
+        self._pinned_host: set[bytes] = set()
 
     def request(self, req: Request) -> HitCounts:
         """Serve one prompt: count its cached prefix per tier, then cache its full blocks."""
@@ -146,6 +171,11 @@ class TieredCacheSim:
                 hits.append((block, False))
             else:
                 break
+        if self.carry_uses:
+            uses = self.uses
+            for block in keys[: g + len(hits)]:
+                uses[block] += 1
+            self._held = {block for block, _ in hits}  # the store's lookup pins their entries until loaded
         h = sum(1 for _, on_host in hits if on_host)
         d = len(hits) - h
         # Deepest block first, as the tiers update their order: a prompt's first blocks end up the most
@@ -155,14 +185,28 @@ class TieredCacheSim:
                 self.host.touch(block)
             else:
                 self.disk.touch(block)
-                self._to_host(block)
+                if not self.exclusive:
+                    self._to_host(block)
+        if self.exclusive:  # the lease pins its host sources while GPU room is made
+            self._pinned_host = {block for block, on_host in hits if on_host}
         self.index.pin(match.node)
         room = self._make_room(len(ids) - g)
         self.index.unpin(match.node)
+        if self.exclusive:  # the loaded blocks leave host and disk (those that found no GPU block stay)
+            for block, on_host in hits[:room]:
+                (self.host if on_host else self.disk).order.remove(block)
+            self._pinned_host = set()
         if room:
             res = self.index.insert(keys[: g + room], gpu_blocks=[None] * g + [self.free_gpu.pop() for _ in range(room)])
+            if self.carry_uses:
+                for block in keys[g : g + room]:
+                    self.uses.setdefault(block, 1)  # a block matched below the GPU already has its count
             self._leaves.push(res.node)
             self._leaves.push(match.node)
+        if self._held:
+            held, self._held = self._held, set()
+            for block in held:
+                self._forget_if_gone(block)
         return HitCounts(g, h, d)
 
     def _make_room(self, need: int) -> int:
@@ -173,10 +217,12 @@ class TieredCacheSim:
                 break
             parent = victim.parent
             self.index.remove_leaf(victim)
+            if self.carry_uses:
+                self._held.update(e.key for e in victim.entries)  # indexed until their copies are published
             for e in reversed(victim.entries):  # the store spills a node's tail first, too
                 assert e.gpu_block is not None
                 self.free_gpu.append(e.gpu_block)
-                if e.key not in self.host:
+                if e.key not in self.host and not (self.exclusive and e.key in self.disk):
                     self._to_host(e.key)
             if parent is not None and parent is not self.index.root:
                 self._leaves.push(parent)
@@ -184,6 +230,21 @@ class TieredCacheSim:
 
     def _to_host(self, block: bytes) -> None:
         """Copy ``block`` into host; a host victim is written to disk unless disk has it (then just dropped)."""
-        for spilled in self.host.add(block):
+        for spilled in self._add(self.host, block):
             if spilled not in self.disk:
-                self.disk.add(spilled)
+                for gone in self._add(self.disk, spilled):
+                    self._forget_if_gone(gone)
+            self._forget_if_gone(spilled)
+
+    def _add(self, tier: SimTier, block: bytes) -> list[bytes]:
+        """``tier.add(block)``, then its count into the tier's order (``carry_uses``); returns the evicted."""
+        evicted = tier.add(block, self._pinned_host if tier is self.host else ())
+        if self.carry_uses and block in tier:
+            tier.order.seed(block, self.uses[block])
+        return evicted
+
+    def _forget_if_gone(self, block: bytes) -> None:
+        """Drop the use count of a block no tier holds any more (the store drops its index entry)."""
+        if (self.carry_uses and block not in self._held and block not in self.host and block not in self.disk
+                and self.index.get(block) is None):
+            self.uses.pop(block, None)

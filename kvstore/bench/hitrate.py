@@ -1,4 +1,4 @@
-"""Suite ``hitrate``: replayed workloads, kvstore's tiered hit rate (disk LRU, S3-FIFO, GDSF) vs GPU-only LRU and Belady.
+"""Suite ``hitrate``: replayed workloads, kvstore's tiered hit rate (disk LRU, S3-FIFO, GDSF; GDSF below the GPU) vs GPU-only LRU and Belady.
 
 For each workload and each GPU capacity ``G`` (a fraction of the
 workload's distinct blocks, never below its largest request), these caches
@@ -9,6 +9,11 @@ replay the same requests:
   ``disk.eviction: lru`` / ``s3fifo`` / ``gdsf``
   (:class:`~kvstore.bench.cache_sim.TieredCacheSim`, write_back, the tiers'
   own order classes);
+- ``tiered_gdsf_host``: GDSF on host and disk (``host.eviction: gdsf``) with
+  use counts carried across tiers (``policy.carry_uses``), inclusive tiers;
+- ``tiered_exclusive_gdsf``: the same with ``policy.exclusive_tiers`` (a
+  loaded block leaves host and disk; GPU victims go to host, host victims to
+  disk);
 - ``tiered_s3fifo_paper_ghost``: S3-FIFO with the paper's ghost size (as many
   keys as the main queue) instead of kvstore's 4 budgets, to show why;
 - ``gpu_lru``: the same ``G`` GPU blocks and no lower tiers;
@@ -44,13 +49,38 @@ TARGET_OF_BELADY = 0.9
 PAPER_GHOST = 0.9
 """The paper's ghost: as many keys as the main queue (1 - small fraction of the budget)."""
 
-DISK_ORDERS: dict[str, Callable[[], EvictionOrder]] = {
-    "tiered_lru": lambda: make_order("lru"),
-    "tiered_s3fifo": lambda: make_order("s3fifo"),
-    "tiered_s3fifo_paper_ghost": lambda: S3FIFOIndex(ghost_budgets=PAPER_GHOST),
-    "tiered_gdsf": lambda: make_order("gdsf"),
+TieredFactory = Callable[[int, int, int], TieredCacheSim]
+
+
+def _disk_only(new_order: Callable[[], EvictionOrder]) -> TieredFactory:
+    return lambda gpu, host, disk: TieredCacheSim(gpu, host, disk, disk_policy=new_order())
+
+
+def _gdsf_below(exclusive: bool) -> TieredFactory:
+    return lambda gpu, host, disk: TieredCacheSim(gpu, host, disk, disk_policy="gdsf", host_policy="gdsf",
+                                                  carry_uses=True, exclusive=exclusive)
+
+
+VARIANTS: dict[str, TieredFactory] = {
+    "tiered_lru": _disk_only(lambda: make_order("lru")),
+    "tiered_s3fifo": _disk_only(lambda: make_order("s3fifo")),
+    "tiered_s3fifo_paper_ghost": _disk_only(lambda: S3FIFOIndex(ghost_budgets=PAPER_GHOST)),
+    "tiered_gdsf": _disk_only(lambda: make_order("gdsf")),
+    "tiered_gdsf_host": _gdsf_below(exclusive=False),
+    "tiered_exclusive_gdsf": _gdsf_below(exclusive=True),
 }
-"""Tiered variants by result name -> a new disk-tier order for one replay."""
+"""Tiered variants by result name -> a new simulator of ``(gpu, host, disk)`` blocks for one replay."""
+VARIANT_CONFIG = {
+    "tiered_lru": "disk.eviction: lru", "tiered_s3fifo": "disk.eviction: s3fifo (ghost 4 budgets)",
+    "tiered_s3fifo_paper_ghost": f"disk.eviction: s3fifo, S3FIFOIndex(ghost_budgets={PAPER_GHOST})",
+    "tiered_gdsf": "disk.eviction: gdsf",
+    "tiered_gdsf_host": "host.eviction: gdsf, disk.eviction: gdsf, policy.carry_uses: true",
+    "tiered_exclusive_gdsf": "host.eviction: gdsf, disk.eviction: gdsf, policy.carry_uses: true, "
+                             "policy.exclusive_tiers: true",
+}
+"""What each variant sets (the rest is the default config, ``write: write_back``)."""
+COMPARED = ("tiered_gdsf", "tiered_gdsf_host", "tiered_exclusive_gdsf")
+"""Variants reported against tiered LRU and S3-FIFO."""
 
 
 def _rate(trace: Trace, hit_blocks: list[int]) -> float:
@@ -76,10 +106,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
     results = Results("hitrate", options, {
         "fractions_of_footprint": list(fractions), "host_blocks_per_gpu_block": HOST_PER_GPU,
         "disk_blocks_per_gpu_block": DISK_PER_GPU, "write_policy": "write_back",
-        "gpu_eviction": "radix LRU leaf (whole node)", "host_eviction": "block LRU (LRUIndex)",
-        "disk_eviction": {"tiered_lru": "LRUIndex", "tiered_s3fifo": "S3FIFOIndex (ghost 4 budgets)",
-                          "tiered_s3fifo_paper_ghost": f"S3FIFOIndex(ghost_budgets={PAPER_GHOST})",
-                          "tiered_gdsf": "GDSFIndex (L + use count)"},
+        "gpu_eviction": "radix LRU leaf (whole node)", "variants": VARIANT_CONFIG,
         "belady": "block-level MIN with bypass over GPU+host+disk blocks, prefix-closed by (next use, depth) order",
         "trace": str(options.trace) if options.trace else None,
     })
@@ -104,9 +131,9 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
             results.add("hit_rate.gpu_lru", lru, "fraction of prompt tokens", **p)
             results.add("hit_rate.belady", opt, "fraction of prompt tokens", total_blocks=gpu + host + disk, **p)
             rates: dict[str, float] = {}
-            for name, new_order in DISK_ORDERS.items():
+            for name, new_sim in VARIANTS.items():
                 t0 = time.perf_counter()
-                sim = TieredCacheSim(gpu, host, disk, disk_policy=new_order())
+                sim = new_sim(gpu, host, disk)
                 counts = [sim.request(r) for r in trace.requests]
                 elapsed = time.perf_counter() - t0
                 rates[name] = _rate(trace, [c.total for c in counts])
@@ -119,8 +146,9 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
                     results.ratio(f"{name}/belady", rates[name], opt, TARGET_OF_BELADY, **p)
                     results.ratio(f"{name}/gpu_lru", rates[name], lru, **p)
             results.ratio("tiered_s3fifo/tiered_lru", rates["tiered_s3fifo"], rates["tiered_lru"], **p)
-            results.ratio("tiered_gdsf/tiered_lru", rates["tiered_gdsf"], rates["tiered_lru"], **p)
-            results.ratio("tiered_gdsf/tiered_s3fifo", rates["tiered_gdsf"], rates["tiered_s3fifo"], **p)
+            for name in COMPARED:
+                results.ratio(f"{name}/tiered_lru", rates[name], rates["tiered_lru"], **p)
+                results.ratio(f"{name}/tiered_s3fifo", rates[name], rates["tiered_s3fifo"], **p)
             progress.step(f"{w} gpu={frac:g}")
     return results
 
@@ -128,10 +156,10 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
 def plot(results: Results, path: Path) -> None:
     """One panel per workload: hit rate against GPU capacity for every cache and the ceiling."""
     workloads = list(dict.fromkeys(f.params["workload"] for f in results.figures if f.name == "hit_rate.tiered_lru"))
-    fig, axes = grid(max(1, len(workloads)), "Prefix hit rate: kvstore tiered (G + 2G host LRU + 4G disk, disk LRU, "
-                     "S3-FIFO or GDSF) vs GPU-only LRU (G) vs Belady (7G)")
+    fig, axes = grid(max(1, len(workloads)), "Prefix hit rate: kvstore tiered (G + 2G host + 4G disk; disk LRU, "
+                     "S3-FIFO or GDSF; GDSF on host too, inclusive or exclusive) vs GPU-only LRU (G) vs Belady (7G)")
     series = (("tiered_lru", "o-"), ("tiered_s3fifo", "D-"), ("tiered_s3fifo_paper_ghost", "x:"), ("tiered_gdsf", "v-"),
-              ("gpu_lru", "s--"), ("belady", "^:"))
+              ("tiered_gdsf_host", "<-"), ("tiered_exclusive_gdsf", "*-"), ("gpu_lru", "s--"), ("belady", "^:"))
     for ax, w in zip(axes, workloads):
         for name, style in series:
             pts = [(f.params["gpu_fraction"], f.value) for f in results.figures

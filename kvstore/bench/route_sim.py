@@ -15,7 +15,7 @@ following them sees exactly what a real replica would publish. Time is modelled:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from kvstore.bench.cache_sim import SimTier, TieredCacheSim
@@ -76,8 +76,8 @@ class _EventedTier(SimTier):
         self.name = name
         self.events = events
 
-    def add(self, block: bytes) -> list[bytes]:
-        evicted = super().add(block)
+    def add(self, block: bytes, pinned: Collection[bytes] = ()) -> list[bytes]:
+        evicted = super().add(block, pinned)
         if evicted != [block]:
             self.events.put("stored", block, self.name)
             for v in evicted:

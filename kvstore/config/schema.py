@@ -105,6 +105,10 @@ class HostConfig(Section):
     """Back the arena with POSIX shared memory so other processes can attach (``kvstore serve`` always does)."""
     shm_name: str | None = None
     """Name of the shared-memory segment; default derived from the daemon's socket path."""
+    eviction: Literal["lru", "s3fifo", "gdsf"] = "lru"
+    """Which blocks the host gives up (to disk, or dropped) when it is full, as for ``disk.eviction``: ``lru``,
+    ``s3fifo`` or ``gdsf``; with ``policy.carry_uses`` a block's GDSF count survives demotion (see
+    docs/BENCHMARKS.md "hitrate")."""
 
 
 class DiskConfig(Section):
@@ -186,6 +190,22 @@ class PolicyConfig(Section):
     """Budget added per 1000 prefix tokens under ``timeout``."""
     max_inflight_bytes: PositiveSize = "256MiB"  # type: ignore[assignment]
     """Bound on bytes being loaded at once; further loads wait (backpressure)."""
+    carry_uses: bool = False
+    """A block's use count follows it across tiers: when it enters host or disk, a GDSF order there
+    (``host.eviction`` / ``disk.eviction: gdsf``) starts it at its uses so far (the lookups that matched it,
+    plus its insert, kept in its index entry) instead of 1. No effect on LRU or S3-FIFO tiers."""
+    exclusive_tiers: bool = False
+    """Each block is in one of GPU, host, disk (the lower tiers add capacity instead of holding copies of the
+    GPU's blocks): a block loaded into the GPU leaves host and disk, a GPU victim is written to host, a host
+    victim to disk. Needs ``write: write_back``. Durability changes: a block is on disk only while neither
+    the GPU nor host holds it, so a flush (or a restart) keeps only those; a block loaded back to the GPU is
+    durable again only once it is demoted to disk (docs/BENCHMARKS.md "hitrate")."""
+
+    @model_validator(mode="after")
+    def _exclusive_needs_write_back(self) -> PolicyConfig:
+        if self.exclusive_tiers and self.write != "write_back":
+            raise ValueError(f"policy.exclusive_tiers needs policy.write: write_back, not {self.write}")
+        return self
 
 
 class DaemonConfig(Section):

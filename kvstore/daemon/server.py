@@ -110,7 +110,7 @@ class DaemonServer:
         if clear_stale(d.socket_path, shm_name):
             log.warning("removed a stale socket %s / segment %s left by a daemon that is gone", d.socket_path, shm_name)
         host = HostTier(self.layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory,
-                        shared_memory=True, shm_name=shm_name, auto_evict=True)
+                        shared_memory=True, shm_name=shm_name, auto_evict=True, eviction=cfg.host.eviction)
         try:
             lower = self._lower_tier()  # refused if another process holds its data directory
         except BaseException:

@@ -150,6 +150,15 @@ class Tier(ABC):
         not make room (for example every slot is locked).
         """
 
+    def seed_uses(self, keys: Sequence[bytes], uses: Sequence[int]) -> None:
+        """Tell the tier how often each stored key was used before it entered this tier.
+
+        A tier whose eviction order counts uses (``eviction: gdsf``) restarts
+        those keys' counts at ``uses`` (``policy.carry_uses``: the count lives
+        in the block's index entry and follows it across tiers); absent keys
+        are skipped. This base tier keeps no counts: nothing changes.
+        """
+
     @abstractmethod
     def delete(self, keys: Sequence[bytes]) -> int:
         """Remove these keys if present; returns how many were removed."""

@@ -358,6 +358,12 @@ class DiskTier(Tier):
         its send runs after the commit, outside the write lock."""
         self._handover.hook = hook
 
+    def seed_uses(self, keys: Sequence[bytes], uses: Sequence[int]) -> None:
+        """Restart the eviction order's use counts of stored ``keys`` at ``uses`` (see :meth:`Tier.seed_uses`)."""
+        with self._write_lock:
+            for key, n in zip(keys, uses):
+                self._lru.seed(key, n)
+
     def delete(self, keys: Sequence[bytes]) -> int:
         """Remove these keys (one write transaction); returns how many were stored."""
         with self._write_lock:

@@ -11,7 +11,7 @@ owns the data and the lock; the order only decides. Three exist:
 - ``gdsf`` (:class:`~kvstore.tiers.gdsf.GDSFIndex`): lowest ``L + use
   count`` first, ``L`` the last victim's priority (frequency with aging).
 
-Chosen in YAML per tier (``disk.eviction``, ``file.eviction``)::
+Chosen in YAML per tier (``host.eviction``, ``disk.eviction``, ``file.eviction``)::
 
     order = make_order(section.eviction)
 
@@ -19,6 +19,7 @@ Protocol of every order. Who changes what:
 
 - ``add`` / ``add_oldest`` / ``remove`` change membership and ``used``;
 - ``touch`` records a use (LRU: moves the key; S3-FIFO: raises its frequency; GDSF: raises its count);
+- ``seed`` replaces a key's use count by one kept outside the tier (GDSF only; the others ignore it);
 - ``victims`` never changes membership, sizes or ``used``; the caller removes
   the keys it returns once they are really gone. LRU's ``victims`` changes
   nothing at all; S3-FIFO's reorders its queues and records ghosts (see
@@ -61,6 +62,11 @@ class EvictionOrder(Protocol):
 
     def touch(self, key: bytes) -> bool:
         """Record a use of ``key``; ``False`` if absent."""
+        ...
+
+    def seed(self, key: bytes, uses: int) -> bool:
+        """Record that ``key`` was used ``uses`` times before it entered this tier (GDSF: count := uses;
+        LRU, S3-FIFO: ignored); ``False`` if absent."""
         ...
 
     def remove(self, key: bytes) -> int | None:

@@ -210,6 +210,12 @@ class FileTier(Tier):
         check_buffers(keys, dests, self.layout.bytes_per_block, "file")
         return [ok is True for ok in self._run(self._read_all(keys, dests, touch=False))]
 
+    def seed_uses(self, keys: Sequence[bytes], uses: Sequence[int]) -> None:
+        """Restart the eviction order's use counts of stored ``keys`` at ``uses`` (see :meth:`Tier.seed_uses`)."""
+        with self._lock:
+            for key, n in zip(keys, uses):
+                self._lru.seed(key, n)
+
     def delete(self, keys: Sequence[bytes]) -> int:
         """Remove the files of these keys; returns how many existed."""
         with self._lock:

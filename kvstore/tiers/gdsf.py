@@ -100,6 +100,21 @@ class GDSFIndex:
         self._push(key, slot)
         return True
 
+    def seed(self, key: bytes, uses: int) -> bool:
+        """Set resident ``key``'s count to ``uses`` (its uses before it entered this tier), priority ``L + uses``.
+
+        For a count kept outside the tier (the block's index entry), so a block
+        demoted from a faster tier keeps its frequency. ``False`` if absent.
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return False
+        slot.count = max(1, uses)
+        slot.priority = self.inflation + slot.count
+        slot.seq = next(self._seq)
+        self._push(key, slot)
+        return True
+
     def remove(self, key: bytes) -> int | None:
         """Forget ``key``; returns its size, or ``None`` if absent. ``L`` is unchanged."""
         slot = self._keys.pop(key, None)

@@ -1,14 +1,16 @@
-"""Host-RAM tier (L2): a fixed arena of block slots with LRU order and reference counts.
+"""Host-RAM tier (L2): a fixed arena of block slots with an eviction order and reference counts.
 
-Plain containers (nano-vllm style): an ``OrderedDict`` from key to slot in LRU
-order (oldest first; ``move_to_end`` is O(1)), a dict of reserved slots, a
-dict of reference counts and a list of free slots. Every state change happens
-under one lock; the byte copies happen outside it, on slots that hold a
-reference so nothing can evict or reuse them meanwhile.
+Plain containers (nano-vllm style): a dict from published key to slot and its
+inverse, an eviction order over the published keys (``host.eviction``: LRU by
+default, S3-FIFO or GDSF, the same classes as the disk tier's, each slot
+accounted as 1), a dict of reserved slots, a dict of reference counts and a
+list of free slots. Every state change happens under one lock; the byte
+copies happen outside it, on slots that hold a reference so nothing can evict
+or reuse them meanwhile.
 
 A slot is in exactly one of three states::
 
-    free ──reserve/put──► reserved (pinned, invisible) ──publish──► published (in LRU order)
+    free ──reserve/put──► reserved (pinned, invisible) ──publish──► published (in the eviction order)
       ▲                          │ abort                                │ evict / delete
       └──────────────────────────┴──────────────────────────────────────┘
 
@@ -20,7 +22,6 @@ still occupying memory).
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,6 +32,7 @@ from kvstore.errors import BlockStateError, IntegrityError, TierError, short_key
 from kvstore.layout import KVLayout
 from kvstore.tiers.arena import HostArena, PinMode, resolve_pin
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
+from kvstore.tiers.eviction import EvictionOrder, make_order
 
 
 class HostTier(Tier):
@@ -47,11 +49,13 @@ class HostTier(Tier):
         shared_memory: bool = False,
         shm_name: str | None = None,
         auto_evict: bool = True,
+        eviction: str = "lru",
     ) -> None:
         """Allocate ``capacity_bytes // bytes_per_block`` slots now.
 
         ``auto_evict=False`` makes ``put``/``reserve`` fail instead of evicting,
-        so the tiered store can spill the :meth:`lru_victims` to disk first.
+        so the tiered store can spill the :meth:`victims` to disk first.
+        ``eviction``: the order's name for :func:`~kvstore.tiers.eviction.make_order`.
         """
         super().__init__(layout)
         self.bpb = layout.bytes_per_block
@@ -60,7 +64,11 @@ class HostTier(Tier):
         )
         self.auto_evict = auto_evict
         self._lock = threading.Lock()
-        self._lru: OrderedDict[bytes, int] = OrderedDict()  # published, least recently used first
+        self._slots: dict[bytes, int] = {}  # published key -> slot
+        self._keys: dict[int, bytes] = {}  # its inverse (to exclude pinned keys from victims), changed with it
+        self.eviction = eviction
+        """The eviction order's name (``host.eviction``)."""
+        self._order: EvictionOrder = make_order(eviction)  # the published keys, 1 unit each
         self._reserved: dict[bytes, int] = {}
         self._refs: dict[int, int] = {}  # slot -> reference count, only while > 0
         self._free: list[int] = list(range(self.arena.num_slots - 1, -1, -1))  # pop() gives slot 0 first
@@ -77,6 +85,7 @@ class HostTier(Tier):
             shared_memory=section.shared_memory,
             shm_name=section.shm_name,
             auto_evict=auto_evict,
+            eviction=section.eviction,
         )
 
     # ------------------------------------------------------------- slots
@@ -96,8 +105,8 @@ class HostTier(Tier):
         return self.arena.name
 
     def slot_of(self, key: bytes) -> int | None:
-        """Slot of a published key, else ``None``. Changes nothing (not even LRU order)."""
-        return self._lru.get(key)
+        """Slot of a published key, else ``None``. Changes nothing (not even the eviction order)."""
+        return self._slots.get(key)
 
     def slot_view(self, slot: int) -> torch.Tensor:
         """Zero-copy view of ``slot``. Hold a :meth:`pin` on its key while using it."""
@@ -107,12 +116,12 @@ class HostTier(Tier):
         """Add a reference to each published or reserved key and return its slot (``None``: absent, not pinned).
 
         A pinned slot is never evicted, deleted or reused. Pinning a published
-        key marks it most recently used.
+        key counts as a use of it (LRU: most recently used).
         """
         with self._lock:
             out: list[int | None] = []
             for key in keys:
-                slot = self._lru.get(key)
+                slot = self._slots.get(key)
                 if slot is None:
                     slot = self._reserved.get(key)
                 if slot is not None:
@@ -142,16 +151,26 @@ class HostTier(Tier):
         with self._lock:
             return len(self._refs)
 
-    def lru_victims(self, n: int) -> list[bytes]:
-        """Up to ``n`` unpinned published keys, least recently used first. Changes nothing."""
+    def victims(self, n: int) -> list[bytes]:
+        """Up to ``n`` unpinned published keys, the next to evict first (LRU: least recently used first).
+
+        Membership is unchanged (the caller deletes those it evicts); like the
+        order's ``victims`` it may change the order itself (S3-FIFO's queues,
+        GDSF's inflation), so call it only when about to evict.
+        """
         with self._lock:
-            out: list[bytes] = []
-            for key, slot in self._lru.items():
-                if len(out) >= n:
-                    break
-                if slot not in self._refs:
-                    out.append(key)
-            return out
+            return self._victims(n)
+
+    def seed_uses(self, keys: Sequence[bytes], uses: Sequence[int]) -> None:
+        """Tell the eviction order how often each published key was used before it entered this tier.
+
+        GDSF restarts a key's count at ``uses`` (priority ``L + uses``); LRU and
+        S3-FIFO ignore it. Absent keys are skipped.
+        """
+        with self._lock:
+            for key, n in zip(keys, uses):
+                if key in self._slots:
+                    self._order.seed(key, n)
 
     def reserve(self, keys: Sequence[bytes]) -> list[int | None]:
         """Take a pinned, invisible slot per key for a block about to be written into :meth:`slot_view`.
@@ -165,20 +184,22 @@ class HostTier(Tier):
             self._check_open()
             seen: set[bytes] = set()
             for key in keys:
-                if key in self._lru or key in self._reserved or key in seen:
+                if key in self._slots or key in self._reserved or key in seen:
                     raise BlockStateError(f"reserve of host block {short_key(key)} that is already present or reserved")
                 seen.add(key)
             return [self._reserve_one(key) for key in keys]
 
     def publish(self, keys: Sequence[bytes]) -> None:
-        """Make reserved keys visible (most recently used) and drop the reservation's reference."""
+        """Make reserved keys visible (added to the eviction order) and drop the reservation's reference."""
         with self._lock:
             for key in keys:
                 if key not in self._reserved:
                     raise BlockStateError(f"publish of host block {short_key(key)} that is not reserved")
             for key in keys:
                 slot = self._reserved.pop(key)
-                self._lru[key] = slot
+                self._slots[key] = slot
+                self._keys[slot] = key
+                self._order.add(key, 1)
                 self._deref(slot)
                 self._stats.puts += 1
                 self._stats.bytes_written += self.bpb
@@ -200,27 +221,27 @@ class HostTier(Tier):
         """How many of ``keys``, from the first, are published. Changes nothing."""
         n = 0
         for key in keys:
-            if key not in self._lru:
+            if key not in self._slots:
                 break
             n += 1
         return n
 
     def contains(self, key: bytes) -> bool:
         """Whether ``key`` is published. Changes nothing."""
-        return key in self._lru
+        return key in self._slots
 
     def keys(self) -> list[bytes]:
-        """Every published key, least recently used first (a snapshot). Changes nothing."""
+        """Every published key, next to evict first (a snapshot of the eviction order). Changes nothing."""
         with self._lock:
-            return list(self._lru)
+            return list(self._order)
 
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
-        """Copy published blocks into ``dests``; marks them most recently used. The slot stays pinned during the copy."""
+        """Copy published blocks into ``dests``; counts a use of each. The slot stays pinned during the copy."""
         addrs = buffer_addresses(keys, dests, self.bpb, "host")
         with self._lock:
             self._check_open()
-            lru, refs = self._lru, self._refs
-            slots = [lru.get(key) for key in keys]
+            published, refs = self._slots, self._refs
+            slots = [published.get(key) for key in keys]
             for slot in slots:
                 if slot is not None:
                     refs[slot] = refs.get(slot, 0) + 1
@@ -238,9 +259,9 @@ class HostTier(Tier):
         return [s is not None for s in slots]
 
     def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
-        """Store blocks in new slots (evicting LRU unpinned ones if ``auto_evict``).
+        """Store blocks in new slots (evicting unpinned ones in eviction order if ``auto_evict``).
 
-        A key already published is marked most recently used and reported
+        A key already published counts a use and is reported
         ``True``; a key reserved by someone else reports ``False``, as does a
         key for which no slot could be made.
         """
@@ -254,8 +275,8 @@ class HostTier(Tier):
                 if key in first:
                     continue
                 first[key] = i
-                if key in self._lru:
-                    self._lru.move_to_end(key)
+                if key in self._slots:
+                    self._order.touch(key)
                     result[i] = True
                 elif key not in self._reserved:
                     slot = self._reserve_one(key)
@@ -275,12 +296,12 @@ class HostTier(Tier):
         """Free the slots of published keys; raises :class:`BlockStateError` (changing nothing) if one is pinned or reserved."""
         with self._lock:
             for key in keys:
-                slot = self._lru.get(key)
+                slot = self._slots.get(key)
                 if key in self._reserved or (slot is not None and slot in self._refs):
                     raise BlockStateError(f"delete of host block {short_key(key)} while it is pinned")
             removed = 0
             for key in dict.fromkeys(keys):
-                slot = self._lru.pop(key, None)
+                slot = self._unpublish(key)
                 if slot is not None:
                     self._free.append(slot)
                     removed += 1
@@ -289,7 +310,7 @@ class HostTier(Tier):
     def stats(self) -> TierStats:
         """Counters, with ``used_bytes``/``capacity_bytes``/``num_blocks`` filled from the arena."""
         with self._lock:
-            self._stats.num_blocks = len(self._lru)
+            self._stats.num_blocks = len(self._slots)
             self._stats.used_bytes = (self.num_slots - len(self._free)) * self.bpb
             self._stats.capacity_bytes = self.num_slots * self.bpb
             return super().stats()
@@ -298,17 +319,21 @@ class HostTier(Tier):
         """Release the arena (unpin, unmap, unlink the owned segment). Later calls raise :class:`TierError`."""
         with self._lock:
             self.arena.close()
-            self._lru.clear()
+            self._slots.clear()
+            self._keys.clear()
+            self._order = make_order(self.eviction)
             self._reserved.clear()
         self._copier.shutdown(wait=True)
 
     def check_integrity(self) -> None:
         """Raise :class:`IntegrityError` unless free + published + reserved slots partition the arena."""
         with self._lock:
-            used = list(self._lru.values()) + list(self._reserved.values()) + self._free
+            used = list(self._slots.values()) + list(self._reserved.values()) + self._free
             if sorted(used) != list(range(self.num_slots)):
                 raise IntegrityError(f"host slots do not partition the arena: {len(used)} entries for {self.num_slots}")
-            occupied = set(self._lru.values()) | set(self._reserved.values())
+            if self._keys != {slot: key for key, slot in self._slots.items()} or set(self._order) != set(self._slots):
+                raise IntegrityError("host slot map, its inverse and the eviction order disagree")
+            occupied = set(self._slots.values()) | set(self._reserved.values())
             if not set(self._refs) <= occupied or any(c <= 0 for c in self._refs.values()):
                 raise IntegrityError("host reference count on a free slot, or a non-positive count")
             if any(slot not in self._refs for slot in self._reserved.values()):
@@ -316,7 +341,7 @@ class HostTier(Tier):
 
     # ------------------------------------------------------------- private
     def _slot_any(self, key: bytes) -> int | None:
-        slot = self._lru.get(key)
+        slot = self._slots.get(key)
         return self._reserved.get(key) if slot is None else slot
 
     def _deref(self, slot: int) -> None:
@@ -338,13 +363,26 @@ class HostTier(Tier):
             return self._free.pop()
         if not self.auto_evict:
             return None
-        for key, slot in self._lru.items():
-            if slot not in self._refs:
-                del self._lru[key]
-                self._stats.evictions += 1
-                self._emit("evicted", key)
-                return slot
+        for key in self._victims(1):
+            slot = self._unpublish(key)
+            assert slot is not None
+            self._stats.evictions += 1
+            self._emit("evicted", key)
+            return slot
         return None
+
+    def _victims(self, n: int) -> list[bytes]:
+        """:meth:`victims` with the lock held."""
+        pinned = [self._keys[slot] for slot in self._refs if slot in self._keys]
+        return self._order.victims(n, len(self._order), exclude=pinned)
+
+    def _unpublish(self, key: bytes) -> int | None:
+        """Forget published ``key`` (slot map, inverse, order); its slot, or ``None``. Hold the lock."""
+        slot = self._slots.pop(key, None)
+        if slot is not None:
+            del self._keys[slot]
+            self._order.remove(key)
+        return slot
 
     def _copy(self, copy: Callable[[Sequence[int], Sequence[int]], None], slots: list[int], addrs: list[int]) -> None:
         """``copy(slots, addrs)`` (an arena read or write); from 4 MiB on, half of it on the copier thread."""
@@ -357,10 +395,10 @@ class HostTier(Tier):
             copy(slots, addrs)
 
     def _touch(self, keys: Sequence[bytes]) -> None:
-        """Mark published keys most recently used, deepest first (see :meth:`Tier.get`). Hold the lock."""
+        """Count a use of published keys, deepest first (see :meth:`Tier.get`). Hold the lock."""
+        order = self._order
         for key in reversed(keys):
-            if key in self._lru:
-                self._lru.move_to_end(key)
+            order.touch(key)
 
     def _check_open(self) -> None:
         if self.arena.tensor is None:

@@ -47,6 +47,10 @@ class LRUIndex:
         self._order.move_to_end(key)
         return True
 
+    def seed(self, key: bytes, uses: int) -> bool:
+        """Uses from before ``key`` entered this tier: ignored (the order keeps only its own recency). ``False`` if absent."""
+        return key in self
+
     def remove(self, key: bytes) -> int | None:
         """Forget ``key``; returns its size, or ``None`` if absent."""
         size = self._order.pop(key, None)

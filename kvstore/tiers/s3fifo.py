@@ -125,6 +125,10 @@ class S3FIFOIndex:
         self._freq[key] = min(freq + 1, MAX_FREQ)
         return True
 
+    def seed(self, key: bytes, uses: int) -> bool:
+        """Uses from before ``key`` entered this tier: ignored (the order keeps only its own frequency). ``False`` if absent."""
+        return key in self
+
     def remove(self, key: bytes) -> int | None:
         """Forget resident ``key``; returns its size, or ``None`` if absent. The ghost set is left as is."""
         size = self._small.pop(key, None)

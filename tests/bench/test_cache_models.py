@@ -1,16 +1,24 @@
-"""Exact behaviour of the hit-rate models: kvstore's tiered replay (disk LRU or S3-FIFO) and Belady's optimum."""
+"""Exact behaviour of the hit-rate models: kvstore's tiered replay (every host and disk order, carried counts,
+exclusive tiers), its agreement with the real host tier, and Belady's optimum."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvstore.bench.belady import belady_hits
 from kvstore.bench.cache_sim import HitCounts, SimTier, TieredCacheSim
 from kvstore.bench.workloads import Request, synthetic
+from kvstore.layout import KVLayout
 from kvstore.tiers.gdsf import GDSFIndex
+from kvstore.tiers.host import HostTier
 from kvstore.tiers.lru import LRUIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
+
+LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4, model_id="sim-agreement")
 
 
 def _reqs(*chains: list[int]) -> list[Request]:
@@ -94,3 +102,78 @@ def test_belady_bounds_every_policy_on_a_workload(policy: str) -> None:
     opt = sum(belady_hits(trace.requests, 7 * gpu))
     inf = sum(belady_hits(trace.requests, trace.footprint_blocks))
     assert g <= t <= opt <= inf
+
+
+def _counts(tier: SimTier, ids: list[int]) -> list[int | None]:
+    order = tier.order
+    assert isinstance(order, GDSFIndex)
+    return [order.count_of(i.to_bytes(8, "little")) for i in ids]
+
+
+@pytest.mark.parametrize("carry", [False, True])
+def test_carried_use_count_seeds_host_then_disk(carry: bool) -> None:
+    sim = TieredCacheSim(2, 2, 4, disk_policy="gdsf", host_policy="gdsf", carry_uses=carry)
+    assert isinstance(sim.host.order, GDSFIndex)
+    r12, r34, r56 = _reqs([1, 2], [3, 4], [5, 6])
+    for r in (r12, r12, r12):  # inserted, then two GPU hits: 3 uses
+        sim.request(r)
+    sim.request(r34)  # [1,2] to host
+    assert _counts(sim.host, [1, 2]) == ([3, 3] if carry else [1, 1])
+    sim.request(r56)  # [3,4] to host push [1,2] to disk
+    assert _counts(sim.host, [3, 4]) == [1, 1] and _counts(sim.disk, [1, 2]) == ([3, 3] if carry else [1, 1])
+    assert sim.request(r12) == HitCounts(0, 0, 2)  # a disk hit: a use in the disk's own count too
+    assert _counts(sim.disk, [1, 2]) == ([4, 4] if carry else [2, 2])
+    if carry:
+        assert sim.uses[(1).to_bytes(8, "little")] == 4 and len(sim.uses) == 6
+
+
+def test_exclusive_tiers_hold_each_block_once() -> None:
+    sim = TieredCacheSim(gpu_blocks=2, host_blocks=2, disk_blocks=4, exclusive=True)
+    r12, r34, r56 = _reqs([1, 2], [3, 4], [5, 6])
+    for r in (r12, r34, r56):  # [1,2] to host, then on to disk under [3,4]
+        assert sim.request(r) == HitCounts(0, 0, 0)
+    assert _ids(sim.host) == [4, 3] and _ids(sim.disk) == [2, 1]
+    assert sim.request(r12) == HitCounts(0, 0, 2)  # loaded from disk, not copied into host, gone from disk
+    assert _ids(sim.host) == [6, 5] and _ids(sim.disk) == [4, 3]  # [5,6] demoted to host pushed [3,4] down
+    assert sim.request(r56) == HitCounts(0, 2, 0)  # host sources stay pinned while [1,2] leaves the GPU:
+    assert _ids(sim.host) == [] and _ids(sim.disk) == [4, 3, 2, 1]  # the full host sends [1,2] to disk
+    sim.index.check_integrity()
+
+
+def test_inclusive_tiers_keep_the_lower_copies() -> None:
+    sim = TieredCacheSim(gpu_blocks=2, host_blocks=4, disk_blocks=4)
+    r12, r34 = _reqs([1, 2], [3, 4])
+    for r in (r12, r34):
+        sim.request(r)
+    assert sim.request(r12) == HitCounts(0, 2, 0)
+    assert sorted(_ids(sim.host)) == [1, 2, 3, 4]  # [1,2] still there beside their GPU copies
+
+
+@settings(max_examples=30, deadline=None)
+@given(policy=st.sampled_from(["lru", "s3fifo", "gdsf"]),
+       ops=st.lists(st.tuples(st.sampled_from(["put", "get", "seed"]), st.integers(0, 11), st.integers(1, 6)),
+                    min_size=1, max_size=60))
+def test_simulated_host_keeps_what_the_real_host_tier_keeps(policy: str, ops: list[tuple[str, int, int]]) -> None:
+    """The simulator's host (``SimTier``) and a real ``HostTier`` under one order, fed the same puts, hits and
+    seeded counts, hold the same blocks after every step and give up the same victims."""
+    slots = 4
+    real = HostTier(LAYOUT, slots * LAYOUT.bytes_per_block, pin_memory="never", eviction=policy)
+    sim = SimTier(slots, policy)
+    block = torch.zeros(LAYOUT.bytes_per_block, dtype=torch.uint8)
+    try:
+        for op, i, n in ops:
+            key = i.to_bytes(8, "little")
+            if op == "put" and key not in sim:
+                assert real.put([key], [block]) == [True]
+                sim.add(key)
+            elif op == "get":
+                assert real.get([key], [torch.empty_like(block)]) == [key in sim]
+                sim.touch(key)
+            elif op == "seed":
+                real.seed_uses([key], [n])
+                sim.order.seed(key, n)
+            assert {k for k in (j.to_bytes(8, "little") for j in range(12)) if real.contains(k)} == set(sim.order)
+            real.check_integrity()
+        assert real.victims(slots) == sim.order.victims(slots, len(sim.order))
+    finally:
+        real.close()

@@ -107,3 +107,19 @@ def test_tenant_salt_isolates(tmp_path: Path, reference) -> None:  # noqa: ANN00
     assert same.metrics.num_cached_tokens == 44
     for out in (other, unsalted, same):
         assert out.token_ids == reference[0]
+
+
+@pytest.mark.parametrize(("offload", "tier"), [(("gpu",), "host"), (("gpu", "host"), "disk")])
+def test_prefix_from_exclusive_tiers(tmp_path: Path, reference, offload: tuple[str, ...], tier: str) -> None:  # noqa: ANN001
+    """``policy.exclusive_tiers`` (with GDSF and carried counts): the output equals the recompute oracle, and
+    the loaded prefix has left host and disk."""
+    llm = make_llm(tmp_path, host={"capacity": 64 * 2048, "eviction": "gdsf"},
+                   policy={"write": "write_back", "exclusive_tiers": True, "carry_uses": True})
+    _, second, logits = _second_run(llm, offload=offload)
+    assert second.metrics.cached_tokens_by_tier == {"gpu": 0, "host": 0, "disk": 0, tier: 44}
+    _assert_same(second, logits, reference)
+    store = embedded(llm).store
+    store.flush()
+    keys = store.keys(PROMPT)[:11]
+    assert store.h.host is not None and store.h.disk is not None
+    assert not any(store.h.host.contains(k) or store.h.disk.contains(k) for k in keys)

@@ -1,5 +1,6 @@
 """The eviction cascade on real tiers: every block stays reachable until the disk cap drops it, under
-every disk eviction order (``disk.eviction``): a policy changes which blocks the disk keeps, never
+every host and disk eviction order (``host.eviction``, ``disk.eviction``), with and without use counts
+carried across tiers (``policy.carry_uses``), inclusive or exclusive (``policy.exclusive_tiers``): a policy changes which blocks the tiers keep, never
 whether what is served is what was written or whether a block is reported where it is not."""
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from storelib import LAYOUT, fill_keyed
 BS = LAYOUT.block_size
 
 
-def _store(root: Path, write: str, disk_cap: int, eviction: str = "lru") -> TieredStore:
+def _store(root: Path, write: str, disk_cap: int, eviction: str = "lru", host_eviction: str = "lru",
+           carry_uses: bool = False, exclusive: bool = False) -> TieredStore:
     pool = GPUBlockPool(LAYOUT, 6, device="cpu")
-    host = HostTier(LAYOUT, 5 * LAYOUT.bytes_per_block, auto_evict=False)
+    host = HostTier(LAYOUT, 5 * LAYOUT.bytes_per_block, auto_evict=False, eviction=host_eviction)
     disk = DiskTier(LAYOUT, root, disk_cap, sync="interval", eviction=eviction)
-    return TieredStore(LAYOUT, pool, host, disk, PolicyConfig(write=write))
+    return TieredStore(LAYOUT, pool, host, disk, PolicyConfig(write="write_back" if exclusive else write, carry_uses=carry_uses,
+                                                             exclusive_tiers=exclusive))
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["write", "read"]), st.integers(0, 14), st.integers(1, 3)),
@@ -34,26 +37,33 @@ SMALL_DISK = 20 * 4096
 """A disk cap whose budget (less the tier's reserve) holds about 8 of these blocks: the disk really evicts."""
 
 
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, write=st.sampled_from(["write_back", "write_through"]), eviction=st.sampled_from(sorted(ORDERS)),
+       host_eviction=st.sampled_from(sorted(ORDERS)), carry=st.booleans(), exclusive=st.booleans())
+def test_cascade_keeps_every_block_reachable_until_disk_cap(tmp_path_factory, ops, write, eviction,  # noqa: ANN001
+                                                             host_eviction, carry, exclusive) -> None:  # noqa: ANN001
+    _replay(tmp_path_factory.mktemp("cascade"), ops, write, eviction, disk_cap=256 * 1024,
+            host_eviction=host_eviction, carry_uses=carry, exclusive=exclusive)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=OPS, write=st.sampled_from(["write_back", "write_through"]), eviction=st.sampled_from(sorted(ORDERS)))
-def test_cascade_keeps_every_block_reachable_until_disk_cap(tmp_path_factory, ops, write, eviction) -> None:  # noqa: ANN001
-    _replay(tmp_path_factory.mktemp("cascade"), ops, write, eviction, disk_cap=256 * 1024)
-
-
-@settings(max_examples=9, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=OPS, write=st.sampled_from(["write_back", "write_through"]), eviction=st.sampled_from(sorted(ORDERS)))
+@given(ops=OPS, write=st.sampled_from(["write_back", "write_through"]), eviction=st.sampled_from(sorted(ORDERS)),
+       host_eviction=st.sampled_from(sorted(ORDERS)), carry=st.booleans(), exclusive=st.booleans())
 def test_every_eviction_order_serves_only_loadable_blocks_under_a_small_disk(tmp_path_factory, ops, write,  # noqa: ANN001
-                                                                             eviction) -> None:
-    _replay(tmp_path_factory.mktemp("small"), ops, write, eviction, disk_cap=SMALL_DISK)
+                                                                             eviction, host_eviction, carry,  # noqa: ANN001
+                                                                             exclusive) -> None:  # noqa: ANN001
+    _replay(tmp_path_factory.mktemp("small"), ops, write, eviction, disk_cap=SMALL_DISK,
+            host_eviction=host_eviction, carry_uses=carry, exclusive=exclusive)
 
 
-def _replay(root: Path, ops: list[tuple[str, int, int]], write: str, eviction: str, disk_cap: int) -> None:
+def _replay(root: Path, ops: list[tuple[str, int, int]], write: str, eviction: str, disk_cap: int, *,
+            host_eviction: str = "lru", carry_uses: bool = False, exclusive: bool = False) -> None:
     """Writes and reads through a store on real tiers; checks served bytes, integrity and reachability each step.
 
     A read holds its lease (GPU references) while its bytes are compared, so a block a request holds that
     was evicted or reused would show as wrong bytes.
     """
-    s = _store(root, write, disk_cap, eviction)
+    s = _store(root, write, disk_cap, eviction, host_eviction, carry_uses, exclusive)
     truth: dict[bytes, torch.Tensor] = {}  # key -> bytes of every block ever committed
     prefix: dict[bytes, list[bytes]] = {}  # key -> the keys before it in its prompt
     dropped_by_disk: set[bytes] = set()

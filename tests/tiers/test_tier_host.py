@@ -58,15 +58,15 @@ def test_lru_order_exact_and_eviction_events() -> None:
     b = make_blocks(L, 6)
     tier.put(k[:4], b[:4])  # a batch is a chain: its last key becomes the oldest, its first the newest
     assert tier.num_free_slots == 0
-    assert tier.lru_victims(10) == [k[3], k[2], k[1], k[0]]
+    assert tier.victims(10) == [k[3], k[2], k[1], k[0]]
     tier.get([k[1]], empty_blocks(L, 1))  # k1 becomes most recent
-    assert tier.lru_victims(10) == [k[3], k[2], k[0], k[1]]
+    assert tier.victims(10) == [k[3], k[2], k[0], k[1]]
     tier.pin([k[0]])  # pinned: skipped, and touched
-    assert tier.lru_victims(2) == [k[3], k[2]]
+    assert tier.victims(2) == [k[3], k[2]]
     assert tier.put(k[4:6], b[4:6]) == [True, True]
     assert [e.key for e in tier.drain_events()] == [k[3], k[2]]
     assert tier.drain_events() == []
-    assert tier.lru_victims(10) == [k[1], k[5], k[4]]
+    assert tier.victims(10) == [k[1], k[5], k[4]]
     assert tier.stats().evictions == 2
     tier.check_integrity()
 
@@ -97,7 +97,7 @@ def test_reserve_publish_abort() -> None:
     assert None not in slots and tier.num_free_slots == 1
     assert not tier.contains(k[0]) and tier.slot_of(k[0]) is None
     assert tier.get(k[:1], empty_blocks(L, 1)) == [False]
-    assert tier.lru_victims(5) == []
+    assert tier.victims(5) == []
     with pytest.raises(BlockStateError):
         tier.delete(k[:1])
     with pytest.raises(BlockStateError):
@@ -133,7 +133,7 @@ def test_no_auto_evict_fails_when_full() -> None:
     assert tier.put(k, b) == [True, True, False]
     assert tier.reserve(k[2:]) == [None]
     assert tier.drain_events() == []
-    victims = tier.lru_victims(1)
+    victims = tier.victims(1)
     assert victims == [k[1]] and tier.delete(victims) == 1  # the chain's tail goes first
     assert tier.put(k[2:], b[2:]) == [True]
 
@@ -228,3 +228,35 @@ def test_shared_memory_seen_by_another_process() -> None:
     tier.close()
     with pytest.raises(TierError, match="no shared memory segment"):
         HostArena.attach(name, BPB)
+
+
+def test_gdsf_order_exact_with_pins_seeds_and_inflation() -> None:
+    tier = host(4, eviction="gdsf")
+    k, b = make_keys(L, 6), make_blocks(L, 6)
+    tier.put(k[:4], b[:4])  # all at L + 1 = 1; published deepest first, so k3 is the oldest use
+    tier.get([k[1]], empty_blocks(L, 1))
+    tier.get([k[1]], empty_blocks(L, 1))  # k1: count 3
+    tier.get([k[0]], empty_blocks(L, 1))  # k0: count 2
+    assert tier.victims(1) == [k[3]]  # lowest priority; L rises to 1
+    assert tier.put(k[4:5], b[4:5]) == [True]  # full: evicts k3 (priority 1), k4 enters at L + 1 = 2
+    assert [e.key for e in tier.drain_events()] == [k[3]]
+    tier.pin([k[2]])  # a pin is a use (k2: count 2, priority 3) and shields it
+    assert tier.victims(2) == [k[0], k[4]]  # priority 2 each, the older use first; L = 2
+    tier.seed_uses([k[4], k[5]], [5, 9])  # k4 restarts at count 5 (priority 7); absent k5 is skipped
+    assert tier.victims(3) == [k[0], k[1], k[4]]  # k2 pinned; L = 7
+    tier.unpin([k[2]])
+    assert tier.victims(1) == [k[0]]
+    assert tier.delete([k[0]]) == 1 and tier.put(k[5:6], b[5:6]) == [True]  # k5 enters at L + 1 = 8
+    assert tier.victims(4) == [k[1], k[2], k[4], k[5]]  # k1 and k2 both at priority 3: k1's last use is older
+    tier.check_integrity()
+
+
+@pytest.mark.parametrize("eviction", ["lru", "s3fifo", "gdsf"])
+def test_every_eviction_order_from_config(eviction: str) -> None:
+    tier = HostTier.from_config(HostConfig(capacity=4 * BPB, pin_memory="never", eviction=eviction), L)
+    k, b = make_keys(L, 8), make_blocks(L, 8)
+    for i in range(8):
+        assert tier.put(k[i : i + 1], b[i : i + 1]) == [True]
+        tier.check_integrity()
+    assert tier.stats().num_blocks == 4 and tier.stats().evictions == 4
+    assert type(tier._order).__name__.lower().startswith(eviction[:3])  # noqa: SLF001 - the order it built
