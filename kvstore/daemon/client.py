@@ -35,8 +35,6 @@ if TYPE_CHECKING:  # imported where a shared arena is attached: it needs torch, 
 
 log = logging.getLogger(__name__)
 
-MAX_UNREAD = 32
-"""Deferred replies read at the latest after this many (keeps the socket's receive buffer small)."""
 IDLE_CHECK_S = 1.0
 """A connection unused this long is checked for a close by the daemon (idle timeout) before reuse."""
 
@@ -76,7 +74,6 @@ class DaemonClient:
         self.generation = 0
         self._sock: socket.socket | None = None
         self._next_id = 0
-        self._unread: list[tuple[int, Op]] = []  # requests sent with send_nowait, replies not read yet
         self._backoff = backoff_initial_s
         self._next_attempt = 0.0
         self._last_used = 0.0
@@ -177,7 +174,7 @@ class DaemonClient:
         assert self._sock is not None
         try:
             readable, _, _ = select.select([self._sock], [], [], 0)
-            return bool(readable) and not self._unread and self._sock.recv(1, socket.MSG_PEEK) == b""
+            return bool(readable) and self._sock.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
 
@@ -206,7 +203,6 @@ class DaemonClient:
             self._sock.close()
         self._sock = None
         self.hello = None
-        self._unread.clear()
 
     # ----------------------------------------------------------- requests
     def request(self, op: Op, payload: bytes = b"") -> bytes:
@@ -225,24 +221,15 @@ class DaemonClient:
                 self._next_attempt = 0.0  # the first reconnect after a break is immediate
                 raise DaemonUnavailable(f"connection to the daemon at {self.address} broke during {op.name}: {exc}") from None
 
-    def send_nowait(self, op: Op, payload: bytes = b"") -> None:
-        """Send a request without waiting for its reply (used for RELEASE, which saves a round trip per get).
-
-        The daemon handles a connection's requests in order, so it executes
-        this one before anything sent later; its reply is read and checked
-        before the next request's (an error reply is logged, not raised).
-        Raises :class:`DaemonUnavailable` when the connection breaks.
-        """
+    def send_quiet(self, op: Op, payload: bytes = b"") -> None:
+        """Send a request that has no reply (``RELEASE_QUIET``); the daemon executes it before anything sent
+        later on this connection. Raises :class:`DaemonUnavailable` when the connection breaks."""
         with self.lock:
             self._ensure()
             try:
                 assert self._sock is not None
-                rid = self._new_id()
-                self._sock.sendall(encode_frame(op, rid, payload))
+                self._sock.sendall(encode_frame(op, self._new_id(), payload))
                 self._last_used = time.monotonic()
-                self._unread.append((rid, op))
-                if len(self._unread) >= MAX_UNREAD:
-                    self._read_unread()
             except (OSError, ProtocolError) as exc:
                 self._drop()
                 self._next_attempt = 0.0
@@ -252,21 +239,11 @@ class DaemonClient:
         self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         return self._next_id
 
-    def _read_unread(self) -> None:
-        """Read the replies of earlier :meth:`send_nowait` requests, in order."""
-        pending, self._unread = self._unread, []
-        for rid, op in pending:
-            header, body = self._read_reply(rid, op)
-            if header.op == Op.ERROR:
-                log.debug("deferred %s: %s", op.name, DaemonError(*m.decode_error(body)))  # names unknown codes too
-
     def _roundtrip(self, op: Op, payload: bytes) -> bytes:
         assert self._sock is not None
         self._last_used = time.monotonic()
         rid = self._new_id()
         self._sock.sendall(encode_frame(op, rid, payload))
-        if self._unread:
-            self._read_unread()  # the daemon answers in order: earlier deferred replies come first
         header, body = self._read_reply(rid, op)
         if header.op == Op.ERROR:
             code, message = m.decode_error(body)

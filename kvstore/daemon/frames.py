@@ -24,7 +24,7 @@ from enum import IntEnum
 from kvstore.errors import KVStoreError
 
 MAGIC = b"KVSD"
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """2: challenge-response login (CHALLENGE, HELLO carries an HMAC proof, not the token); HELLO reply has max_keys."""
 HEADER = struct.Struct("<4sHHII")
 HEADER_SIZE = HEADER.size
@@ -58,6 +58,9 @@ class Op(IntEnum):
     STATS = 11
     CHALLENGE = 12
     """Before HELLO: ask for the connection's login nonce (see :mod:`kvstore.daemon.auth`)."""
+    RELEASE_QUIET = 13
+    """RELEASE with no reply (protocol 3): the client never waits for or reads one, which saves the daemon a
+    send and the client a read per get. A non-fatal error is counted and logged by the daemon, not answered."""
     ERROR = 0x7FFF
     """Reply-only: the request failed; payload is an :class:`ErrorCode` and a message."""
 

@@ -14,6 +14,7 @@ Payloads (little-endian; ``keys`` = ``u32 count`` then ``count`` 32-byte keys)::
     PUT_SHM_COMMIT   keys                       reply  count:u32 ok:u8*count
     PUT_INLINE       keys block*count           reply  count:u32 ok:u8*count
     RELEASE, DELETE  keys                       reply  count:u32
+    RELEASE_QUIET    keys                       (no reply, not even an error unless the connection closes)
     FLUSH, STATS     (empty)                    reply  (empty) / UTF-8 JSON
     ERROR            (reply only)               code:u16 message (UTF-8)
 
@@ -43,7 +44,8 @@ _SLOT = struct.Struct("<BI")
 _HELLO = struct.Struct("<16sBH")
 _HELLO_TAIL = struct.Struct("<IIIII")
 KEY_OPS = frozenset(
-    {Op.EXISTS_PREFIX, Op.GET_SHM, Op.GET_INLINE, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT, Op.RELEASE, Op.DELETE}
+    {Op.EXISTS_PREFIX, Op.GET_SHM, Op.GET_INLINE, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT, Op.RELEASE, Op.RELEASE_QUIET,
+     Op.DELETE}
 )
 EMPTY_OPS = frozenset({Op.FLUSH, Op.STATS, Op.CHALLENGE})
 

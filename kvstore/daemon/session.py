@@ -150,16 +150,21 @@ class Session:
         self.ctx.metrics.bytes_in += HEADER_SIZE + header.length
         start = time.perf_counter()
         self.busy = True
+        quiet = header.op == Op.RELEASE_QUIET and self.hello is not None  # its client reads no reply
         try:
             reply = await self._handle(header.op, payload)
         except ProtocolError as exc:
-            await self._error(writer, header.request_id, exc)
+            await self._error(writer, header.request_id, exc, answer=exc.fatal or not quiet)
             return not exc.fatal
         except (KVStoreError, ValueError) as exc:
-            await self._error(writer, header.request_id, ProtocolError(ErrorCode.INTERNAL, f"{header.op_name()}: {exc}"))
+            await self._error(writer, header.request_id, ProtocolError(ErrorCode.INTERNAL, f"{header.op_name()}: {exc}"),
+                              answer=not quiet)
             return True
         finally:
             self.busy = False
+        if quiet:
+            self.ctx.metrics.observe(Op.RELEASE_QUIET.name, time.perf_counter() - start)
+            return True
         await self._send(writer, encode_frame(header.op | REPLY_BIT, header.request_id, reply))
         self.ctx.metrics.observe(Op(header.op).name, time.perf_counter() - start)
         return True
@@ -262,7 +267,7 @@ class Session:
         thread wake-ups, more than such a request's work, and with several engine processes on few cores
         each wake-up can wait a scheduler slice."""
         b = self.ctx.backend
-        if msg.op == Op.RELEASE:
+        if msg.op in (Op.RELEASE, Op.RELEASE_QUIET):
             return True
         if msg.op == Op.PUT_SHM_COMMIT:
             return not b.durable_puts  # durable: waits for the disk write
@@ -313,8 +318,10 @@ class Session:
             return m.encode_slots([(int(st), s) for st, s in b.reserve(me, keys)])
         if op == Op.PUT_SHM_COMMIT:
             return m.encode_flags(b.commit(me, keys))
-        if op == Op.RELEASE:
+        if op in (Op.RELEASE, Op.RELEASE_QUIET):
             return m.encode_count(b.release(me, keys))
+        if op != Op.DELETE:  # every keys op is handled above: reaching here is a bug, never a delete
+            raise ProtocolError(ErrorCode.INTERNAL, f"{op.name}: no handler")
         n = b.delete(keys)
         if count is not None:
             count.add(blocks_deleted=n)
@@ -327,10 +334,14 @@ class Session:
         got = dict(zip(distinct, self.ctx.backend.read_inline(distinct)))
         return [got[k] for k in keys]
 
-    async def _error(self, writer: asyncio.StreamWriter, request_id: int, exc: ProtocolError) -> None:
+    async def _error(self, writer: asyncio.StreamWriter, request_id: int, exc: ProtocolError, answer: bool = True) -> None:
+        """Count and log ``exc``; send it as an ERROR reply unless ``answer`` is false (a RELEASE_QUIET, whose
+        client reads no reply: an unasked reply would be taken for the next request's)."""
         self.ctx.metrics.error(exc.code.name)
         self.ctx.events.warning(f"error:{exc.code.name}", "client %d (%s): %s%s", self.conn_id, self.peer.ident, exc,
-                                " (closing)" if exc.fatal else "")
+                                " (closing)" if exc.fatal else "" if answer else " (not answered: RELEASE_QUIET)")
+        if not answer:
+            return
         try:
             await self._send(writer, encode_frame(Op.ERROR, request_id, m.encode_error(exc.code, exc.message)))
         except ConnectionError:

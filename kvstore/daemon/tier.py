@@ -6,7 +6,7 @@ radix index and GPU pool stay in the engine process.
 
 Data path for a local client (Unix socket, shared memory)::
 
-    get:  GET_SHM (daemon locks slots) ─► copy slot → dest ─► RELEASE (reply read with the next request)
+    get:  GET_SHM (daemon locks slots) ─► copy slot → dest ─► RELEASE_QUIET (no reply)
     put:  PUT_SHM_RESERVE (daemon reserves slots) ─► copy src → slot ─► PUT_SHM_COMMIT
 
 and for a remote one (TCP) the bytes travel inline (GET_INLINE, PUT_INLINE).
@@ -204,7 +204,7 @@ class DaemonTier(Tier):
             held = [k for k, s in zip(keys, found) if s is not None]
             if held:
                 try:
-                    c.send_nowait(Op.RELEASE, m.encode_keys(held))  # its reply is read with the next request's
+                    c.send_quiet(Op.RELEASE_QUIET, m.encode_keys(held))  # no reply to wait for or read
                 except DaemonUnavailable:
                     pass  # the daemon ends the holds at their deadline
             return [s is not None and fresh for s in found]

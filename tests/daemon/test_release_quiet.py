@@ -1,0 +1,81 @@
+"""RELEASE_QUIET (protocol 3): a get's RELEASE without a reply, against a live daemon.
+
+It ends the holds like RELEASE; it is never answered, not even when it is malformed (an unasked reply
+would be read as the next request's), so the connection stays in step; before login it is refused
+like any other request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from daemonlib import (
+    LAYOUT, Daemon, block_for, cleanup, empty_blocks, expect_error, keys_for, raw_unix, read_reply, short_tmpdir,
+    start_daemon, write_config,
+)
+from kvstore.daemon import messages as m
+from kvstore.daemon.frames import REPLY_BIT, ErrorCode, Op, encode_frame
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    root = short_tmpdir()
+    d = None
+    try:
+        d = start_daemon(write_config(root))
+        yield d
+    finally:
+        cleanup(d, root)
+
+
+def _login(s) -> None:  # noqa: ANN001 - a socket
+    s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, None, "raw", True))))
+    reply = read_reply(s)
+    assert reply is not None and reply[0] == Op.HELLO | REPLY_BIT
+
+
+def _stats(s, rid: int) -> dict:  # noqa: ANN001 - a socket
+    s.sendall(encode_frame(Op.STATS, rid))
+    reply = read_reply(s)
+    assert reply is not None and reply[0] == Op.STATS | REPLY_BIT, reply  # the next frame is this reply
+    return json.loads(reply[1])
+
+
+def test_a_get_releases_its_holds_with_no_reply(daemon: Daemon) -> None:
+    tier = daemon.tier()
+    try:
+        keys = keys_for(4, seed=41)
+        assert tier.put(keys, [block_for(k) for k in keys]) == [True] * 4
+        before = tier.client.stats()
+        dests = empty_blocks(4)
+        for _ in range(3):
+            assert tier.get(keys, dests) == [True] * 4
+        after = tier.client.stats()  # a request after the RELEASE_QUIETs: they ran before it, in order
+        assert after["holds"] == 0  # every hold the gets took has ended
+        reqs_before, reqs = before["daemon"]["requests"], after["daemon"]["requests"]
+        assert reqs.get("RELEASE_QUIET", 0) - reqs_before.get("RELEASE_QUIET", 0) == 3
+        assert reqs.get("RELEASE", 0) == reqs_before.get("RELEASE", 0)  # the get path sends no RELEASE
+    finally:
+        tier.close()
+
+
+def test_a_malformed_release_quiet_is_counted_never_answered_and_the_connection_stays_in_step(daemon: Daemon) -> None:
+    with raw_unix(daemon) as s:
+        _login(s)
+        errors_before = _stats(s, 2)["daemon"]["errors"].get("BAD_FRAME", 0)
+        s.sendall(encode_frame(Op.RELEASE_QUIET, 3, b"\x05\x00\x00\x00" + b"k" * 32))  # says 5 keys, carries 1
+        s.sendall(encode_frame(Op.RELEASE_QUIET, 4, m.encode_keys(keys_for(2, seed=42))))  # keys it never held
+        too_many = _stats(s, 5)["daemon"]["errors"].get("TOO_LARGE", 0)
+        s.sendall(encode_frame(Op.RELEASE_QUIET, 6, m.encode_keys(keys_for(16385, seed=44))))  # over max_keys
+        after = _stats(s, 7)  # no reply came for any of them: the next frame is STATS's
+        assert after["daemon"]["errors"].get("BAD_FRAME", 0) == errors_before + 1
+        assert after["daemon"]["errors"].get("TOO_LARGE", 0) == too_many + 1
+
+
+def test_release_quiet_before_login_is_refused_and_the_connection_closed(daemon: Daemon) -> None:
+    with raw_unix(daemon) as s:
+        s.sendall(encode_frame(Op.RELEASE_QUIET, 1, m.encode_keys(keys_for(1, seed=43))))
+        assert "before HELLO" in expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
