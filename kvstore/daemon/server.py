@@ -181,11 +181,11 @@ class DaemonServer:
         return publisher
 
     def _lower_tier(self) -> Tier | None:
-        """The disk tier ``cfg.tiers`` names (``lmdb`` or ``file``), if any. The host tier always exists:
+        """The disk tier ``cfg.tiers`` names (``lmdb``, ``file`` or ``slab``), if any. The host tier always exists:
         its shared-memory arena is the daemon's data plane."""
         from kvstore.tiers import build_tier
 
-        sections = {"lmdb": self.cfg.disk, "file": self.cfg.file}
+        sections = {"lmdb": self.cfg.disk, "file": self.cfg.file, "slab": self.cfg.slab}
         names = [t for t in self.cfg.tiers if t in sections]
         return build_tier(names[0], sections[names[0]], self.layout) if names else None
 
