@@ -6,7 +6,8 @@
     file:   |value|pad |value|pad |value|pad | ...       slot i at offset i * slot_bytes
 
 A write or read of consecutive slots is one request, staged in a page-aligned buffer (anonymous
-``mmap``, as ``O_DIRECT`` requires). The file is grown with ``posix_fallocate`` in steps, never past
+``mmap``, as ``O_DIRECT`` requires). The file is grown with ``posix_fallocate``, doubling but by at most
+``grow_step`` at a time, never past
 ``slots`` slots. Where the file system refuses ``O_DIRECT`` (tmpfs) the file is opened buffered and
 :attr:`SlotFile.direct` is ``False``; every read is still verified by the caller.
 
@@ -63,7 +64,7 @@ def runs(slots: Sequence[int], max_slots: int) -> list[Run]:
 
 
 class SlotFile:
-    """The data file at ``path``: ``slots`` slots of ``slot_size`` bytes, grown in ``grow_step`` bytes."""
+    """The data file at ``path``: ``slots`` slots of ``slot_size`` bytes, grown by at most ``grow_step`` bytes at a time."""
 
     def __init__(self, path: str, slot_size: int, slots: int, grow_step: int, *, direct: bool = True) -> None:
         """Open (creating 0600) the file; ``direct=False`` or a file system without ``O_DIRECT``: buffered I/O."""
@@ -97,10 +98,11 @@ class SlotFile:
         return buf
 
     def ensure(self, slot: int) -> None:
-        """Preallocate the file through ``slot`` (in steps of ``grow_step``, never past ``slots``)."""
+        """Preallocate the file through ``slot`` (doubling, by at most ``grow_step``, never past ``slots``)."""
         if slot < self.allocated:
             return
-        target = min(self.slots, max(slot + 1, self.allocated + self._step))
+        # Doubling up to a step: a small tier does not preallocate a whole step on its first put.
+        target = min(self.slots, max(slot + 1, self.allocated + min(self._step, max(self.allocated, 1))))
         try:
             os.posix_fallocate(self.fd, 0, target * self.slot_size)
         except OSError as exc:
