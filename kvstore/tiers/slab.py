@@ -4,13 +4,13 @@ only the index (key -> slot) lives in LMDB.
 ::
 
     <path>/slots.dat      slot i at i * slot_bytes: codec header + payload (kvstore.codec), zero padding
-    <path>/index/         LMDB: 32-byte key -> <QQ slot, last-access counter>
+    <path>/index/         LMDB: 32-byte key -> <QQ slot, last-access counter> (kvstore.tiers.slab_index)
     <path>/kvstore.lock   one process at a time (kvstore.tiers.datadir)
 
 Why: the LMDB tier copies each value into malloc'd overflow pages, writes them into the page cache
 at commit, then fsyncs (docs/BENCHMARKS.md "tiers"); here a put stages its values in a page-aligned
 buffer and writes each run of consecutive slots with one ``pwrite`` straight to the device, the
-staging of the next run overlapping the write of the previous one.
+staging of the next run overlapping the writes (two in flight) of the previous ones.
 
 Order of a put (crash safety): data ``pwrite`` -> ``fdatasync`` of the data file (``sync: always``;
 under ``interval`` the background sync and ``flush`` fdatasync the data before syncing the index)
@@ -37,14 +37,12 @@ import heapq
 import logging
 import mmap
 import os
-import struct
 import threading
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Literal
 
-import lmdb
 import numpy as np
 
 from kvstore.codec import HEADER_SIZE, as_u8, decode_into, encode_parts
@@ -53,14 +51,19 @@ from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
-from kvstore.tiers.datadir import FILE_MODE, DirLock, make_private_dir, narrow
+from kvstore.tiers.datadir import DirLock, make_private_dir
 from kvstore.tiers.eviction import make_order
-from kvstore.tiers.lmdbcheck import check_environment, damaged
-from kvstore.tiers.slab_file import MAX_REQUEST, Run, SlotFile, runs, slot_bytes
+from kvstore.tiers.slab_file import Run, SlotFile, runs, slot_bytes
+from kvstore.tiers.slab_index import SlabIndex
 from kvstore.tiers.sync_loop import SyncLoop
 
 log = logging.getLogger(__name__)
-_RECORD = struct.Struct("<QQ")  # slot, last-access counter
+WRITES_IN_FLIGHT = 2
+"""``pwrite`` requests of one put in flight at once (each from its own staging buffer, one more being staged).
+Put at 64 KiB / 4 MiB blocks, 256 MiB, dev VM: 1 in flight of 8 MiB 0.82-0.88 / 1.07-1.44 GB/s, 2 of 4 MiB
+1.27-1.40 / 1.46-2.08 GB/s; 3 was not better than 2."""
+WRITE_REQUEST = 4 << 20
+"""Bytes per ``pwrite`` of consecutive slots (at least one slot)."""
 READ_REQUEST = 1 << 20
 """Bytes per read request of a get (at least one slot): decoding one overlaps the reads of the others. 1 MiB
 read best on the dev VM against 2 and 8 MiB at 256 KiB blocks (noisy: 0.93-1.08 vs 0.85-1.06 vs 0.69-0.92 GB/s)."""
@@ -97,24 +100,6 @@ class SlabTier(Tier):
         self.capacity = max_size // self.slot_size
         if self.capacity < 1:
             raise TierError(f"slab.max_size {max_size} bytes cannot hold one slot of {self.slot_size} bytes")
-        make_private_dir(self.path)
-        self._dirlock = DirLock(self.path, "slab.path")
-        try:
-            index = os.path.join(self.path, "index")
-            make_private_dir(index)
-            check_environment(index)
-            try:
-                self.env = lmdb.open(index, map_size=max(64 << 20, self.capacity * 256), sync=(sync == "always"),
-                                     metasync=(sync == "always"), readahead=False, max_readers=64, mode=FILE_MODE)
-            except lmdb.Error as exc:
-                raise damaged(index, f"cannot be opened ({exc})") from None
-            for name in ("data.mdb", "lock.mdb"):
-                narrow(os.path.join(index, name), FILE_MODE)
-            self.data = SlotFile(os.path.join(self.path, "slots.dat"), self.slot_size, self.capacity, grow_step,
-                                 direct=direct_io)
-        except BaseException:
-            self._dirlock.release()
-            raise
         self._lock = threading.RLock()  # the one writer; guards the order, `_slots`, `_free`, `_touched`
         self._order = make_order(eviction)
         self._slots: dict[bytes, int] = {}
@@ -123,11 +108,25 @@ class SlabTier(Tier):
         self._hits: deque[bytes] = deque()
         self._clock = 0
         self._log = RateLimitedLog(log)
-        self._load()
-        stage = max(MAX_REQUEST, self.slot_size)
-        self._stage = [memoryview(mmap.mmap(-1, stage)) for _ in range(2)]  # page-aligned, for O_DIRECT writes
+        make_private_dir(self.path)
+        self._dirlock = DirLock(self.path, "slab.path")
+        try:
+            self.index = SlabIndex(os.path.join(self.path, "index"), durable_commits=(sync == "always"),
+                                   entries=self.capacity)
+            try:
+                self.data = SlotFile(os.path.join(self.path, "slots.dat"), self.slot_size, self.capacity, grow_step,
+                                     direct=direct_io)
+                self._load()
+            except BaseException:
+                self.index.close()
+                raise
+        except BaseException:
+            self._dirlock.release()
+            raise
+        stage = max(WRITE_REQUEST, self.slot_size)
+        self._stage = [memoryview(mmap.mmap(-1, stage)) for _ in range(WRITES_IN_FLIGHT + 1)]  # page-aligned
         self._dirty = False  # puts not yet synced under `interval`
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="kvstore-slab-write")
+        self._writer = ThreadPoolExecutor(WRITES_IN_FLIGHT, thread_name_prefix="kvstore-slab-write")
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="kvstore-slab")
         self.read_threads = read_threads
         self._readers = ThreadPoolExecutor(read_threads, thread_name_prefix="kvstore-slab-read")
@@ -209,16 +208,9 @@ class SlabTier(Tier):
             self._write_slots(todo, new)
             if self.sync_mode == "always":
                 self.data.sync()
-
-            def body(txn: lmdb.Transaction) -> None:
-                for key in victims:
-                    txn.delete(key)
-                self._write_touches(txn)
-                for (key, _), slot in zip(todo, new):
-                    self._clock += 1
-                    txn.put(key, _RECORD.pack(slot, self._clock))
-
-            self._txn(body)
+            clocks = range(self._clock + 1, self._clock + 1 + len(todo))
+            self.index.write(victims, [*self._pop_touches(victims), *zip([k for k, _ in todo], new, clocks)])
+            self._clock += len(todo)
             for key in victims:
                 self._forget(key, "evicted")
             for (key, _), slot in zip(reversed(todo), reversed(new)):  # deepest first (see Tier.put)
@@ -240,7 +232,7 @@ class SlabTier(Tier):
         with self._lock:
             self._check_open()
             doomed = [k for k in dict.fromkeys(keys) if k in self._slots]
-            self._txn(lambda txn: [txn.delete(k) for k in doomed])
+            self.index.write(doomed)
             for key in doomed:
                 heapq.heappush(self._free, self._slots.pop(key))
                 self._order.remove(key)
@@ -264,7 +256,7 @@ class SlabTier(Tier):
             self._closed = True
             self._readers.shutdown(wait=True)
             self._writer.shutdown(wait=True)
-            self.env.close()
+            self.index.close()
             self.data.close()
         self._dirlock.release()
 
@@ -295,27 +287,29 @@ class SlabTier(Tier):
     # ------------------------------------------------------------- private
     def _write_slots(self, todo: list[tuple[bytes, Buffer]], slots: list[int]) -> None:
         """Encode and stage each run of consecutive slots in a page-aligned buffer and ``pwrite`` it; the next
-        run is staged (CRC and copy) while the previous one is written (two buffers, one writer thread)."""
-        pending: Future[None] | None = None
+        run is staged (CRC and copy) while up to :data:`WRITES_IN_FLIGHT` earlier ones are written. Returns once
+        every write is done (the index must not name a slot before its data is there)."""
+        pending: deque[Future[None]] = deque()
         per = max(1, len(self._stage[0]) // self.slot_size)
         for n, run in enumerate(runs(slots, per)):
-            stage = self._stage[n % 2]
+            stage = self._stage[n % len(self._stage)]
             dst = np.frombuffer(stage, dtype=np.uint8)
             self._fill(dst, todo, run.items)
-            if pending is not None:
-                pending.result()  # the other buffer is free again
-            pending = self._writer.submit(self.data.write, run.first, stage[: len(run.items) * self.slot_size])
-        if pending is not None:
-            pending.result()
+            pending.append(self._writer.submit(self.data.write, run.first, stage[: len(run.items) * self.slot_size]))
+            if len(pending) == len(self._stage) - 1:
+                pending.popleft().result()  # the oldest buffer is free again
+        for write in pending:
+            write.result()
 
     def _fill(self, dst: np.ndarray, todo: list[tuple[bytes, Buffer]], items: tuple[int, ...]) -> None:
         """Encode ``todo[items[j]]`` into slot ``j`` of the staging buffer ``dst`` (the CRC is most of the cost)."""
         for j in range(len(items)):
             key, src = todo[items[j]]
-            parts = encode_parts(src, "none", 1, self._fp, self._itemsize, key=key)
+            raw = as_u8(src)
+            parts = encode_parts(raw, "none", 1, self._fp, self._itemsize, key=key)
             off = j * self.slot_size
             dst[off : off + HEADER_SIZE] = np.frombuffer(parts.header, dtype=np.uint8)
-            dst[off + HEADER_SIZE : off + self.value_len] = as_u8(src)
+            dst[off + HEADER_SIZE : off + self.value_len] = raw
 
     def _read_run(self, run: Run, at: list[int], keys: Sequence[bytes],
                   dests: Sequence[Buffer]) -> tuple[list[int], list[tuple[bytes, int]]]:
@@ -340,7 +334,7 @@ class SlabTier(Tier):
             doomed = [k for k, slot in bad if self._slots.get(k) == slot]
             if not doomed:
                 return
-            self._txn(lambda txn: [txn.delete(k) for k in doomed])
+            self.index.write(doomed)
             for key in doomed:
                 heapq.heappush(self._free, self._slots[key])
                 self._forget(key, "corrupt")
@@ -362,22 +356,21 @@ class SlabTier(Tier):
                 self._clock += 1
                 self._touched[key] = self._clock
 
-    def _write_touches(self, txn: lmdb.Transaction) -> None:
-        for key, clock in self._touched.items():
-            txn.put(key, _RECORD.pack(self._slots[key], clock))
+    def _pop_touches(self, skip: Sequence[bytes] = ()) -> list[tuple[bytes, int, int]]:
+        """The access times not yet in the index, as index puts (lock held), except for ``skip``; clears them."""
+        gone = set(skip)
+        out = [(k, self._slots[k], c) for k, c in self._touched.items() if k not in gone]
         self._touched.clear()
+        return out
 
     def _persist(self) -> None:
         """Pending access times, then data fdatasync, then index fsync (lock held): data before index."""
         self._apply_hits()
         if self._touched:
-            self._txn(self._write_touches)
+            self.index.write(puts=self._pop_touches())
         self.data.sync()
         self._dirty = False
-        try:
-            self.env.sync(True)
-        except lmdb.Error as exc:
-            raise TierError(f"sync of slab index {self.path}/index failed: {exc}") from None
+        self.index.sync()
 
     def _background(self) -> None:
         """The sync thread's work: under ``interval`` sync pending puts (:meth:`_persist`); else record recency."""
@@ -388,27 +381,13 @@ class SlabTier(Tier):
                 self._persist()
             elif self._touched or self._hits:
                 self._apply_hits()
-                self._txn(self._write_touches)
-
-    def _txn(self, body: object) -> None:
-        """Run ``body(txn)`` in one index write transaction; LMDB errors become :class:`TierError`."""
-        try:
-            with self.env.begin(write=True) as txn:
-                body(txn)  # type: ignore[operator]
-        except lmdb.Error as exc:
-            raise TierError(f"slab index {self.path}/index write failed: {exc}") from None
+                self.index.write(puts=self._pop_touches())
 
     def _load(self) -> None:
         """Rebuild the slot cache, the free slots and the order (by recorded access counter) from the index.
 
         Entries naming a slot past the capacity (``max_size`` lowered) or a slot already taken are deleted."""
-        records: list[tuple[int, bytes, int]] = []
-        with self.env.begin() as txn:
-            for key, raw in txn.cursor():
-                if len(key) == 32 and len(raw) == _RECORD.size:
-                    slot, clock = _RECORD.unpack(raw)
-                    records.append((clock, bytes(key), slot))
-        records.sort()
+        records = self.index.records()
         stale: list[bytes] = []
         taken: set[int] = set()
         for clock, key, slot in reversed(records):  # newest first, each before the rest: the oldest ends first
@@ -420,7 +399,7 @@ class SlabTier(Tier):
             taken.add(slot)
             self._order.add_oldest(key, self.slot_size)
         if stale:
-            self._txn(lambda txn: [txn.delete(k) for k in stale])
+            self.index.write(stale)
         self._free = [s for s in range(self.capacity) if s not in taken]  # ascending: already a heap
 
     def _check_open(self) -> None:

@@ -7,8 +7,7 @@
 
 A write or read of consecutive slots is one request, staged in a page-aligned buffer (anonymous
 ``mmap``, as ``O_DIRECT`` requires). The file is grown with ``posix_fallocate``, doubling but by at most
-``grow_step`` at a time, never past
-``slots`` slots. Where the file system refuses ``O_DIRECT`` (tmpfs) the file is opened buffered and
+``grow_step`` at a time, never past ``slots`` slots. Where the file system refuses ``O_DIRECT`` (tmpfs) the file is opened buffered and
 :attr:`SlotFile.direct` is ``False``; every read is still verified by the caller.
 
 This module knows offsets and bytes only; which key owns which slot is the index's business
