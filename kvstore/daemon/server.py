@@ -116,7 +116,8 @@ class DaemonServer:
         except BaseException:
             host.close()  # unlink our segment now, not at interpreter exit
             raise
-        durable = lower is not None and lower.name == "lmdb" and cfg.disk.sync == "always"
+        durable = lower is not None and ((lower.name == "lmdb" and cfg.disk.sync == "always")
+                                         or (lower.name == "slab" and cfg.slab.sync == "always"))
         self.backend = DaemonBackend(self.layout, host, lower, HoldTable(d.hold_timeout_s), durable_puts=durable,
                                      publish_events=d.events.enabled)
         asyncio.get_running_loop().set_exception_handler(self._loop_error)

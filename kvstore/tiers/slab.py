@@ -205,11 +205,17 @@ class SlabTier(Tier):
                 heapq.heappush(self._free, self._slots[key])  # reused at once: see the module docstring
             todo = todo[: len(self._free)]
             new = [heapq.heappop(self._free) for _ in todo]
-            self._write_slots(todo, new)
-            if self.sync_mode == "always":
-                self.data.sync()
-            clocks = range(self._clock + 1, self._clock + 1 + len(todo))
-            self.index.write(victims, [*self._pop_touches(victims), *zip([k for k, _ in todo], new, clocks)])
+            try:
+                self._write_slots(todo, new)
+                if self.sync_mode == "always":
+                    self.data.sync()
+                clocks = range(self._clock + 1, self._clock + 1 + len(todo))
+                self.index.write(victims, [*self._pop_touches(victims), *zip([k for k, _ in todo], new, clocks)])
+            except TierError:  # nothing changed in the index: the victims stay (verified on read), the slots free
+                held = {self._slots[k] for k in victims}
+                self._free = [s for s in [*self._free, *new] if s not in held]
+                heapq.heapify(self._free)
+                raise
             self._clock += len(todo)
             for key in victims:
                 self._forget(key, "evicted")

@@ -4,7 +4,7 @@ The only durable record of which key owns which slot of ``slots.dat`` (:mod:`kvs
 the tier keeps an in-memory copy, rebuilt from :meth:`SlabIndex.records` at open. Every change is one
 write transaction (:meth:`SlabIndex.write`), fsynced at commit under ``sync: always``, by
 :meth:`SlabIndex.sync` otherwise. The environment is checked before it is mapped
-(:mod:`kvstore.tiers.lmdbcheck`): a truncated or foreign ``data.mdb`` is refused naming the file.
+(:mod:`kvstore.tiers.lmdbcheck`): a truncated or foreign ``data.mdb`` is refused naming the file and what to do.
 """
 
 from __future__ import annotations
@@ -23,6 +23,12 @@ RECORD = struct.Struct("<QQ")
 """An index value: slot, last-access counter."""
 
 
+def hint(path: str) -> str:
+    """What to do about a damaged index at ``path`` (``kvstore repair`` moves ``disk.path``, not ``slab.path``)."""
+    return (f"the slab tier is a cache: stop every kvstore process using it, move {os.path.dirname(path)} "
+            "(slab.path) aside and restart with an empty tier")
+
+
 class SlabIndex:
     """The LMDB environment at ``path`` (created 0700, files 0600)."""
 
@@ -30,12 +36,12 @@ class SlabIndex:
         """Open (creating) the environment; ``durable_commits``: fsync every commit; room for ``entries`` keys."""
         self.path = path
         make_private_dir(path)
-        check_environment(path)
+        check_environment(path, hint(path))
         try:
             self.env = lmdb.open(path, map_size=max(64 << 20, entries * 256), sync=durable_commits,
                                  metasync=durable_commits, readahead=False, max_readers=64, mode=FILE_MODE)
         except lmdb.Error as exc:
-            raise damaged(path, f"cannot be opened ({exc})") from None
+            raise damaged(path, f"cannot be opened ({exc})", hint(path)) from None
         for name in ("data.mdb", "lock.mdb"):  # narrow files a permissive umask left wider
             narrow(os.path.join(path, name), FILE_MODE)
 
@@ -49,7 +55,7 @@ class SlabIndex:
                         slot, clock = RECORD.unpack(raw)
                         out.append((clock, bytes(key), slot))
         except lmdb.Error as exc:
-            raise damaged(self.path, f"cannot be read ({exc})") from None
+            raise damaged(self.path, f"cannot be read ({exc})", hint(self.path)) from None
         out.sort()
         return out
 

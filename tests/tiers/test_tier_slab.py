@@ -244,3 +244,36 @@ def test_built_by_name_from_its_section(tmp_path: Path) -> None:
     assert cfg.for_role("demo").slab.path == str(tmp_path / "slab")
     assert load_config(tmp_path / "good.yaml", environ={}).model_copy(update={"slab": cfg.slab.model_copy(
         update={"path": None})}).for_role("demo").slab.path == ".kvstore-data/demo/slab"
+
+
+def test_a_damaged_index_is_refused_naming_the_file_and_slab_path(tmp_path: Path) -> None:
+    tier = open_slab(tmp_path)
+    tier.put(make_keys(BIG, 2), make_blocks(BIG, 2))
+    tier.close()
+    (tmp_path / "index" / "data.mdb").write_bytes(b"garbage" * 2000)
+    with pytest.raises(TierError, match=r"index/data.mdb is not an LMDB data file.*\(slab.path\) aside"):
+        SlabTier(BIG, tmp_path, 1 << 20)
+    (tmp_path / "index" / "data.mdb").unlink()
+    SlabTier(BIG, tmp_path, 1 << 20).close()  # the directory lock was released by the refusal
+
+
+def test_a_failed_write_changes_nothing_and_the_tier_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tier = open_slab(tmp_path, slots=4)
+    keys, blocks = make_keys(BIG, 6), make_blocks(BIG, 6)
+    tier.put(keys[:4], blocks[:4])
+
+    def fail(first: int, data: memoryview) -> None:
+        raise TierError("injected ENOSPC")
+
+    monkeypatch.setattr(tier.data, "write", fail)
+    with pytest.raises(TierError, match="injected"):
+        tier.put(keys[4:], blocks[4:])
+    tier.check_integrity()
+    assert tier.keys() == [keys[3], keys[2], keys[1], keys[0]] and tier.stats().evictions == 0
+    monkeypatch.undo()
+    assert tier.put(keys[4:], blocks[4:]) == [True, True]
+    dests, kept = empty_blocks(BIG, 4), [0, 1, 4, 5]  # the victims: keys[3] and keys[2], the oldest
+    assert tier.get([keys[i] for i in kept], dests) == [True] * 4 and not tier.contains_prefix(keys[2:4])
+    assert all(torch.equal(d, blocks[i]) for d, i in zip(dests, kept))
+    tier.check_integrity()
+    tier.close()
