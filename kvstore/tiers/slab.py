@@ -50,7 +50,7 @@ from kvstore.config.schema import SlabConfig
 from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
-from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
+from kvstore.tiers.base import Buffer, PooledTier, TierStats, check_buffers
 from kvstore.tiers.datadir import DirLock, make_private_dir
 from kvstore.tiers.eviction import make_order
 from kvstore.tiers.slab_file import Run, SlotFile, runs, slot_bytes
@@ -69,7 +69,7 @@ READ_REQUEST = 1 << 20
 read best on the dev VM against 2 and 8 MiB at 256 KiB blocks (noisy: 0.93-1.08 vs 0.85-1.06 vs 0.69-0.92 GB/s)."""
 
 
-class SlabTier(Tier):
+class SlabTier(PooledTier):
     """Blocks in fixed-size slots of ``<path>/slots.dat``, indexed in LMDB, at most ``max_size`` bytes of slots."""
 
     name = "slab"
@@ -266,14 +266,6 @@ class SlabTier(Tier):
             self.data.close()
         self._dirlock.release()
 
-    def get_async(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> Future[list[bool]]:
-        """:meth:`get` on the I/O pool."""
-        return self._pool.submit(self.get, keys, dests)
-
-    def put_async(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> Future[list[bool]]:
-        """:meth:`put` on the I/O pool (the sources must stay unchanged until the future is done)."""
-        return self._pool.submit(self.put, keys, srcs)
-
     def stats(self) -> TierStats:
         """Counters, with slot bytes used and the capacity in slot bytes."""
         with self._lock:
@@ -319,8 +311,16 @@ class SlabTier(Tier):
 
     def _read_run(self, run: Run, at: list[int], keys: Sequence[bytes],
                   dests: Sequence[Buffer]) -> tuple[list[int], list[tuple[bytes, int]]]:
-        """Read one run's slots and decode them; (batch positions filled, (key, slot) that failed verification)."""
-        view = self.data.read(run.first, len(run.items))
+        """Read one run's slots and decode them; (batch positions filled, (key, slot) that failed verification).
+        A failed read (EIO) makes the run's blocks misses, counted in ``read_errors``."""
+        try:
+            view = self.data.read(run.first, len(run.items))
+        except OSError as exc:
+            self._log.error("unreadable", "slots %d-%d of %s are unreadable (%s), served as misses", run.first,
+                            run.first + len(run.items) - 1, self.data.path, exc)
+            with self._lock:
+                self._stats.read_errors += len(run.items)
+            return [], []
         ok: list[int] = []
         bad: list[tuple[bytes, int]] = []
         for j, pos in enumerate(run.items):
