@@ -277,3 +277,32 @@ def test_a_failed_write_changes_nothing_and_the_tier_goes_on(tmp_path: Path, mon
     assert all(torch.equal(d, blocks[i]) for d, i in zip(dests, kept))
     tier.check_integrity()
     tier.close()
+
+
+def test_gets_racing_evicting_puts_never_serve_wrong_bytes(tmp_path: Path) -> None:
+    import threading
+
+    tier = open_slab(tmp_path, slots=16)
+    keys, blocks = make_keys(BIG, 400), make_blocks(BIG, 8)
+    done = threading.Event()
+    wrong: list[int] = []
+
+    def reader() -> None:
+        dests = empty_blocks(BIG, 8)
+        while not done.is_set():
+            for lo in range(0, 400, 8):
+                for i, ok in enumerate(tier.get(keys[lo : lo + 8], dests)):
+                    if ok and not torch.equal(dests[i], blocks[(lo + i) % 8]):
+                        wrong.append(lo + i)
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for lo in range(0, 400, 4):  # every put evicts (16 slots): victims' slots are rewritten at once
+        tier.put(keys[lo : lo + 4], [blocks[(lo + j) % 8] for j in range(4)])
+    done.set()
+    for t in threads:
+        t.join()
+    assert wrong == [] and tier.stats().evictions == 400 - 16
+    tier.check_integrity()
+    tier.close()
