@@ -115,10 +115,13 @@ def test_wrong_type_and_non_mapping(tmp_path: Path) -> None:
 def test_tiers_by_name() -> None:
     assert parse_config({"tiers": ["host", "file"]}).tiers == ["host", "file"]
     assert parse_config({"tiers": []}).tiers == []
-    with pytest.raises(ConfigError, match=r"tiers.0: Input should be 'host', 'lmdb', 'file' or 'remote'"):
+    assert parse_config({"tiers": ["host", "slab"]}).tiers == ["host", "slab"]
+    with pytest.raises(ConfigError, match=r"tiers.0: Input should be 'host', 'lmdb', 'file', 'slab' or 'remote'"):
         parse_config({"tiers": ["nvme"]})
     with pytest.raises(ConfigError, match="one disk tier"):
         parse_config({"tiers": ["host", "lmdb", "file"]})
+    with pytest.raises(ConfigError, match="one disk tier of lmdb, file, slab, not file and slab"):
+        parse_config({"tiers": ["host", "file", "slab"]})
     with pytest.raises(ConfigError, match="'host' must come first"):
         parse_config({"tiers": ["lmdb", "host"]})
 

@@ -24,10 +24,10 @@ _ROLE_ROOTS: dict[str, str] = {
     "demo": f"{DATA_ROOT}/demo",
 }
 
-TierDir = Literal["lmdb", "files"]
+TierDir = Literal["lmdb", "files", "slab"]
 
 
 def default_data_dir(role: DataRole, tier: TierDir) -> str:
-    """The directory ``role`` uses for ``tier`` (``lmdb``: ``disk.path``, ``files``: ``file.path``) when unset."""
+    """The directory ``role`` uses for ``tier`` (``lmdb``: ``disk.path``, ``files``: ``file.path``, ``slab``: ``slab.path``) when unset."""
     return f"{_ROLE_ROOTS[role]}/{tier}"
 

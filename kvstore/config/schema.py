@@ -21,8 +21,12 @@ from kvstore.daemon.frames import KEY_BYTES, PRELOGIN_FRAME_BYTES
 from kvstore.layout import DTypeName, KVLayout, auto_dtype
 
 
-TierName = Literal["host", "lmdb", "file", "remote"]
+TierName = Literal["host", "lmdb", "file", "slab", "remote"]
 """A tier below the GPU, by its YAML name."""
+
+
+DISK_TIERS: tuple[TierName, ...] = ("lmdb", "file", "slab")
+"""The disk tiers; ``tiers`` names at most one."""
 
 
 def _default_tiers() -> list[TierName]:
@@ -175,6 +179,41 @@ class FileConfig(Section):
         return _set_path(self.path, "file.path")
 
 
+class SlabConfig(Section):
+    """The slab disk tier: fixed-size slots of one data file written with ``O_DIRECT``, an LMDB index of key ->
+    slot; used when ``tiers`` names ``slab`` (opt-in; see docs/DESIGN.md "slab")."""
+
+    path: str | None = None
+    """Directory holding ``slots.dat`` and the ``index`` LMDB environment. Unset (``null``): as for ``disk.path``,
+    one per kind of process, ``.kvstore-data/slab``, ``.kvstore-data/embedded/slab`` or ``.kvstore-data/demo/slab``."""
+    max_size: PositiveSize = "8GiB"  # type: ignore[assignment]
+    """Hard cap on the data file: ``max_size // slot`` slots, a slot being one block plus its 48-byte header
+    rounded up to 4 KiB. The index adds about 100 bytes per block."""
+    codec: Literal["none"] = "none"
+    """Payload encoding; only ``none`` (slots are fixed-size)."""
+    sync: Literal["always", "interval"] = "interval"
+    """``always``: each put fdatasyncs the data file, then commits its index entries with an fsync, before it
+    returns. ``interval``: the data is written straight to the device (``O_DIRECT``) but synced, data file
+    first and index second, every ``sync_interval_ms`` and on ``flush``; as for ``disk.sync``."""
+    sync_interval_ms: int = Field(200, ge=1, le=3_600_000)
+    """Longest time between syncs under ``sync: interval``."""
+    io_threads: int = Field(2, ge=1, le=64)
+    """Threads running ``get_async``/``put_async`` so callers never block on the disk."""
+    read_threads: int = Field(4, ge=1, le=64)
+    """Reads of one get in flight at once (each a run of consecutive slots)."""
+    grow_step: PositiveSize = "256MiB"  # type: ignore[assignment]
+    """The data file is preallocated (``posix_fallocate``) in steps of this many bytes, up to ``max_size``."""
+    eviction: Literal["lru", "s3fifo", "gdsf"] = "lru"
+    """Which blocks go when every slot is taken, as for ``disk.eviction`` (rebuilt from recorded access times)."""
+    direct_io: bool = True
+    """Write and read the data file with ``O_DIRECT`` (bypassing the page cache); ``false``, or a file system
+    that refuses it (tmpfs), uses buffered I/O."""
+
+    def directory(self) -> str:
+        """:attr:`path`; ``ValueError`` when unset (:meth:`KVStoreConfig.for_role` sets each process's default)."""
+        return _set_path(self.path, "slab.path")
+
+
 class PolicyConfig(Section):
     """Write and prefetch policies (eviction is chosen per tier: ``disk.eviction``, ``file.eviction``)."""
 
@@ -302,8 +341,8 @@ class KVStoreConfig(Section):
     connector: Literal["embedded", "sidecar"] = "embedded"
     """Where the lower tiers live: in the engine's process, or in a ``kvstore serve`` daemon."""
     tiers: list[TierName] = Field(default_factory=_default_tiers)
-    """Tiers below the GPU, fastest first, by name: ``host`` (RAM), then ``lmdb`` (disk) or ``file``
-    (one file per block, the baseline), then ``remote`` (Redis, shared by a fleet; see ``remote``).
+    """Tiers below the GPU, fastest first, by name: ``host`` (RAM), then one disk tier, ``lmdb``, ``file``
+    (one file per block, the baseline) or ``slab`` (O_DIRECT slots, opt-in), then ``remote`` (Redis, shared by a fleet; see ``remote``).
     Any subset in that order; an empty list keeps the cache on the GPU only."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """Model layout and identity."""
@@ -315,6 +354,8 @@ class KVStoreConfig(Section):
     """LMDB disk tier."""
     file: FileConfig = Field(default_factory=FileConfig)
     """File-per-block tier."""
+    slab: SlabConfig = Field(default_factory=SlabConfig)
+    """Slab disk tier (O_DIRECT slots, LMDB index); used when ``tiers`` names ``slab``."""
     remote: RemoteConfig = Field(default_factory=RemoteConfig)
     """Remote tier on Redis or Valkey (standalone or cluster); used when ``tiers`` names ``remote``."""
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
@@ -333,8 +374,9 @@ class KVStoreConfig(Section):
         t = self.tiers
         if len(set(t)) != len(t):
             raise ValueError(f"tiers lists a tier twice: {t}")
-        if "lmdb" in t and "file" in t:
-            raise ValueError("tiers: choose one disk tier, 'lmdb' or 'file', not both")
+        disks = [name for name in t if name in DISK_TIERS]
+        if len(disks) > 1:
+            raise ValueError(f"tiers: choose one disk tier of {', '.join(DISK_TIERS)}, not {' and '.join(disks)}")
         if "host" in t and t[0] != "host":
             raise ValueError(f"tiers: 'host' must come first (fastest first), got {t}")
         if "remote" in t and t[-1] != "remote":
@@ -366,4 +408,6 @@ class KVStoreConfig(Section):
             out.disk.path = default_data_dir(role, "lmdb")
         if out.file.path is None:
             out.file.path = default_data_dir(role, "files")
+        if out.slab.path is None:
+            out.slab.path = default_data_dir(role, "slab")
         return out

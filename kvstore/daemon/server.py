@@ -116,7 +116,8 @@ class DaemonServer:
         except BaseException:
             host.close()  # unlink our segment now, not at interpreter exit
             raise
-        durable = lower is not None and lower.name == "lmdb" and cfg.disk.sync == "always"
+        durable = lower is not None and ((lower.name == "lmdb" and cfg.disk.sync == "always")
+                                         or (lower.name == "slab" and cfg.slab.sync == "always"))
         self.backend = DaemonBackend(self.layout, host, lower, HoldTable(d.hold_timeout_s), durable_puts=durable,
                                      publish_events=d.events.enabled)
         asyncio.get_running_loop().set_exception_handler(self._loop_error)
@@ -181,11 +182,11 @@ class DaemonServer:
         return publisher
 
     def _lower_tier(self) -> Tier | None:
-        """The disk tier ``cfg.tiers`` names (``lmdb`` or ``file``), if any. The host tier always exists:
+        """The disk tier ``cfg.tiers`` names (``lmdb``, ``file`` or ``slab``), if any. The host tier always exists:
         its shared-memory arena is the daemon's data plane."""
         from kvstore.tiers import build_tier
 
-        sections = {"lmdb": self.cfg.disk, "file": self.cfg.file}
+        sections = {"lmdb": self.cfg.disk, "file": self.cfg.file, "slab": self.cfg.slab}
         names = [t for t in self.cfg.tiers if t in sections]
         return build_tier(names[0], sections[names[0]], self.layout) if names else None
 

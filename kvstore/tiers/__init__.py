@@ -1,4 +1,5 @@
-"""Tiers below the GPU: host RAM (L2), LMDB disk (L3), the file-per-block baseline and Redis (remote).
+"""Tiers below the GPU: host RAM (L2), LMDB disk (L3), the file-per-block baseline, the O_DIRECT slab
+disk tier and Redis (remote).
 
 ``TIERS`` maps the YAML name of a tier to a builder taking ``(section, layout)``::
 
@@ -15,14 +16,16 @@ from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.file import FileTier
 from kvstore.tiers.host import HostTier
 from kvstore.tiers.remote import RedisTier
+from kvstore.tiers.slab import SlabTier
 
 
 def default_tiers() -> TierRegistry:
-    """A registry holding ``host``, ``lmdb``, ``file`` and ``remote``, each built by its ``from_config``."""
+    """A registry holding ``host``, ``lmdb``, ``file``, ``slab`` and ``remote``, each built by its ``from_config``."""
     reg = TierRegistry()
     reg.register("host", HostTier.from_config)
     reg.register("lmdb", DiskTier.from_config)
     reg.register("file", FileTier.from_config)
+    reg.register("slab", SlabTier.from_config)
     reg.register("remote", RedisTier.from_config)
     return reg
 
@@ -42,6 +45,7 @@ __all__ = [
     "FileTier",
     "HostTier",
     "RedisTier",
+    "SlabTier",
     "Tier",
     "TierEvent",
     "TierRegistry",

@@ -16,7 +16,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -220,6 +220,21 @@ class Tier(ABC):
             if len(self._events) == self._events.maxlen:
                 self.events_dropped += 1
             self._events.append(TierEvent(kind, key))
+
+
+class PooledTier(Tier):
+    """A tier whose ``get_async``/``put_async`` run :meth:`get`/:meth:`put` on its own thread pool ``_pool``
+    (created by the subclass, shut down by its ``close``)."""
+
+    _pool: ThreadPoolExecutor
+
+    def get_async(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> Future[list[bool]]:
+        """:meth:`get` on the tier's I/O threads."""
+        return self._pool.submit(self.get, keys, dests)
+
+    def put_async(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> Future[list[bool]]:
+        """:meth:`put` on the tier's I/O threads (the sources must stay unchanged until the future is done)."""
+        return self._pool.submit(self.put, keys, srcs)
 
 
 def check_buffers(keys: Sequence[bytes], bufs: Sequence[Buffer], nbytes: int, tier: str) -> None:

@@ -28,7 +28,7 @@ def build_lower_tiers(cfg: KVStoreConfig, layout: KVLayout) -> LowerTiers:
     """
     from kvstore.tiers import build_tier
 
-    sections = {"host": cfg.host, "lmdb": cfg.disk, "file": cfg.file, "remote": cfg.remote}
+    sections = {"host": cfg.host, "lmdb": cfg.disk, "file": cfg.file, "slab": cfg.slab, "remote": cfg.remote}
     host: HostTier | None = None
     disk: Tier | None = None
     remote: ChainTier | None = None

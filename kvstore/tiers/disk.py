@@ -77,7 +77,7 @@ import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -88,7 +88,7 @@ from kvstore.config.schema import DiskConfig
 from kvstore.errors import CorruptBlock, TierError, short_key
 from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
-from kvstore.tiers.base import BlockReader, Buffer, Tier, TierStats, VictimHook, VictimSend, check_buffers
+from kvstore.tiers.base import BlockReader, Buffer, PooledTier, TierStats, VictimHook, VictimSend, check_buffers
 from kvstore.tiers.datadir import FILE_MODE, DirLock, make_private_dir, narrow
 from kvstore.tiers.gate import ResizeGate
 from kvstore.tiers.lmdbcheck import check_environment, damaged, repair_hint
@@ -113,7 +113,7 @@ class _Run:
     unreadable: int
 
 
-class DiskTier(Tier):
+class DiskTier(PooledTier):
     """Blocks in LMDB at ``path``, at most ``max_size`` bytes on disk."""
 
     name = "lmdb"
@@ -399,14 +399,6 @@ class DiskTier(Tier):
         with self._write_lock:
             self.env.close()
         self._dirlock.release()
-
-    def get_async(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> Future[list[bool]]:
-        """:meth:`get` on the I/O pool."""
-        return self._pool.submit(self.get, keys, dests)
-
-    def put_async(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> Future[list[bool]]:
-        """:meth:`put` on the I/O pool (the sources must stay unchanged until the future is done)."""
-        return self._pool.submit(self.put, keys, srcs)
 
     def stats(self) -> TierStats:
         """Counters: ``used_bytes`` held by blocks (their pages included), ``capacity_bytes`` what blocks may

@@ -34,7 +34,7 @@ import os
 import threading
 import uuid
 from collections.abc import Coroutine, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import aiofiles
@@ -45,7 +45,7 @@ from kvstore.config.schema import FileConfig
 from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
-from kvstore.tiers.base import Buffer, Tier, TierStats, VictimHook, check_buffers
+from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, check_buffers
 from kvstore.tiers.datadir import DIR_MODE, FILE_MODE, DirLock, make_private_dir, narrow
 from kvstore.tiers.eviction import make_order
 from kvstore.tiers.victims import Handover
@@ -64,7 +64,7 @@ def _footprint(nbytes: int) -> int:
     return -(-nbytes // _FS_BLOCK) * _FS_BLOCK
 
 
-class FileTier(Tier):
+class FileTier(PooledTier):
     """Blocks as files under ``path``, at most ``max_size`` bytes (rounded to 4 KiB per file)."""
 
     name = "file"
@@ -233,14 +233,6 @@ class FileTier(Tier):
         self._thread.join()
         self._loop.close()
         self._dirlock.release()
-
-    def get_async(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> Future[list[bool]]:
-        """:meth:`get` on the tier's threads."""
-        return self._pool.submit(self.get, keys, dests)
-
-    def put_async(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> Future[list[bool]]:
-        """:meth:`put` on the tier's threads."""
-        return self._pool.submit(self.put, keys, srcs)
 
     def stats(self) -> TierStats:
         """Counters, with accounted bytes, capacity and file count."""

@@ -40,36 +40,37 @@ def repair_hint(path: str) -> str:
             f"{path}.damaged-<time>; add --salvage to copy the blocks that still verify into the new environment)")
 
 
-def damaged(path: str, what: str) -> TierError:
-    """:class:`TierError` saying ``what`` is wrong with the environment at ``path``, with the repair hint."""
-    return TierError(f"LMDB environment {os.path.join(path, DATA_FILE)} {what}; {repair_hint(path)}")
+def damaged(path: str, what: str, hint: str | None = None) -> TierError:
+    """:class:`TierError` saying ``what`` is wrong with the environment at ``path``, with ``hint`` (default: the
+    ``kvstore repair`` hint of the LMDB tier)."""
+    return TierError(f"LMDB environment {os.path.join(path, DATA_FILE)} {what}; {hint or repair_hint(path)}")
 
 
-def expected_size(data_file: str) -> int | None:
+def expected_size(data_file: str, hint: str | None = None) -> int | None:
     """Bytes ``data_file`` must have according to its newest meta page (``None``: empty or absent, a new
-    environment). Raises :class:`TierError` (via :func:`damaged`) if it is not an LMDB data file."""
+    environment). Raises :class:`TierError` (via :func:`damaged`, with ``hint``) if it is not an LMDB data file."""
     path = os.path.dirname(data_file)
     try:
         fd = os.open(data_file, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise damaged(path, f"cannot be read ({exc.strerror or exc})") from None
+        raise damaged(path, hint=hint, what=f"cannot be read ({exc.strerror or exc})") from None
     try:
         size = os.fstat(fd).st_size
         if size == 0:
             return None
         first = os.pread(fd, _META_BYTES, 0)
         if len(first) < _META_BYTES or _META.unpack_from(first, _META_OFFSET)[0] != META_MAGIC:
-            raise damaged(path, f"is not an LMDB data file ({size} bytes, no LMDB meta page at the start)")
+            raise damaged(path, hint=hint, what=f"is not an LMDB data file ({size} bytes, no LMDB meta page at the start)")
         psize = struct.unpack_from("<I", first, _PSIZE_OFFSET)[0]
         if psize < 512 or psize > 1 << 16 or psize & (psize - 1):
-            raise damaged(path, f"has a damaged meta page (page size {psize})")
+            raise damaged(path, hint=hint, what=f"has a damaged meta page (page size {psize})")
         second = os.pread(fd, _META_BYTES, psize)
         if len(second) < _META_BYTES:
-            raise damaged(path, f"is truncated: {size} bytes, shorter than its two meta pages ({2 * psize} bytes)")
+            raise damaged(path, hint=hint, what=f"is truncated: {size} bytes, shorter than its two meta pages ({2 * psize} bytes)")
         if _META.unpack_from(second, _META_OFFSET)[0] != META_MAGIC:
-            raise damaged(path, "has a damaged second meta page (bad magic)")
+            raise damaged(path, hint=hint, what="has a damaged second meta page (bad magic)")
         metas = [_LAST.unpack_from(page, _LAST_OFFSET) for page in (first, second)]
         last_page, _ = max(metas, key=lambda m: m[1])  # LMDB picks the meta with the larger txn id
         return (last_page + 1) * psize
@@ -77,13 +78,14 @@ def expected_size(data_file: str) -> int | None:
         os.close(fd)
 
 
-def check_environment(path: str) -> None:
+def check_environment(path: str, hint: str | None = None) -> None:
     """Refuse (``TierError``) an environment directory whose ``data.mdb`` is not LMDB or is shorter than its
-    meta pages say; mapping such a file would fault (``SIGBUS``) on the first page past its end. Changes nothing."""
+    meta pages say; mapping such a file would fault (``SIGBUS``) on the first page past its end. ``hint``: what to do,
+in the message (default: ``kvstore repair``). Changes nothing."""
     data_file = os.path.join(path, DATA_FILE)
-    need = expected_size(data_file)
+    need = expected_size(data_file, hint)
     if need is None:
         return
     size = os.path.getsize(data_file)
     if size < need:
-        raise damaged(path, f"is truncated: {size} bytes, its meta page says {need}")
+        raise damaged(path, f"is truncated: {size} bytes, its meta page says {need}", hint)

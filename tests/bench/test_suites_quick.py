@@ -50,13 +50,15 @@ def test_suite_quick_writes_results_and_plot(suite: str, tmp_path: Path) -> None
     _check_schema(doc, suite, out)
     assert doc["command"].startswith("kvstore bench " + suite)
     assert [p.name for p in out.iterdir() if p.is_dir()] == [], "scratch data must be removed"
-    if suite == "tiers":  # issue 15: the disk's parallel read limit and both LMDB targets, per block size
+    if suite == "tiers":  # issue 15: the disk's parallel read limit and both targets of LMDB and slab, per block size
         sizes = doc["config"]["block_bytes"]
         assert all(_value(doc, "raw.read_parallel", block_bytes=b) > 0 for b in sizes)
         targets = {(r["name"], r["params"]["block_bytes"]): r["target"] for r in doc["ratios"] if "codec" not in r["params"]}
         for b in sizes:
-            assert targets[("lmdb.put/raw.write", b)] == 0.7
-            assert targets[("lmdb.get_cold/raw.read_parallel", b)] == 0.8
+            for tier in ("lmdb", "slab"):
+                assert targets[(f"{tier}.put/raw.write", b)] == 0.7
+                assert targets[(f"{tier}.get_cold/raw.read_parallel", b)] == 0.8
+            assert _value(doc, "slab.get_warm", block_bytes=b) > 0
         # the host tier is held to both limits, each measured in the same run
         sizes = sorted({f["params"]["block_bytes"] for f in doc["figures"] if f["name"] == "memcpy"})
         assert sizes == [64 << 10, 1 << 20]

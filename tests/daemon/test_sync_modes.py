@@ -1,4 +1,5 @@
-"""Issue 10 item 3: what ``disk.sync`` promises through the daemon, tested with kill -9 of the daemon.
+"""Issue 10 item 3: what ``disk.sync`` (and ``slab.sync``) promises through the daemon, tested with kill -9 of
+the daemon, for the LMDB and the slab disk tier.
 
 ``always``: every put the daemon acknowledged survives, with no FLUSH. ``interval``: what a FLUSH
 acknowledged survives (puts acknowledged after the last FLUSH may be lost)."""
@@ -19,13 +20,18 @@ ROUNDS = 40
 """Acknowledged rounds (of 8 blocks) before the daemon is killed."""
 
 
+@pytest.mark.parametrize("disk", ["lmdb", "slab"])
 @pytest.mark.parametrize("sync", ["always", "interval"])
-def test_kill9_keeps_what_the_sync_mode_promises(sync: str) -> None:
+def test_kill9_keeps_what_the_sync_mode_promises(sync: str, disk: str) -> None:
     root = short_tmpdir()
     daemon = None
     try:
         # sync_interval_ms is long, so under "interval" nothing but FLUSH makes a put durable.
-        config = write_config(root, disk={"sync": sync, "sync_interval_ms": 60_000})
+        if disk == "lmdb":
+            config = write_config(root, disk={"sync": sync, "sync_interval_ms": 60_000})
+        else:
+            config = write_config(root, tiers=["host", "slab"],
+                                  slab={"path": str(root / "slab"), "max_size": "16MiB", "sync": sync, "sync_interval_ms": 60_000})
         daemon = start_daemon(config)
         promised: list[list[bytes]] = [[] for _ in range(WRITERS)]
         attempted: list[list[bytes]] = [[] for _ in range(WRITERS)]

@@ -1,4 +1,4 @@
-"""The tier contract, checked the same way for every tier that stores blocks by key: LMDB, file, and
+"""The tier contract, checked the same way for every tier that stores blocks by key: LMDB, file, slab, and
 the remote tier on a real Redis server and a real Valkey server (unchanged: the same protocol),
 standalone and cluster (``group_blocks: 1``: one block per value, so any key sequence is a whole
 number of groups; grouping has its own tests).
@@ -19,7 +19,7 @@ import torch
 from remotelib import remote_tier
 from tiers_testlib import LAYOUTS, empty_blocks, make_blocks, make_keys
 
-from kvstore.tiers import DiskTier, FileTier
+from kvstore.tiers import DiskTier, FileTier, SlabTier
 from kvstore.tiers.base import Tier
 
 L = LAYOUTS["float16"]
@@ -60,6 +60,25 @@ def _file(tmp: Path, request: pytest.FixtureRequest) -> Stored:
     return Stored(tier, read, lambda key, value: Path(tier.path_of(key)).write_bytes(value))
 
 
+def _slab(tmp: Path, request: pytest.FixtureRequest) -> Stored:
+    tier = SlabTier(L, tmp, 16 << 20)
+
+    def read(key: bytes) -> bytes | None:
+        slot = tier._slots.get(key)
+        if slot is None:
+            return None
+        with open(tier.data.path, "rb") as f:
+            f.seek(slot * tier.slot_size)
+            return f.read(tier.value_len)
+
+    def write(key: bytes, value: bytes) -> None:  # the whole slot: a shorter value leaves zeros, not old bytes
+        with open(tier.data.path, "r+b") as f:
+            f.seek(tier._slots[key] * tier.slot_size)
+            f.write(value.ljust(tier.slot_size, b"\0"))
+
+    return Stored(tier, read, write)
+
+
 def _redis_on(url: str, raw: Any) -> Stored:
     tier = remote_tier(L, url, group_blocks=1, key_prefix=f"contract{next(_prefixes)}:")
     return Stored(tier, lambda key: raw.get(tier.redis_key(key)), lambda key, value: raw.set(tier.redis_key(key), value))
@@ -85,7 +104,7 @@ def _cluster(fixture: str) -> Callable[[Path, pytest.FixtureRequest], Stored]:
     return make
 
 
-MAKERS = {"lmdb": _lmdb, "file": _file, "redis": _server("redis_server"), "redis-cluster": _cluster("redis_cluster"),
+MAKERS = {"lmdb": _lmdb, "file": _file, "slab": _slab, "redis": _server("redis_server"), "redis-cluster": _cluster("redis_cluster"),
           "valkey": _server("valkey_server"), "valkey-cluster": _cluster("valkey_cluster")}
 
 

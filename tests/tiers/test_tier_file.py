@@ -120,7 +120,7 @@ def test_cap_and_lru_from_mtimes(tmp_path: Path, eviction: str) -> None:
 
 
 def test_registry_builds_every_tier(tmp_path: Path) -> None:
-    assert sorted(TIERS.factories) == ["file", "host", "lmdb", "remote"]
+    assert sorted(TIERS.factories) == ["file", "host", "lmdb", "remote", "slab"]
     tier = build_tier("file", FileConfig(path=str(tmp_path), max_size="1MiB", codec="zstd", eviction="s3fifo"), L)
     assert isinstance(tier, FileTier) and tier.codec == "zstd" and isinstance(tier._lru, S3FIFOIndex)
     tier.close()

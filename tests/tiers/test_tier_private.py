@@ -13,7 +13,7 @@ import pytest
 from tiers_testlib import LAYOUTS, make_blocks, make_keys
 
 from kvstore.errors import TierError
-from kvstore.tiers import DiskTier, FileTier, HostTier
+from kvstore.tiers import DiskTier, FileTier, HostTier, SlabTier
 from kvstore.tiers.arena import HostArena
 
 L = LAYOUTS["float16"]
@@ -66,8 +66,8 @@ import sys
 sys.path.insert(0, sys.argv[3])
 from tiers_testlib import LAYOUTS
 from kvstore.errors import TierError
-from kvstore.tiers import DiskTier, FileTier
-cls = {"lmdb": DiskTier, "file": FileTier}[sys.argv[1]]
+from kvstore.tiers import DiskTier, FileTier, SlabTier
+cls = {"lmdb": DiskTier, "file": FileTier, "slab": SlabTier}[sys.argv[1]]
 try:
     tier = cls(LAYOUTS["float16"], sys.argv[2], 8 << 20)
 except TierError as exc:
@@ -79,10 +79,10 @@ if len(sys.argv) > 4:
 """
 
 
-@pytest.mark.parametrize("kind", ["lmdb", "file"])
+@pytest.mark.parametrize("kind", ["lmdb", "file", "slab"])
 def test_second_process_on_a_data_directory_is_refused_naming_the_holder(tmp_path: Path, kind: str) -> None:
-    cls = {"lmdb": DiskTier, "file": FileTier}[kind]
-    setting = {"lmdb": "disk.path", "file": "file.path"}[kind]
+    cls = {"lmdb": DiskTier, "file": FileTier, "slab": SlabTier}[kind]
+    setting = {"lmdb": "disk.path", "file": "file.path", "slab": "slab.path"}[kind]
     tier = cls(L, tmp_path, 8 << 20)
     other = subprocess.run([sys.executable, "-c", _OPEN, kind, str(tmp_path), HERE], capture_output=True, text=True)
     assert other.returncode == 3, other.stderr
@@ -92,6 +92,21 @@ def test_second_process_on_a_data_directory_is_refused_naming_the_holder(tmp_pat
     tier.close()
     again = subprocess.run([sys.executable, "-c", _OPEN, kind, str(tmp_path), HERE], capture_output=True, text=True)
     assert again.returncode == 0 and again.stdout == "opened\n", again.stderr
+
+
+def test_slab_directories_0700_and_files_0600(tmp_path: Path) -> None:
+    old = os.umask(0o022)  # a permissive umask: the tier must not rely on it
+    try:
+        tier = SlabTier(L, tmp_path / "slab", 8 << 20)
+        tier.put(make_keys(L, 2), make_blocks(L, 2))
+        tier.flush()
+        root = tmp_path / "slab"
+        assert mode(root) == 0o700 and mode(root / "index") == 0o700
+        assert {p.name: mode(p) for p in [*root.iterdir(), *(root / "index").iterdir()] if p.is_file()} == {
+            "kvstore.lock": 0o600, "slots.dat": 0o600, "data.mdb": 0o600, "lock.mdb": 0o600}
+        tier.close()
+    finally:
+        os.umask(old)
 
 
 def test_lock_of_a_killed_process_does_not_block_a_restart(tmp_path: Path) -> None:
