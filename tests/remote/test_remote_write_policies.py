@@ -103,6 +103,7 @@ def test_write_back_under_gpu_pressure_keeps_the_engine_going(redis_server: Redi
     ("tiers: [host, remote]\nremote:\n  write: write_later\n", "remote.write"),
     ("tiers: [host, lmdb, remote]\nremote:\n  write: write_later\n", "remote.write"),
     ("tiers: [host, remote]\nremote:\n  write: write_through_selective\n  selective_hits: 0\n", "remote.selective_hits"),
+    ("tiers: [host, slab, remote]\nremote:\n  write: write_back\n", "remote.write: write_back needs a disk tier"),
 ])
 def test_bad_remote_write_policies_name_the_field_and_the_file(tmp_path: Path, yaml: str, needle: str) -> None:
     path = tmp_path / "kv.yaml"
