@@ -85,6 +85,7 @@ def test_config_check_shows_sizes_in_the_units_they_were_given(tmp_path: Path) -
              if line.strip().startswith(("capacity:", "max_size:", "sync_bytes:", "max_inflight_bytes:"))]
     # 4GB is 4 x 10^9 bytes: shown as 4GB (it was 3906250KiB); 1000MB is the same number as 1GB
     assert shown == ["capacity: 4GiB", "max_size: 4GB", "sync_bytes: 1500", "max_size: 8GiB",  # file: its default
+                     "max_size: 8GiB",  # slab: its default
                      "max_inflight_bytes: 256MiB",  # remote: its default
                      "max_inflight_bytes: 1GB"], shown
     assert "3906250KiB" not in res.stdout
