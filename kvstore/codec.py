@@ -35,7 +35,11 @@ the GIL on large buffers, and detects every burst error up to 32 bits, which
 is the failure mode of a torn or bit-rotted page; it is a corruption check,
 not an authenticator. For reference zstd level 1 compresses fp16 noise at
 about 0.7 GiB/s on the same machine, so the checksum is a small fraction of
-a compressed read.
+a compressed read. Since issue 15 the CRC-32 is ISA-L's (``isal``, same
+polynomial, initial value and results as ``zlib.crc32``, so values written by
+either verify with the other): 22-53 GB/s against zlib's 4.0-4.1 on this
+machine (64 MiB / 64 KiB buffers); an environment without ``isal`` falls back
+to zlib.
 
 The byte shuffle splits elements into byte planes (for fp16/bf16 all low
 bytes, then all high bytes; for fp32 four planes). Exponent bytes of nearby
@@ -56,13 +60,17 @@ from __future__ import annotations
 
 import struct
 import threading
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 import zstandard
+
+try:  # ISA-L's CRC-32: the polynomial and values of zlib's, 5-12x faster (see the module docstring)
+    from isal.isal_zlib import crc32
+except ImportError:  # an environment without it (the engines' venvs install kvstore --no-deps): zlib's, same values
+    from zlib import crc32
 
 from kvstore.errors import CorruptBlock
 
@@ -263,7 +271,7 @@ def as_u8(buf: Any) -> np.ndarray:
 
 
 def _checksum(key: bytes, header_prefix: bytes | memoryview, raw: np.ndarray) -> int:
-    return zlib.crc32(raw.data, zlib.crc32(header_prefix, zlib.crc32(key)))
+    return crc32(raw.data, crc32(header_prefix, crc32(key)))
 
 
 def _check_key(key: bytes) -> bytes:

@@ -170,3 +170,21 @@ def test_encode_parts_written_into_a_reused_buffer_equal_encode() -> None:
             whole = encode(raw, codec, 1, bytes(16), 2, key=key)
             assert parts.join() == whole and len(parts) == len(whole)
             assert bytes(parts.write_into(buf)) == whole and len(buf) >= len(whole)
+
+
+def test_the_checksum_is_zlibs_crc32_so_values_verify_with_or_without_isal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import zlib
+
+    from kvstore import codec
+
+    rng = np.random.default_rng(7)
+    key, header, raw = b"k" * 32, rng.bytes(20), rng.integers(0, 256, 70_000, dtype=np.uint8)
+    assert codec._checksum(key, header, raw) == zlib.crc32(raw.data, zlib.crc32(header, zlib.crc32(key)))
+    block = torch.from_numpy(rng.integers(0, 256, 4096, dtype=np.uint8))
+    fp = b"f" * 16
+    monkeypatch.setattr(codec, "crc32", zlib.crc32)  # a writer without isal (the engines' own venvs)
+    value = encode(block, "none", 1, fp, key=key)
+    monkeypatch.undo()  # a reader with isal, when it is installed
+    dest = torch.empty(4096, dtype=torch.uint8)
+    decode_into(value, dest, fp, key)
+    assert torch.equal(dest, block)
