@@ -57,7 +57,7 @@ class RemoteConfig(Section):
     once its last block is committed; ``write_through_selective`` once a lookup has matched its last
     block ``selective_hits`` times (SGLang HiCache's semantics: only reused prefixes cross the network);
     ``write_back`` only when one of its blocks is about to leave the last local tier: the GPU or the
-    host tier when ``tiers`` names no disk tier, else the LMDB or file tier, whose evictions show their
+    host tier when ``tiers`` names no disk tier, else the LMDB, file or slab tier, whose evictions show their
     victims to the remote writer first (each group once; a group is shed, counted, while
     ``max_inflight_bytes`` of copies wait for a slow server). ``read_only``: this engine only reads
     what others stored."""

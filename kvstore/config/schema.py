@@ -381,10 +381,6 @@ class KVStoreConfig(Section):
             raise ValueError(f"tiers: 'host' must come first (fastest first), got {t}")
         if "remote" in t and t[-1] != "remote":
             raise ValueError(f"tiers: 'remote' must come last (fastest first), got {t}")
-        if "remote" in t and "slab" in t and self.remote.write == "write_back":
-            raise ValueError("remote.write: write_back needs a disk tier that shows its evictions to the remote "
-                             "writer (lmdb or file); the slab tier does not yet: use write_through or "
-                             "write_through_selective with slab, or lmdb")
         return self
 
     @model_validator(mode="after")

@@ -94,7 +94,7 @@ class Tier(ABC):
     """Whether the tier announces every block it drops on its own as an event. A tier that cannot
     (a remote daemon) sets ``False``, and the tiered store asks it at lookup instead of mirroring it."""
     takes_victim_hook: bool = False
-    """Whether :meth:`set_victim_hook` is supported (the tiers that evict inside their ``put``: LMDB, file)."""
+    """Whether :meth:`set_victim_hook` is supported (the tiers that evict inside their ``put``: LMDB, file, slab)."""
 
     def __init__(self, layout: KVLayout) -> None:
         self.layout = layout

@@ -50,12 +50,13 @@ from kvstore.config.schema import SlabConfig
 from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
-from kvstore.tiers.base import Buffer, PooledTier, TierStats, check_buffers
+from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, check_buffers
 from kvstore.tiers.datadir import DirLock, make_private_dir
 from kvstore.tiers.eviction import make_order
 from kvstore.tiers.slab_file import Run, SlotFile, runs, slot_bytes
 from kvstore.tiers.slab_index import SlabIndex
 from kvstore.tiers.sync_loop import SyncLoop
+from kvstore.tiers.victims import Handover
 
 log = logging.getLogger(__name__)
 WRITES_IN_FLIGHT = 2
@@ -73,6 +74,7 @@ class SlabTier(PooledTier):
     """Blocks in fixed-size slots of ``<path>/slots.dat``, indexed in LMDB, at most ``max_size`` bytes of slots."""
 
     name = "slab"
+    takes_victim_hook = True
 
     def __init__(
         self,
@@ -108,6 +110,7 @@ class SlabTier(PooledTier):
         self._hits: deque[bytes] = deque()
         self._clock = 0
         self._log = RateLimitedLog(log)
+        self._handover = Handover(self.name)  # the victim hook (set_victim_hook) and its pending sends
         make_private_dir(self.path)
         self._dirlock = DirLock(self.path, "slab.path")
         try:
@@ -203,6 +206,7 @@ class SlabTier(PooledTier):
             victims = self._order.victims(len(todo) * self.slot_size, self.capacity * self.slot_size, exclude=keys)
             for key in victims:
                 heapq.heappush(self._free, self._slots[key])  # reused at once: see the module docstring
+            send = self._handover.offer(victims, self._read_quietly) if victims else None  # before slot reuse
             todo = todo[: len(self._free)]
             new = [heapq.heappop(self._free) for _ in todo]
             try:
@@ -216,6 +220,7 @@ class SlabTier(PooledTier):
                 self._free = [s for s in [*self._free, *new] if s not in held]
                 heapq.heapify(self._free)
                 raise
+            self._handover.committed(send)  # the victims are out of the index
             self._clock += len(todo)
             for key in victims:
                 self._forget(key, "evicted")
@@ -225,7 +230,31 @@ class SlabTier(PooledTier):
                 self._stats.puts += 1
                 self._stats.bytes_written += self.layout.bytes_per_block
             self._dirty = self._dirty or bool(todo)
-            return [k in self._slots for k in keys]
+            stored = [k in self._slots for k in keys]
+        self._handover.run_ready()
+        return stored
+
+    def set_victim_hook(self, hook: VictimHook | None) -> None:
+        """Call ``hook`` with each put's victims while their slots still hold them (:mod:`kvstore.tiers.victims`).
+
+        It runs under the tier's write lock, before the put writes into the victims' slots; its reader reads and
+        verifies their slots (and any other stored key's). Its send runs once the index transaction deleting
+        them has committed, after the lock is released; a put whose index write failed drops it unrun."""
+        self._handover.hook = hook
+
+    def _read_quietly(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
+        """Read and verify stored blocks into ``dests`` without counting or recency (a victim hook's reader).
+        A value failing verification is only ``False`` here: the put under way deletes victims anyway, and a
+        corrupt non-victim is found and dropped by its next :meth:`get`."""
+        check_buffers(keys, dests, self.layout.bytes_per_block, "slab")
+        slots = [self._slots.get(k) for k in keys]
+        at = [i for i, s in enumerate(slots) if s is not None]
+        found = [False] * len(keys)
+        per = max(1, READ_REQUEST // self.slot_size)
+        for run in runs([slots[i] for i in at], per):  # type: ignore[misc]  # None filtered out above
+            for i in self._read_run(run, at, keys, dests)[0]:
+                found[i] = True
+        return found
 
     def seed_uses(self, keys: Sequence[bytes], uses: Sequence[int]) -> None:
         """Restart the eviction order's use counts of stored ``keys`` at ``uses`` (see :meth:`Tier.seed_uses`)."""

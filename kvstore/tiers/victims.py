@@ -1,4 +1,4 @@
-"""The victim hook of a tier that evicts on its own (LMDB, file), and the sends it handed back.
+"""The victim hook of a tier that evicts on its own (LMDB, file, slab), and the sends it handed back.
 
 ::
 

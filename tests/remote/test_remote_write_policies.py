@@ -103,7 +103,6 @@ def test_write_back_under_gpu_pressure_keeps_the_engine_going(redis_server: Redi
     ("tiers: [host, remote]\nremote:\n  write: write_later\n", "remote.write"),
     ("tiers: [host, lmdb, remote]\nremote:\n  write: write_later\n", "remote.write"),
     ("tiers: [host, remote]\nremote:\n  write: write_through_selective\n  selective_hits: 0\n", "remote.selective_hits"),
-    ("tiers: [host, slab, remote]\nremote:\n  write: write_back\n", "remote.write: write_back needs a disk tier"),
 ])
 def test_bad_remote_write_policies_name_the_field_and_the_file(tmp_path: Path, yaml: str, needle: str) -> None:
     path = tmp_path / "kv.yaml"
@@ -121,3 +120,12 @@ def test_remote_write_policies_load_from_yaml(tmp_path: Path) -> None:
     for tiers in ("[remote]", "[host, remote]", "[host, lmdb, remote]", "[lmdb, remote]", "[host, file, remote]"):
         path.write_text(f"tiers: {tiers}\nremote:\n  write: write_back\n")  # the disk tier hands its victims down
         assert load_config(path, environ={}).remote.write == "write_back", tiers
+
+
+@pytest.mark.parametrize("disk", ["lmdb", "file", "slab"])
+def test_write_back_below_every_disk_tier_is_accepted(tmp_path: Path, disk: str) -> None:
+    """Each disk tier shows its victims to the remote writer, so write_back is valid below any of them."""
+    path = tmp_path / "kv.yaml"
+    path.write_text(f"tiers: [host, {disk}, remote]\nremote:\n  write: write_back\n")
+    cfg = load_config(path, environ={})
+    assert cfg.tiers == ["host", disk, "remote"] and cfg.remote.write == "write_back"

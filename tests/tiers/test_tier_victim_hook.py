@@ -1,4 +1,4 @@
-"""The victim hook of the LMDB and file tiers: a capacity eviction shows its victims, still readable, before
+"""The victim hook of the LMDB, file and slab tiers: a capacity eviction shows its victims, still readable, before
 deleting them; the hook's send runs once they are gone; a failing hook never fails the put."""
 
 from __future__ import annotations
@@ -15,16 +15,19 @@ from kvstore.tiers.base import BlockReader, Tier, VictimSend
 from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.file import FileTier
 from kvstore.tiers.host import HostTier
+from kvstore.tiers.slab import SlabTier
 
 
 def _tier(kind: str, layout: KVLayout, root: Path) -> Tier:
-    """A tier of a few blocks: 4 files, or an LMDB map of 21 pages."""
+    """A tier of a few blocks: 4 files, 4 slots, or an LMDB map of 21 pages."""
     if kind == "file":
         return FileTier(layout, root / "files", 4 * 4096)
+    if kind == "slab":
+        return SlabTier(layout, root / "slab", 4 * 4096)
     return DiskTier(layout, root / "lmdb", 21 * 4096)
 
 
-@pytest.mark.parametrize("kind", ["file", "lmdb"])
+@pytest.mark.parametrize("kind", ["file", "lmdb", "slab"])
 def test_victims_are_read_before_they_go_and_sent_after(tmp_path: Path, layout: KVLayout, kind: str) -> None:
     tier = _tier(kind, layout, tmp_path)
     keys, blocks = make_keys(layout, 12), make_blocks(layout, 12)
@@ -44,7 +47,7 @@ def test_victims_are_read_before_they_go_and_sent_after(tmp_path: Path, layout: 
         assert tier.put([key], [block]) == [True]
     evicted = [ev.key for ev in tier.drain_events() if ev.kind == "evicted"]
     assert seen == evicted and sent == evicted and len(evicted) == tier.stats().evictions > 0
-    if kind == "file":
+    if kind in ("file", "slab"):
         assert evicted == keys[:8]  # least recently used first, exactly
     tier.set_victim_hook(None)
     tier.put(make_keys(layout, 4, seed=1), make_blocks(layout, 4, seed=1))
@@ -52,7 +55,7 @@ def test_victims_are_read_before_they_go_and_sent_after(tmp_path: Path, layout: 
     tier.close()
 
 
-@pytest.mark.parametrize("kind", ["file", "lmdb"])
+@pytest.mark.parametrize("kind", ["file", "lmdb", "slab"])
 def test_a_failing_hook_never_fails_the_eviction(tmp_path: Path, layout: KVLayout, kind: str) -> None:
     tier = _tier(kind, layout, tmp_path)
 
