@@ -1,4 +1,5 @@
-"""Start the disk tier afresh while keeping a damaged LMDB environment for inspection.
+"""Start the disk tier afresh while keeping a damaged LMDB environment for inspection (the slab tier's
+repair, :mod:`kvstore.tiers.slab_repair`, reuses the move and the safe mapping).
 
 ::
 
@@ -25,12 +26,15 @@ from dataclasses import dataclass
 
 import lmdb
 import numpy as np
+import torch
 
 from kvstore.codec import decode_into
 from kvstore.config.schema import DiskConfig
 from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
+from kvstore.tiers.base import Tier
 from kvstore.tiers.datadir import DirLock
+from kvstore.tiers.lmdb_walk import walk
 from kvstore.tiers.lmdbcheck import DATA_FILE, expected_size
 
 SALVAGE_BATCH = 64
@@ -67,12 +71,24 @@ def repair_disk(section: DiskConfig, layout: KVLayout, *, salvage: bool) -> Repa
 
     Raises :class:`TierError` if a process holds the directory, or the move fails.
     """
-    path = os.path.abspath(section.directory())
-    if not os.path.lexists(path):
+    moved = move_aside(section.directory(), "disk.path")
+    if moved is None:
         return RepairReport(moved_to=None)
+    report = RepairReport(moved_to=moved)
+    if salvage:
+        _salvage(moved, section, layout, report)
+    return report
+
+
+def move_aside(directory: str, field: str) -> str | None:
+    """Rename the data directory ``directory`` (config field ``field``) to :func:`damaged_name`, under its lock;
+    where it went, or ``None`` if nothing is there. :class:`TierError` if a process holds it or the move fails."""
+    path = os.path.abspath(directory)
+    if not os.path.lexists(path):
+        return None
     if not os.path.isdir(path):
-        raise TierError(f"disk.path {path} is not a directory; move it away by hand")
-    lock = DirLock(path, "disk.path")
+        raise TierError(f"{field} {path} is not a directory; move it away by hand")
+    lock = DirLock(path, field)
     try:
         moved = damaged_name(path)
         os.rename(path, moved)
@@ -80,64 +96,81 @@ def repair_disk(section: DiskConfig, layout: KVLayout, *, salvage: bool) -> Repa
         raise TierError(f"cannot move {path} aside: {exc.strerror or exc}") from None
     finally:
         lock.release()
-    report = RepairReport(moved_to=moved)
-    if salvage:
-        _salvage(moved, section, layout, report)
-    return report
+    return moved
+
+
+def readable_environment(source: str, scratch: str, report: RepairReport) -> tuple[str, int] | None:
+    """The LMDB environment ``source`` as a directory safe to map read-only, and its map size: ``source`` itself,
+    or for a truncated ``data.mdb`` a sparse copy in ``scratch`` padded with zeros to the size its meta page
+    promises (pages past the cut read as damaged pages, never ``SIGBUS``). ``None`` (why in ``report``): unusable."""
+    try:
+        need = expected_size(os.path.join(source, DATA_FILE))
+    except TierError as exc:
+        report.walk_error = str(exc)
+        return None
+    if need is None:
+        return None
+    if os.path.getsize(os.path.join(source, DATA_FILE)) >= need:
+        return source, need
+    os.mkdir(scratch, 0o700)
+    shutil.copyfile(os.path.join(source, DATA_FILE), os.path.join(scratch, DATA_FILE))
+    os.truncate(os.path.join(scratch, DATA_FILE), need)
+    return scratch, need
 
 
 def _salvage(source: str, section: DiskConfig, layout: KVLayout, report: RepairReport) -> None:
     from kvstore.tiers.disk import DiskTier
 
-    try:
-        need = expected_size(os.path.join(source, DATA_FILE))
-    except TierError as exc:
-        report.walk_error = str(exc)
-        return
-    if need is None:
-        return
     scratch = os.path.join(source, "salvage-scratch")
-    readable = source
-    if os.path.getsize(os.path.join(source, DATA_FILE)) < need:
-        os.mkdir(scratch, 0o700)
-        shutil.copyfile(os.path.join(source, DATA_FILE), os.path.join(scratch, DATA_FILE))
-        os.truncate(os.path.join(scratch, DATA_FILE), need)  # zeros past the cut: damaged pages, not SIGBUS
-        readable = scratch
+    env = readable_environment(source, scratch, report)
+    if env is None:
+        return
     tier = DiskTier.from_config(section, layout)
     try:
-        _copy_verified(readable, need, tier, layout, report)
+        _copy_verified(env[0], env[1], tier, layout, report)
         tier.flush()
     finally:
         tier.close()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _known_keys(env: lmdb.Environment, report: RepairReport) -> list[bytes]:
+def _known_keys(source: str, map_size: int, report: RepairReport) -> list[bytes]:
     """Every block key either database still leads to: ``lru`` holds one record per block, so a damaged
-    ``blocks`` page that cuts a cursor walk short does not hide the keys behind it (and vice versa)."""
+    ``blocks`` page that cuts a cursor walk short does not hide the keys behind it (and vice versa). The walks
+    run in a child process (:mod:`kvstore.tiers.lmdb_walk`: LMDB aborts on some damaged pages)."""
     keys: dict[bytes, None] = {}
-    for name in (b"lru", b"blocks"):
-        try:
-            with env.begin(buffers=True) as txn:
-                db = env.open_db(name, txn=txn, create=False)
-                for key in txn.cursor(db=db).iternext(keys=True, values=False):
-                    if len(key) == 32:
-                        keys[bytes(key)] = None
-        except lmdb.Error as exc:
-            report.walk_error = f"the {name.decode()} database has a damaged page ({exc})"
+    for name in ("lru", "blocks"):
+        found = walk(source, max(map_size, 1 << 20), name, values=False)
+        if found.error:
+            report.walk_error = found.error
+        keys.update((key, None) for key, _ in found.entries if len(key) == 32)
     return list(keys)
 
 
-def _copy_verified(source: str, map_size: int, tier: object, layout: KVLayout, report: RepairReport) -> None:
+class SalvageBatch:
+    """Verified blocks on their way into the fresh tier, put :data:`SALVAGE_BATCH` at a time and counted."""
+
+    def __init__(self, tier: Tier, report: RepairReport) -> None:
+        self.tier, self.report = tier, report
+        self._batch: dict[bytes, torch.Tensor] = {}
+
+    def add(self, key: bytes, block: np.ndarray) -> None:
+        """Queue a copy of ``block`` under ``key``; puts the batch once it is full."""
+        self._batch[key] = torch.from_numpy(block.copy())
+        if len(self._batch) >= SALVAGE_BATCH:
+            self.finish()
+
+    def finish(self) -> None:
+        """Put what is queued; :attr:`RepairReport.salvaged` counts what the tier stored."""
+        if self._batch:
+            self.report.salvaged += sum(self.tier.put(list(self._batch), list(self._batch.values())))
+            self._batch.clear()
+
+
+def _copy_verified(source: str, map_size: int, tier: Tier, layout: KVLayout, report: RepairReport) -> None:
     """Read each known key on its own (a damaged page fails that key's read only) and put what verifies."""
-    import torch
-
     dest = np.empty(layout.bytes_per_block, dtype=np.uint8)
-    batch: dict[bytes, torch.Tensor] = {}
-
-    def put_batch() -> None:
-        report.salvaged += sum(tier.put(list(batch), list(batch.values())))  # type: ignore[attr-defined]
-        batch.clear()
+    batch = SalvageBatch(tier, report)
 
     try:
         env = lmdb.open(source, readonly=True, lock=False, max_dbs=2, map_size=max(map_size, 1 << 20))
@@ -145,7 +178,7 @@ def _copy_verified(source: str, map_size: int, tier: object, layout: KVLayout, r
         report.walk_error = f"cannot open {source}: {exc}"
         return
     try:
-        keys = _known_keys(env, report)
+        keys = _known_keys(source, map_size, report)
         pos = 0
         while pos < len(keys):
             with env.begin(buffers=True) as txn:
@@ -164,12 +197,9 @@ def _copy_verified(source: str, map_size: int, tier: object, layout: KVLayout, r
                     except CorruptBlock:
                         report.failed += 1
                         continue
-                    batch[key] = torch.from_numpy(dest.copy())
-                    if len(batch) >= SALVAGE_BATCH:
-                        put_batch()
+                    batch.add(key, dest)
     except lmdb.Error as exc:
         report.walk_error = f"reading {source} failed: {exc}"
     finally:
         env.close()
-    if batch:
-        put_batch()
+    batch.finish()

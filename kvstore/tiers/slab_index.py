@@ -24,9 +24,11 @@ RECORD = struct.Struct("<QQ")
 
 
 def hint(path: str) -> str:
-    """What to do about a damaged index at ``path`` (``kvstore repair`` moves ``disk.path``, not ``slab.path``)."""
-    return (f"the slab tier is a cache: stop every kvstore process using it, move {os.path.dirname(path)} "
-            "(slab.path) aside and restart with an empty tier")
+    """What to do about a damaged index at ``path`` (:mod:`kvstore.tiers.slab_repair`)."""
+    tier = os.path.dirname(path)
+    return (f"to keep the damaged files for inspection and start with an empty tier, stop every kvstore process "
+            f"using it and run `kvstore repair --config <your config>` (moves {tier} (slab.path) aside to "
+            f"{tier}.damaged-<time>; add --salvage to copy the blocks that still verify into the new tier)")
 
 
 class SlabIndex:

@@ -169,7 +169,7 @@ def test_repair_moves_a_truncated_environment_aside_and_starts_fresh(tmp_path: P
     assert main(["repair", "--config", str(config), "--salvage"]) == 0
     out = capsys.readouterr().out
     [moved] = [p for p in tmp_path.iterdir() if p.name.startswith("lmdb.damaged-")]
-    assert f"moved {disk} aside to {moved} (kept for inspection)" in out
+    assert f"moved {disk} (disk.path) aside to {moved} (kept for inspection)" in out
     assert _digest(moved / "data.mdb") == before and not (moved / "salvage-scratch").exists()  # kept as it was
     assert "salvaged" in out and "could not be read or failed verification" in out
     tier = DiskTier(BIG, disk, 16 << 20)  # opens again, with whatever verified (the file was cut short)
