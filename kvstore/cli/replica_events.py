@@ -54,7 +54,7 @@ class ReplicaEvents:
         p = self.publisher
         return {"events": {"enabled": True, "endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint,
                            "last_seq": p.last_seq, "replays_served": p.replays_served,
-                           "reports_served": p.reports_served}}
+                           "reports_served": p.reports_served, "reports_built": p.reports_built}}
 
     def close(self) -> None:
         """Stop publishing (publishes nothing more)."""

@@ -38,6 +38,11 @@ class EventsConfig(Section):
     batches or a whole restart that it is behind (it then replays or asks for a full report) without
     waiting for the next real event; ``null``: never (vLLM's publisher sends none)."""
 
+    report_interval_s: float = Field(1.0, ge=0, le=3600)
+    """A full report (every key held, per tier) is built at most once per this many seconds; report requests
+    in between get the last one, as of its seq (the router replays the batches after it), so a flood of
+    requests on the replay endpoint costs one report per interval. ``0``: build one for every request."""
+
     @field_validator("endpoint", "replay_endpoint")
     @classmethod
     def _zmq_address(cls, value: str | None) -> str | None:

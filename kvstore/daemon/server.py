@@ -277,6 +277,7 @@ class DaemonServer:
         out["events"] = None if pub is None or ev is None else {
             "replica": pub.replica, "endpoint": pub.endpoint, "replay_endpoint": pub.replay_endpoint,
             "last_seq": pub.last_seq, "replays_served": pub.replays_served, "reports_served": pub.reports_served,
+            "reports_built": pub.reports_built,
             "queued": len(ev.queue), "dropped": ev.queue.dropped,
         }
         return out

@@ -54,10 +54,14 @@ class EventPublisher:
 
     def __init__(self, endpoint: str, replay_endpoint: str | None, replica: str, *, block_size: int = 16,
                  topic: str = "", buffer_batches: int = 10_000, report: Report | None = None,
-                 hwm: int = 100_000, context: zmq.Context | None = None, first_seq: int = 0) -> None:
+                 hwm: int = 100_000, context: zmq.Context | None = None, first_seq: int = 0,
+                 report_interval_s: float = 1.0) -> None:
         """Bind ``endpoint`` (and ``replay_endpoint``); port 0 picks a free port (see :attr:`endpoint`).
 
         ``report``: how to build a full report; without one, a report request gets only the end marker.
+        ``report_interval_s``: a report is built at most once per this many seconds; requests in between get
+        the last one, as of its seq (the router replays the batches after it from the buffer), so a flood of
+        report requests, which list every key held, costs one report per interval. ``0``: build each time.
         ``first_seq``: the seq of the first batch (vLLM's publisher starts at 0; :func:`publish_feed` starts
         each process at :func:`start_seq`, so a restart's seqs never repeat the previous run's).
         """
@@ -74,6 +78,10 @@ class EventPublisher:
         self.replays_served = 0
         """Replay requests answered (counted on the replay thread)."""
         self.reports_served = 0
+        self.reports_built = 0
+        """Full reports built (at most one per ``report_interval_s``; the rest of :attr:`reports_served` reused one)."""
+        self.report_interval_s = report_interval_s
+        self._last_report: tuple[float, int, bytes] | None = None  # (built at, seq, payload); replay thread only
         """Full-report requests answered."""
         self._closed = threading.Event()
         self._stop_follow = threading.Event()
@@ -230,9 +238,8 @@ class EventPublisher:
         if request == REPORT_REQUEST:
             self.reports_served += 1
             if self._report is not None:
-                seq = self.last_seq  # read before the snapshot: the report holds at least batches <= seq
                 try:
-                    payload = encode_batch(batch_of(self._report()))
+                    seq, payload = self._full_report(self._report)
                 except Exception:  # noqa: BLE001 - answer "no report" (the router clears this replica), keep serving
                     log.exception("replica %s: building the full report failed", self.replica)
                 else:
@@ -248,6 +255,22 @@ class EventPublisher:
             log.warning("replica %s: replay request %r is neither an 8-byte seq nor REPORT", self.replica,
                         request[:16])
         sock.send_multipart((client, b"", b"", END_SEQ, b""))
+
+
+    def _full_report(self, report: Report) -> tuple[int, bytes]:
+        """The seq and encoded batch of a full report: the last one built if it is younger than
+        ``report_interval_s`` and every batch after its seq is still in the buffer, else a new one."""
+        now, last = time.monotonic(), self._last_report
+        if last is not None and now - last[0] < self.report_interval_s:
+            with self._lock:
+                replayable = not self._buffer or self._buffer[0][0] <= last[1] + 1
+            if replayable:
+                return last[1], last[2]
+        seq = self.last_seq  # read before the snapshot: the report holds at least batches <= seq
+        payload = encode_batch(batch_of(report()))
+        self.reports_built += 1
+        self._last_report = (now, seq, payload)
+        return seq, payload
 
 
 def _bind(sock: zmq.Socket, endpoint: str) -> str:
@@ -290,7 +313,8 @@ def publish_feed(cfg: EventsConfig, block_size: int, drain: Callable[[], list[St
     replica id is ``cfg.replica_id``, else ``default_id``, else :func:`default_replica_id`."""
     publisher = EventPublisher(cfg.endpoint, cfg.replay_endpoint, cfg.replica_id or default_id or default_replica_id(),
                                block_size=block_size, topic=cfg.topic, buffer_batches=cfg.buffer_batches,
-                               report=lambda: report_events(holdings(), block_size), first_seq=start_seq())
+                               report=lambda: report_events(holdings(), block_size), first_seq=start_seq(),
+                               report_interval_s=cfg.report_interval_s)
     drain()  # what the holdings below already include
     publisher.publish_kv(report_events(holdings(), block_size))
     publisher.follow(drain, cfg.interval_s, cfg.heartbeat_s)

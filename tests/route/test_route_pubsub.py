@@ -300,3 +300,57 @@ def test_publish_feed_starts_each_run_above_the_last(monkeypatch: pytest.MonkeyP
         seqs.append(p.last_seq)
         p.close()
     assert seqs == [5_000_000, 5_000_001]  # batch 0 of each run, a microsecond apart
+
+
+def _ask_report(endpoint: str | None) -> tuple[int, KVEventBatch]:
+    assert endpoint is not None
+    dealer: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    try:
+        dealer.send_multipart([b"", b"REPORT"])
+        assert dealer.poll(5000)
+        _, _, seq, payload = dealer.recv_multipart()
+        assert dealer.poll(5000) and dealer.recv_multipart()[2] == (-1).to_bytes(8, "big", signed=True)  # end
+        return int.from_bytes(seq, "big", signed=True), msgspec.msgpack.decode(payload, type=KVEventBatch)
+    finally:
+        dealer.close(linger=0)
+
+
+def test_a_flood_of_report_requests_builds_one_report_per_interval() -> None:
+    """Each full report lists every key held: a peer asking again and again gets the last one (as of its
+    seq, which the router replays from), and the store builds at most one per ``report_interval_s``."""
+    built: list[int] = []
+    held = [K[0]]
+
+    def report() -> list:
+        built.append(1)
+        return report_events({"gpu": list(held)}, 16)
+
+    pub = EventPublisher("tcp://127.0.0.1:0", "tcp://127.0.0.1:0", "a", buffer_batches=100, report=report,
+                         report_interval_s=60.0)
+    pub.publish([StoreEvent("stored", K[0], "gpu")])
+    answers = [_ask_report(pub.replay_endpoint) for _ in range(50)]
+    assert len(built) == 1 and pub.reports_built == 1 and pub.reports_served == 50
+    assert {seq for seq, _ in answers} == {0}  # all as of the seq it was built at
+    held.append(K[1])
+    pub.publish([StoreEvent("stored", K[1], "gpu")])  # newer batches are replayable from the buffer
+    assert _ask_report(pub.replay_endpoint)[0] == 0 and len(built) == 1
+    pub.close()
+
+    fresh = EventPublisher("tcp://127.0.0.1:0", "tcp://127.0.0.1:0", "b", buffer_batches=1, report=report,
+                           report_interval_s=60.0)
+    built.clear()
+    fresh.publish([StoreEvent("stored", K[0], "gpu")])
+    assert _ask_report(fresh.replay_endpoint)[0] == 0
+    fresh.publish([StoreEvent("stored", K[1], "gpu")])
+    fresh.publish([StoreEvent("stored", K[2], "gpu")])  # batch 1 has left the one-batch buffer
+    seq, batch = _ask_report(fresh.replay_endpoint)
+    assert seq == 2 and len(built) == 2  # the old report could not be caught up: a new one is built
+    fresh.close()
+
+    every = EventPublisher("tcp://127.0.0.1:0", "tcp://127.0.0.1:0", "c", report=report, report_interval_s=0)
+    built.clear()
+    for _ in range(3):
+        _ask_report(every.replay_endpoint)
+    assert len(built) == 3
+    every.close()
