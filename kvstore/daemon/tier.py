@@ -6,7 +6,8 @@ radix index and GPU pool stay in the engine process.
 
 Data path for a local client (Unix socket, shared memory)::
 
-    get:  GET_SHM (daemon locks slots) ─► copy slot → dest ─► RELEASE_QUIET (no reply)
+    get:  GET_SHM (daemon locks slots) ─► copy slot → dest ─► RELEASE_QUIET (no reply; deferred to
+          travel in the same send as the next request, at most QUIET_DELAY_S later)
     put:  PUT_SHM_RESERVE (daemon reserves slots) ─► copy src → slot ─► PUT_SHM_COMMIT
 
 and for a remote one (TCP) the bytes travel inline (GET_INLINE, PUT_INLINE).
@@ -204,7 +205,7 @@ class DaemonTier(Tier):
             held = [k for k, s in zip(keys, found) if s is not None]
             if held:
                 try:
-                    c.send_quiet(Op.RELEASE_QUIET, m.encode_keys(held))  # no reply to wait for or read
+                    c.defer_quiet(Op.RELEASE_QUIET, m.encode_keys(held))  # no reply; rides with the next request
                 except DaemonUnavailable:
                     pass  # the daemon ends the holds at their deadline
             return [s is not None and fresh for s in found]

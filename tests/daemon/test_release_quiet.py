@@ -8,6 +8,7 @@ like any other request.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -79,3 +80,37 @@ def test_release_quiet_before_login_is_refused_and_the_connection_closed(daemon:
     with raw_unix(daemon) as s:
         s.sendall(encode_frame(Op.RELEASE_QUIET, 1, m.encode_keys(keys_for(1, seed=43))))
         assert "before HELLO" in expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
+
+
+def test_a_deferred_release_goes_out_alone_when_no_request_follows(daemon: Daemon) -> None:
+    """The get's RELEASE_QUIET waits for the next request to travel with; with none, the client's flusher
+    sends it within about QUIET_DELAY_S, so an idle engine pins no host slots until the hold deadline."""
+    tier, watcher = daemon.tier(), daemon.tier()
+    try:
+        keys = keys_for(4, seed=45)
+        assert tier.put(keys, [block_for(k) for k in keys]) == [True] * 4
+        assert tier.get(keys, empty_blocks(4)) == [True] * 4
+        deadline = time.monotonic() + 1.0  # well inside the 2 s hold timeout: the deadline did not end them
+        while watcher.client.stats()["holds"] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert watcher.client.stats()["holds"] == 0
+    finally:
+        tier.close()
+        watcher.close()
+
+
+def test_close_sends_a_deferred_release_first(daemon: Daemon) -> None:
+    tier, watcher = daemon.tier(), daemon.tier()
+    keys = keys_for(3, seed=46)
+    assert tier.put(keys, [block_for(k) for k in keys]) == [True] * 3
+    with tier.client.lock:  # the flusher cannot send it while the lock is held
+        assert tier.get(keys, empty_blocks(3)) == [True] * 3
+        assert tier.client._quiet  # deferred, not sent yet
+        tier.client.close()
+    try:
+        deadline = time.monotonic() + 1.0
+        while watcher.client.stats()["holds"] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert watcher.client.stats()["holds"] == 0
+    finally:
+        watcher.close()
