@@ -2,9 +2,10 @@
 
 One socket (Unix or TCP), one request in flight at a time under :attr:`lock`
 (an ``RLock``, so a caller can hold it across several requests that must
-see the same connection, such as GET_SHM, copy, RELEASE). A request with no
-reply can be deferred (:meth:`DaemonClient.defer_quiet`): it goes out in the
-same ``send`` as the next request, or alone after :data:`QUIET_DELAY_S`. When the daemon
+see the same connection, such as GET_SHM, copy, RELEASE). A get's release is
+deferred (:meth:`DaemonClient.defer_release`): it rides in the next GET_SHM's
+frame (GET_SHM_RELEASE), goes out as a RELEASE_QUIET in the same ``send`` as
+any other request, or alone after :data:`QUIET_DELAY_S`. When the daemon
 goes away the next request fails with :class:`DaemonUnavailable`; later
 requests reconnect, no sooner than an exponential backoff allows (so a dead
 daemon costs a caller one failed ``connect``, not a hang). Every successful
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 IDLE_CHECK_S = 1.0
 """A connection unused this long is checked for a close by the daemon (idle timeout) before reuse."""
 QUIET_DELAY_S = 0.002
-"""Longest a deferred request without a reply (a get's RELEASE_QUIET) waits for the next request to travel with."""
+"""Longest a deferred release (:meth:`DaemonClient.defer_release`) waits for the next request to travel with."""
 
 
 class DaemonUnavailable(KVStoreError):
@@ -82,7 +83,7 @@ class DaemonClient:
         self._next_attempt = 0.0
         self._last_used = 0.0
         self._quiet: list[bytes] = []
-        """Encoded no-reply frames (:meth:`defer_quiet`) that go out ahead of the next request on this connection."""
+        """Keys whose read holds :meth:`defer_release` deferred: released ahead of the next request on this connection."""
         self._quiet_since = 0.0
         self._quiet_wake = threading.Event()
         self._flusher: tuple[threading.Thread, threading.Event] | None = None
@@ -158,6 +159,9 @@ class DaemonClient:
             hello = m.decode_hello_reply(self._roundtrip(Op.HELLO, payload))
         except (OSError, ProtocolError, DaemonError) as exc:
             self._drop()
+            if isinstance(exc, ProtocolError) and exc.code == ErrorCode.BAD_VERSION:  # retrying cannot help either
+                raise DaemonError(ErrorCode.BAD_VERSION, f"the daemon at {self.address} speaks another protocol: "
+                                  f"{exc.message}") from None
             if isinstance(exc, DaemonError) and exc.code != ErrorCode.UNAVAILABLE:
                 raise self._refusal(exc) from None  # a refused login: retrying cannot help
             self._next_attempt = time.monotonic() + self._backoff  # unreachable, or refused for now (a cap)
@@ -244,42 +248,62 @@ class DaemonClient:
             self._ensure()
             self._send_frames(op, [encode_frame(op, self._new_id(), payload)])
 
-    def defer_quiet(self, op: Op, payload: bytes = b"") -> None:
-        """Queue a request that has no reply (``RELEASE_QUIET``) to go out in the same ``send`` as the next
-        request on this connection, or on its own :data:`QUIET_DELAY_S` later if none comes first.
+    def defer_release(self, keys: Sequence[bytes]) -> None:
+        """End this connection's read holds on ``keys`` with the next request: inside the next :meth:`get_shm`'s
+        frame (GET_SHM_RELEASE), as a RELEASE_QUIET in the same ``send`` as any other request, or alone
+        :data:`QUIET_DELAY_S` later if no request comes first (a flusher thread).
 
-        Either way the daemon executes it before anything sent after it. A get's RELEASE that rides with
-        the next GET_SHM saves a syscall here and a wake-up of the daemon's loop (on a few shared cores each
+        The daemon ends them before it runs anything sent after them. A release that rides with the next
+        get saves a syscall here, and a frame and a wake-up of the daemon's loop (on a few shared cores each
         costs about as much as the request's work). Raises :class:`DaemonUnavailable` when not connected.
         """
         with self.lock:
             self._ensure()
             if not self._quiet:
                 self._quiet_since = time.monotonic()
-            self._quiet.append(encode_frame(op, self._new_id(), payload))
+            self._quiet.extend(keys)
             if self._flusher is None:
                 stop = threading.Event()
-                thread = threading.Thread(target=self._flush_later, args=(stop,), name="kvstore-client-quiet", daemon=True)
+                thread = threading.Thread(target=self._flush_later, args=(stop,), name="kvstore-client-release", daemon=True)
                 self._flusher = (thread, stop)
                 thread.start()
             self._quiet_wake.set()
 
+    def get_shm(self, keys: Sequence[bytes]) -> bytes:
+        """GET_SHM of ``keys`` (at most :attr:`max_keys`), carrying the deferred releases when they fit one
+        frame (GET_SHM_RELEASE); returns the raw reply payload. Raises like :meth:`request`."""
+        with self.lock:
+            self._ensure()
+            if len(keys) > self.max_keys:
+                raise ValueError(f"GET_SHM: {len(keys)} keys in one request, limit is {self.max_keys}")
+            if self._quiet and len(self._quiet) <= self.max_keys:
+                payload = m.encode_get_release(self._quiet, keys)
+                self._quiet = []
+                return self.request(Op.GET_SHM_RELEASE, payload)
+            return self.request(Op.GET_SHM, m.encode_keys(keys))  # deferred releases go as frames ahead of it
+
     def send_deferred(self) -> None:
-        """Send the frames :meth:`defer_quiet` queued, now (nothing when there are none or no connection)."""
+        """Send the releases :meth:`defer_release` deferred, now (nothing when there are none or no connection)."""
         with self.lock:
             if self._quiet and self._sock is not None:
                 try:
                     self._send_frames(Op.RELEASE_QUIET, [])
                 except DaemonUnavailable as exc:
-                    log.debug("deferred frames not sent: %s", exc)  # the daemon ends those holds at their deadline
+                    log.debug("deferred releases not sent: %s", exc)  # the daemon ends those holds at their deadline
+
+    def _deferred_frames(self) -> list[bytes]:
+        """The deferred releases as RELEASE_QUIET frames (lock held), and none left deferred."""
+        keys, self._quiet = self._quiet, []
+        step = self.max_keys
+        return [encode_frame(Op.RELEASE_QUIET, self._new_id(), m.encode_keys(keys[i : i + step]))
+                for i in range(0, len(keys), step)]
 
     def _send_frames(self, op: Op, frames: list[bytes]) -> None:
-        """The deferred frames, then ``frames``, in one ``sendall`` (lock held, connected)."""
+        """The deferred releases, then ``frames``, in one ``sendall`` (lock held, connected)."""
         try:
             assert self._sock is not None
             if self._quiet:
-                frames = [*self._quiet, *frames]
-                self._quiet.clear()
+                frames = [*self._deferred_frames(), *frames]
             self._sock.sendall(b"".join(frames))
             self._last_used = time.monotonic()
         except (OSError, ProtocolError) as exc:
@@ -288,7 +312,7 @@ class DaemonClient:
             raise DaemonUnavailable(f"connection to the daemon at {self.address} broke during {op.name}: {exc}") from None
 
     def _flush_later(self, stop: threading.Event) -> None:
-        """Flusher thread: send deferred frames that waited :data:`QUIET_DELAY_S` for a request to ride with."""
+        """Flusher thread: send deferred releases that waited :data:`QUIET_DELAY_S` for a request to ride with."""
         while not stop.is_set():
             self._quiet_wake.wait()
             if stop.is_set():
@@ -313,9 +337,8 @@ class DaemonClient:
         self._last_used = time.monotonic()
         rid = self._new_id()
         frame = encode_frame(op, rid, payload)
-        if self._quiet:  # deferred no-reply frames go first, in the same send
-            frame = b"".join([*self._quiet, frame])
-            self._quiet.clear()
+        if self._quiet:  # deferred releases go first, in the same send
+            frame = b"".join([*self._deferred_frames(), frame])
         self._sock.sendall(frame)
         header, body = self._read_reply(rid, op)
         if header.op == Op.ERROR:

@@ -48,7 +48,7 @@ from kvstore.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SHM_OPS = frozenset({Op.GET_SHM, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT})
+SHM_OPS = frozenset({Op.GET_SHM, Op.GET_SHM_RELEASE, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT})
 
 
 class SessionTimeout(Exception):
@@ -226,17 +226,21 @@ class Session:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{op.name}: an observer connection (zero fingerprint) may only ask STATS")
         if op in SHM_OPS and not self.shm:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{op.name}: shared memory is only for untenanted local clients that asked for it")
-        if isinstance(msg, (m.KeysRequest, m.PutInline)):
+        if isinstance(msg, (m.KeysRequest, m.PutInline, m.GetRelease)):
             self._check_size(op, len(msg.keys))
+        if isinstance(msg, m.GetRelease):
+            self._check_size(op, len(msg.release), "keys to release")
+            self.ctx.backend.release(self.conn_id, self._keys(msg.release))  # first: it frees what the get may need
+            msg = msg.get
         return await self._run(self._dispatch, msg)
 
-    def _check_size(self, op: Op, n: int) -> None:
+    def _check_size(self, op: Op, n: int, what: str = "keys") -> None:
         """Refuse a request over the key limit, or a GET_INLINE whose reply could exceed the frame bound,
         before any work or allocation for it."""
         cfg = self.ctx.daemon
         if n > cfg.max_keys_per_request:
             raise ProtocolError(ErrorCode.TOO_LARGE,
-                                f"{op.name}: {n} keys, limit is {cfg.max_keys_per_request} (daemon.max_keys_per_request)")
+                                f"{op.name}: {n} {what}, limit is {cfg.max_keys_per_request} (daemon.max_keys_per_request)")
         worst = 4 + n * (1 + self.ctx.layout.bytes_per_block)
         if op == Op.GET_INLINE and worst > int(cfg.max_frame_bytes):
             raise ProtocolError(ErrorCode.TOO_LARGE, f"GET_INLINE: {n} keys need a reply of up to {worst} bytes, "

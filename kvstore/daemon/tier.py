@@ -6,8 +6,9 @@ radix index and GPU pool stay in the engine process.
 
 Data path for a local client (Unix socket, shared memory)::
 
-    get:  GET_SHM (daemon locks slots) ─► copy slot → dest ─► RELEASE_QUIET (no reply; deferred to
-          travel in the same send as the next request, at most QUIET_DELAY_S later)
+    get:  GET_SHM (daemon locks slots) ─► copy slot → dest ─► release deferred: inside the next
+          GET_SHM (GET_SHM_RELEASE), or a RELEASE_QUIET (no reply) with any other request or after
+          QUIET_DELAY_S
     put:  PUT_SHM_RESERVE (daemon reserves slots) ─► copy src → slot ─► PUT_SHM_COMMIT
 
 and for a remote one (TCP) the bytes travel inline (GET_INLINE, PUT_INLINE).
@@ -194,7 +195,7 @@ class DaemonTier(Tier):
                     if block is not None:
                         dest.numpy()[:] = memoryview(block)
                 return [b is not None for b in blocks]
-            slots = m.decode_slots(c.keys_request(Op.GET_SHM, keys), Op.GET_SHM)
+            slots = m.decode_slots(c.get_shm(keys), Op.GET_SHM)
             arena = c.arena
             if arena is None:
                 raise DaemonUnavailable("the daemon did not offer shared memory for GET_SHM")
@@ -205,7 +206,7 @@ class DaemonTier(Tier):
             held = [k for k, s in zip(keys, found) if s is not None]
             if held:
                 try:
-                    c.defer_quiet(Op.RELEASE_QUIET, m.encode_keys(held))  # no reply; rides with the next request
+                    c.defer_release(held)  # rides in the next request's frame or send
                 except DaemonUnavailable:
                     pass  # the daemon ends the holds at their deadline
             return [s is not None and fresh for s in found]
