@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kvstore.config.schema import KVStoreConfig
@@ -36,6 +37,7 @@ from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, Op
 from kvstore.errors import TierError
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
+from kvstore.tiers.host import PARALLEL_COPY_BYTES
 
 log = logging.getLogger(__name__)
 PUT_RETRIES = 4
@@ -53,6 +55,8 @@ class DaemonTier(Tier):
         super().__init__(layout)
         self.client = client
         self.bpb = layout.bytes_per_block
+        self._copier: ThreadPoolExecutor | None = None
+        """Copies half of a large batch (as the embedded host tier does), started at the first one."""
 
     @classmethod
     def from_config(cls, cfg: KVStoreConfig, client_name: str = "", wait_s: float = 10.0) -> DaemonTier:
@@ -145,6 +149,9 @@ class DaemonTier(Tier):
             log.warning("daemon tier close: could not flush: %s", exc)
         finally:
             self.client.close()
+            if self._copier is not None:
+                self._copier.shutdown(wait=True)
+                self._copier = None
 
     def stats(self) -> TierStats:
         """This process's view (hits, misses, bytes) plus the daemon's occupancy when it answers."""
@@ -201,7 +208,7 @@ class DaemonTier(Tier):
                 raise DaemonUnavailable("the daemon did not offer shared memory for GET_SHM")
             found = [slot for _, slot in slots]
             hit = [(slot, addr) for slot, addr in zip(found, addrs) if slot is not None]
-            arena.read_slots([s for s, _ in hit], [a for _, a in hit])
+            self._copy(arena.read_slots, [s for s, _ in hit], [a for _, a in hit])
             fresh = self._fresh(t0)
             held = [k for k, s in zip(keys, found) if s is not None]
             if held:
@@ -210,6 +217,19 @@ class DaemonTier(Tier):
                 except DaemonUnavailable:
                     pass  # the daemon ends the holds at their deadline
             return [s is not None and fresh for s in found]
+
+    def _copy(self, copy: Callable[[Sequence[int], Sequence[int]], None], slots: list[int], addrs: list[int]) -> None:
+        """``copy(slots, addrs)`` (an arena read or write); from ``PARALLEL_COPY_BYTES`` on, half of it on the
+        copier thread, like the embedded host tier (one thread's memmove does not reach the memory bandwidth)."""
+        if len(slots) > 1 and len(slots) * self.bpb >= PARALLEL_COPY_BYTES:
+            if self._copier is None:
+                self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-daemon-tier-copy")
+            half = len(slots) // 2
+            other = self._copier.submit(copy, slots[half:], addrs[half:])
+            copy(slots[:half], addrs[:half])
+            other.result()
+        else:
+            copy(slots, addrs)
 
     def _put_retrying(self, keys: list[bytes], srcs: list[Buffer], addrs: list[int]) -> list[bool]:
         """:meth:`_put_batch`, retrying keys refused for lack of room while the daemon's writer frees slots."""
@@ -241,7 +261,7 @@ class DaemonTier(Tier):
                 if mine:
                     c.keys_request(Op.RELEASE, [k for k, _, _ in mine])
                 return [st == m.PutState.PRESENT for st, _ in states]
-            arena.write_slots([slot for _, _, slot in mine], [a for _, a, _ in mine])
+            self._copy(arena.write_slots, [slot for _, _, slot in mine], [a for _, a, _ in mine])
             committed = dict(zip([k for k, _, _ in mine], m.decode_flags(
                 c.keys_request(Op.PUT_SHM_COMMIT, [k for k, _, _ in mine]), Op.PUT_SHM_COMMIT) if mine else []))
             return [st == m.PutState.PRESENT or committed.get(k, False) for k, (st, _) in zip(keys, states)]
