@@ -255,20 +255,34 @@ def decode_challenge(payload: bytes) -> bytes:
     return bytes(payload)
 
 
+def _slots_struct(n: int) -> struct.Struct:
+    """``n`` (state, slot) pairs packed back to back (one ``pack`` / ``unpack`` per reply, not one per entry)."""
+    st = _SLOTS.get(n)
+    if st is None:
+        st = struct.Struct("<" + "BI" * n)
+        if len(_SLOTS) < 64:  # the sizes a client uses (its batch, the tail of a call): a few
+            _SLOTS[n] = st
+    return st
+
+
+_SLOTS: dict[int, struct.Struct] = {}
+
+
 def encode_slots(entries: list[tuple[int, int | None]]) -> bytes:
     """``(state, slot)`` pairs (GET_SHM: state 1 = found; PUT_SHM_RESERVE: a :class:`PutState`)."""
-    return _U32.pack(len(entries)) + b"".join(_SLOT.pack(s, 0 if slot is None else slot) for s, slot in entries)
+    flat: list[int] = []
+    for state, slot in entries:
+        flat += (state, 0 if slot is None else slot)
+    return _U32.pack(len(entries)) + _slots_struct(len(entries)).pack(*flat)
 
 
 def decode_slots(payload: bytes, op: Op) -> list[tuple[int, int | None]]:
     """Inverse of :func:`encode_slots`; the slot is ``None`` unless the state is 1 (found / reserved)."""
     v = memoryview(payload)
     n = _count(v, op, _SLOT.size)
-    out: list[tuple[int, int | None]] = []
-    for i in range(n):
-        state, slot = _SLOT.unpack_from(v, 4 + i * _SLOT.size)
-        out.append((state, slot if state == 1 else None))  # GET_SHM found and PutState.RESERVED are both 1
-    return out
+    flat = _slots_struct(n).unpack_from(v, 4)
+    # GET_SHM found and PutState.RESERVED are both 1
+    return [(state, slot if state == 1 else None) for state, slot in zip(flat[0::2], flat[1::2])]
 
 
 def encode_flags(flags: list[bool]) -> bytes:
