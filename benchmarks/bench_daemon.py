@@ -8,7 +8,8 @@ For 1, 2 and 8 concurrent clients (by default) each client stores its own
 - **daemon**: a ``kvstore serve`` subprocess and N client *processes* (engines
   are separate processes), each with a ``DaemonTier`` over shared memory.
   put = PUT_SHM_RESERVE, copy, PUT_SHM_COMMIT per batch, then FLUSH (the
-  daemon's write-behind to LMDB drained and synced); get = GET_SHM, copy, RELEASE.
+  daemon's write-behind to LMDB drained and synced); get = GET_SHM, copy, then the release
+  deferred into the next GET_SHM's frame (GET_SHM_RELEASE, protocol 4).
 
 Both put figures therefore cover "in host RAM and durable on disk". Each
 setting runs ``--rounds`` rounds on fresh keys (the first warms up). Reported:

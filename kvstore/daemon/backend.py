@@ -173,10 +173,11 @@ class DaemonBackend:
         """End ``owner``'s holds on ``keys``: unpin read holds, abort write reservations. Returns how many ended."""
         reads = self.holds.take(owner, "read", keys)
         rest = [k for k, r in zip(keys, reads) if not r]
-        writes = self.holds.take(owner, "write", rest)
+        writes = self.holds.take(owner, "write", rest) if rest else []  # a get's release: all reads, as a rule
         with self._mu:
-            self.host.unpin([k for k, r in zip(keys, reads) if r])
-            self.host.abort([k for k, w in zip(rest, writes) if w])
+            self.host.unpin([k for k, r in zip(keys, reads) if r] if rest else keys)
+            if rest:
+                self.host.abort([k for k, w in zip(rest, writes) if w])
         return sum(reads) + sum(writes)
 
     def release_owner(self, owner: int) -> int:

@@ -24,8 +24,9 @@ from enum import IntEnum
 from kvstore.errors import KVStoreError
 
 MAGIC = b"KVSD"
-PROTOCOL_VERSION = 3
-"""2: challenge-response login (CHALLENGE, HELLO carries an HMAC proof, not the token); HELLO reply has max_keys."""
+PROTOCOL_VERSION = 4
+"""2: challenge-response login (CHALLENGE, HELLO carries an HMAC proof, not the token); HELLO reply has max_keys.
+3: RELEASE_QUIET. 4: GET_SHM_RELEASE (a get that first ends the holds of the previous one)."""
 HEADER = struct.Struct("<4sHHII")
 HEADER_SIZE = HEADER.size
 REPLY_BIT = 0x8000
@@ -61,6 +62,9 @@ class Op(IntEnum):
     RELEASE_QUIET = 13
     """RELEASE with no reply (protocol 3): the client never waits for or reads one, which saves the daemon a
     send and the client a read per get. A non-fatal error is counted and logged by the daemon, not answered."""
+    GET_SHM_RELEASE = 14
+    """GET_SHM that first releases keys like RELEASE_QUIET (protocol 4): a get's RELEASE rides in the next get's
+    frame, so a get costs the daemon one frame, not two. The reply is GET_SHM's."""
     ERROR = 0x7FFF
     """Reply-only: the request failed; payload is an :class:`ErrorCode` and a message."""
 

@@ -15,6 +15,8 @@ Payloads (little-endian; ``keys`` = ``u32 count`` then ``count`` 32-byte keys)::
     PUT_INLINE       keys block*count           reply  count:u32 ok:u8*count
     RELEASE, DELETE  keys                       reply  count:u32
     RELEASE_QUIET    keys                       (no reply, not even an error unless the connection closes)
+    GET_SHM_RELEASE  keys(release) keys(get)    reply  as GET_SHM (the release runs first; a frame
+                     refused as malformed or too large changes nothing)
     FLUSH, STATS     (empty)                    reply  (empty) / UTF-8 JSON
     ERROR            (reply only)               code:u16 message (UTF-8)
 
@@ -84,6 +86,20 @@ class KeysRequest:
 
 
 @dataclass(frozen=True)
+class GetRelease:
+    """GET_SHM_RELEASE: end the holds on ``release`` (as RELEASE_QUIET), then GET_SHM ``keys``."""
+
+    release: tuple[bytes, ...]
+    keys: tuple[bytes, ...]
+    op = Op.GET_SHM_RELEASE
+
+    @property
+    def get(self) -> KeysRequest:
+        """The GET_SHM part."""
+        return KeysRequest(Op.GET_SHM, self.keys)
+
+
+@dataclass(frozen=True)
 class PutInline:
     """Blocks sent as bytes (remote clients)."""
 
@@ -98,7 +114,7 @@ class EmptyRequest:
     op: Op
 
 
-Request = Union[Hello, KeysRequest, PutInline, EmptyRequest]
+Request = Union[Hello, KeysRequest, GetRelease, PutInline, EmptyRequest]
 
 
 @dataclass(frozen=True)
@@ -132,7 +148,7 @@ def _count(payload: memoryview, op: Op, per_item: int, extra: int = 0) -> int:
     return n
 
 
-def encode_keys(keys: tuple[bytes, ...] | list[bytes]) -> bytes:
+def encode_keys(keys: Sequence[bytes]) -> bytes:
     """``u32 count`` + the keys; raises ``ValueError`` naming a key that is not 32 bytes."""
     for k in keys:
         if len(k) != KEY_BYTES:
@@ -141,7 +157,8 @@ def encode_keys(keys: tuple[bytes, ...] | list[bytes]) -> bytes:
 
 
 def _keys(payload: memoryview, op: Op, n: int) -> tuple[bytes, ...]:
-    return tuple(bytes(payload[4 + i * KEY_BYTES : 4 + (i + 1) * KEY_BYTES]) for i in range(n))
+    raw = bytes(payload[4 : 4 + n * KEY_BYTES])  # one copy, then slices of bytes (cheaper than n memoryview copies)
+    return tuple([raw[i : i + KEY_BYTES] for i in range(0, n * KEY_BYTES, KEY_BYTES)])
 
 
 def _text(raw: memoryview, op: Op, field: str, limit: int) -> str:
@@ -158,6 +175,11 @@ def encode_hello(msg: Hello) -> bytes:
     proof = msg.proof or b""
     name = msg.client_name.encode()[:MAX_NAME_BYTES]
     return _HELLO.pack(msg.fingerprint, int(msg.want_shm), len(proof)) + proof + struct.pack("<H", len(name)) + name
+
+
+def encode_get_release(release: Sequence[bytes], keys: Sequence[bytes]) -> bytes:
+    """Payload of a GET_SHM_RELEASE request: the keys to release, then the keys to get."""
+    return encode_keys(list(release)) + encode_keys(list(keys))
 
 
 def encode_put_inline(keys: list[bytes], blocks: list[bytes | memoryview]) -> bytes:
@@ -186,6 +208,15 @@ def decode_request(op_num: int, payload: bytes | memoryview, block_bytes: int) -
     if op in KEY_OPS:
         n = _count(view, op, KEY_BYTES)
         return KeysRequest(op, _keys(view, op, n))
+    if op == Op.GET_SHM_RELEASE:
+        _need(len(view) >= 4, op, f"payload of {len(view)} bytes has no count of keys to release")
+        (nr,) = _U32.unpack_from(view)
+        if nr > MAX_KEYS:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"{op.name}: {nr} keys to release, limit is {MAX_KEYS}")
+        at = 4 + nr * KEY_BYTES
+        _need(len(view) >= at + 4, op, f"{nr} keys to release need {at} bytes and a count of keys to get, got {len(view)}")
+        n = _count(view[at:], op, KEY_BYTES)
+        return GetRelease(_keys(view, op, nr), _keys(view[at:], op, n))
     if op == Op.PUT_INLINE:
         n = _count(view, op, KEY_BYTES + block_bytes)
         base = 4 + n * KEY_BYTES
@@ -224,20 +255,34 @@ def decode_challenge(payload: bytes) -> bytes:
     return bytes(payload)
 
 
+def _slots_struct(n: int) -> struct.Struct:
+    """``n`` (state, slot) pairs packed back to back (one ``pack`` / ``unpack`` per reply, not one per entry)."""
+    st = _SLOTS.get(n)
+    if st is None:
+        st = struct.Struct("<" + "BI" * n)
+        if len(_SLOTS) < 64:  # the sizes a client uses (its batch, the tail of a call): a few
+            _SLOTS[n] = st
+    return st
+
+
+_SLOTS: dict[int, struct.Struct] = {}
+
+
 def encode_slots(entries: list[tuple[int, int | None]]) -> bytes:
     """``(state, slot)`` pairs (GET_SHM: state 1 = found; PUT_SHM_RESERVE: a :class:`PutState`)."""
-    return _U32.pack(len(entries)) + b"".join(_SLOT.pack(s, 0 if slot is None else slot) for s, slot in entries)
+    flat: list[int] = []
+    for state, slot in entries:
+        flat += (state, 0 if slot is None else slot)
+    return _U32.pack(len(entries)) + _slots_struct(len(entries)).pack(*flat)
 
 
 def decode_slots(payload: bytes, op: Op) -> list[tuple[int, int | None]]:
     """Inverse of :func:`encode_slots`; the slot is ``None`` unless the state is 1 (found / reserved)."""
     v = memoryview(payload)
     n = _count(v, op, _SLOT.size)
-    out: list[tuple[int, int | None]] = []
-    for i in range(n):
-        state, slot = _SLOT.unpack_from(v, 4 + i * _SLOT.size)
-        out.append((state, slot if state == 1 else None))  # GET_SHM found and PutState.RESERVED are both 1
-    return out
+    flat = _slots_struct(n).unpack_from(v, 4)
+    # GET_SHM found and PutState.RESERVED are both 1
+    return [(state, slot if state == 1 else None) for state, slot in zip(flat[0::2], flat[1::2])]
 
 
 def encode_flags(flags: list[bool]) -> bytes:

@@ -35,8 +35,8 @@ from kvstore.daemon.admission import LoginThrottle, Peer
 from kvstore.daemon.auth import new_nonce, token_for_proof
 from kvstore.daemon.backend import DaemonBackend
 from kvstore.daemon.frames import (
-    HEADER_SIZE, OBSERVER_FINGERPRINT, PRELOGIN_FRAME_BYTES, REPLY_BIT, ErrorCode, Op, ProtocolError, decode_header,
-    encode_frame,
+    HEADER_SIZE, OBSERVER_FINGERPRINT, PRELOGIN_FRAME_BYTES, REPLY_BIT, ErrorCode, FrameHeader, Op, ProtocolError,
+    decode_header, encode_frame,
 )
 from kvstore.daemon.layout_check import bad_layout_message
 from kvstore.daemon.metrics import DaemonMetrics
@@ -48,7 +48,7 @@ from kvstore.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SHM_OPS = frozenset({Op.GET_SHM, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT})
+SHM_OPS = frozenset({Op.GET_SHM, Op.GET_SHM_RELEASE, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT})
 
 
 class SessionTimeout(Exception):
@@ -114,39 +114,77 @@ class Session:
             if self.hello is not None:
                 log.info("client %d (%s, %s) disconnected", self.conn_id, self.transport, self._name())
 
-    async def _read(self, reader: asyncio.StreamReader, n: int, between_requests: bool) -> bytes:
-        """``n`` bytes, within the time limit that applies now (raises :class:`SessionTimeout`)."""
-        cfg = self.ctx.daemon
+    def _limit(self, between_requests: bool) -> tuple[float, str]:
+        """The loop-clock deadline that applies now, and the limit's description for :class:`SessionTimeout`."""
+        cfg, now = self.ctx.daemon, asyncio.get_running_loop().time()
         if self.hello is None:
-            limit, what = self._login_deadline - asyncio.get_running_loop().time(), (
-                f"no login within daemon.login_timeout_s = {cfg.login_timeout_s:g} s")
-        elif between_requests:
-            limit, what = cfg.idle_timeout_s, f"idle for daemon.idle_timeout_s = {cfg.idle_timeout_s:g} s"
-        else:
-            limit, what = cfg.read_timeout_s, f"a frame took longer than daemon.read_timeout_s = {cfg.read_timeout_s:g} s"
+            return self._login_deadline, f"no login within daemon.login_timeout_s = {cfg.login_timeout_s:g} s"
+        if between_requests:
+            return now + cfg.idle_timeout_s, f"idle for daemon.idle_timeout_s = {cfg.idle_timeout_s:g} s"
+        return now + cfg.read_timeout_s, f"a frame took longer than daemon.read_timeout_s = {cfg.read_timeout_s:g} s"
+
+    async def _read_frame(self, reader: asyncio.StreamReader) -> tuple[bytes, FrameHeader | ProtocolError, bytes] | None:
+        """The next frame: raw header, the decoded header (or why it is refused: then no payload is read)
+        and the payload; ``None`` when the peer closed the connection before or inside a header. Raises
+        :class:`SessionTimeout`, or ``IncompleteReadError`` when the peer vanished inside a payload.
+
+        One timer per frame, not one per read: the idle (or login) deadline covers the header, then the
+        same scope moves to the frame deadline for the payload (each ``asyncio.timeout`` entry costs a
+        timer handle and a cancel, about as much as reading a payload that is already buffered).
+        """
+        deadline, what = self._limit(between_requests=True)
+        loop = asyncio.get_running_loop()
         try:
-            return await within(reader.readexactly(n), max(0.0, limit))
+            if sys.version_info < (3, 11):  # no asyncio.timeout: wait_for per read
+                raw = await self._header(asyncio.wait_for(reader.readexactly(HEADER_SIZE), max(0.0, deadline - loop.time())))
+                if raw is None:
+                    return None
+                header = self._decode_header(raw)
+                if isinstance(header, ProtocolError) or header.length == 0:
+                    return raw, header, b""
+                deadline, what = self._limit(between_requests=False)
+                return raw, header, await asyncio.wait_for(reader.readexactly(header.length), max(0.0, deadline - loop.time()))
+            async with asyncio.timeout_at(deadline) as scope:
+                raw = await self._header(reader.readexactly(HEADER_SIZE))
+                if raw is None:
+                    return None
+                header = self._decode_header(raw)
+                if isinstance(header, ProtocolError) or header.length == 0:
+                    return raw, header, b""
+                deadline, what = self._limit(between_requests=False)
+                scope.reschedule(deadline)
+                return raw, header, await reader.readexactly(header.length)
         except asyncio.TimeoutError:
             raise SessionTimeout(what) from None
 
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Read, run and answer one request; ``False`` ends the session."""
+    async def _header(self, read: Awaitable[bytes]) -> bytes | None:
+        """The 16 header bytes, or ``None`` when the peer closed the connection before all of them came."""
         try:
-            raw = await self._read(reader, HEADER_SIZE, between_requests=True)
+            return await read
         except asyncio.IncompleteReadError as exc:
             if exc.partial:
                 log.debug("client %d closed mid-header (%d bytes)", self.conn_id, len(exc.partial))
-            return False
-        request_id = int.from_bytes(raw[8:12], "little") if len(raw) >= 12 else 0
+            return None
+
+    def _decode_header(self, raw: bytes) -> FrameHeader | ProtocolError:
         limit = int(self.ctx.daemon.max_frame_bytes) if self.hello is not None else PRELOGIN_FRAME_BYTES
         try:
-            header = decode_header(raw, limit)
+            return decode_header(raw, limit)
         except ProtocolError as exc:
             if self.hello is None and exc.code == ErrorCode.TOO_LARGE:
                 exc = ProtocolError(exc.code, f"{exc.message} before login", fatal=True)
-            await self._error(writer, request_id, exc)
+            return exc
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Read, run and answer one request; ``False`` ends the session."""
+        frame = await self._read_frame(reader)
+        if frame is None:
             return False
-        payload = await self._read(reader, header.length, between_requests=False)
+        raw, header, payload = frame
+        if isinstance(header, ProtocolError):
+            request_id = int.from_bytes(raw[8:12], "little")
+            await self._error(writer, request_id, header)
+            return False
         self.ctx.metrics.bytes_in += HEADER_SIZE + header.length
         start = time.perf_counter()
         self.busy = True
@@ -188,17 +226,21 @@ class Session:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{op.name}: an observer connection (zero fingerprint) may only ask STATS")
         if op in SHM_OPS and not self.shm:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{op.name}: shared memory is only for untenanted local clients that asked for it")
-        if isinstance(msg, (m.KeysRequest, m.PutInline)):
+        if isinstance(msg, (m.KeysRequest, m.PutInline, m.GetRelease)):
             self._check_size(op, len(msg.keys))
+        if isinstance(msg, m.GetRelease):
+            self._check_size(op, len(msg.release), "keys to release")
+            self.ctx.backend.release(self.conn_id, self._keys(msg.release))  # first: it frees what the get may need
+            msg = msg.get
         return await self._run(self._dispatch, msg)
 
-    def _check_size(self, op: Op, n: int) -> None:
+    def _check_size(self, op: Op, n: int, what: str = "keys") -> None:
         """Refuse a request over the key limit, or a GET_INLINE whose reply could exceed the frame bound,
         before any work or allocation for it."""
         cfg = self.ctx.daemon
         if n > cfg.max_keys_per_request:
             raise ProtocolError(ErrorCode.TOO_LARGE,
-                                f"{op.name}: {n} keys, limit is {cfg.max_keys_per_request} (daemon.max_keys_per_request)")
+                                f"{op.name}: {n} {what}, limit is {cfg.max_keys_per_request} (daemon.max_keys_per_request)")
         worst = 4 + n * (1 + self.ctx.layout.bytes_per_block)
         if op == Op.GET_INLINE and worst > int(cfg.max_frame_bytes):
             raise ProtocolError(ErrorCode.TOO_LARGE, f"GET_INLINE: {n} keys need a reply of up to {worst} bytes, "
@@ -349,11 +391,13 @@ class Session:
 
     async def _send(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
         writer.write(frame)
+        self.ctx.metrics.bytes_out += len(frame)
+        if not writer.transport.get_write_buffer_size():
+            return  # the kernel took all of it: nothing to wait for (a broken peer shows at the next read)
         try:  # a peer that never reads would pin the reply
             await within(writer.drain(), self.ctx.daemon.read_timeout_s)
         except asyncio.TimeoutError:
             raise SessionTimeout(f"the reply was not read within daemon.read_timeout_s = {self.ctx.daemon.read_timeout_s:g} s") from None
-        self.ctx.metrics.bytes_out += len(frame)
 
     def _name(self) -> str:
         return self.hello.client_name if self.hello is not None and self.hello.client_name else "unnamed"

@@ -6,7 +6,9 @@ radix index and GPU pool stay in the engine process.
 
 Data path for a local client (Unix socket, shared memory)::
 
-    get:  GET_SHM (daemon locks slots) ─► copy slot → dest ─► RELEASE_QUIET (no reply)
+    get:  GET_SHM (daemon locks slots) ─► copy slot → dest ─► release deferred: inside the next
+          GET_SHM (GET_SHM_RELEASE), or a RELEASE_QUIET (no reply) with any other request or after
+          QUIET_DELAY_S
     put:  PUT_SHM_RESERVE (daemon reserves slots) ─► copy src → slot ─► PUT_SHM_COMMIT
 
 and for a remote one (TCP) the bytes travel inline (GET_INLINE, PUT_INLINE).
@@ -24,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kvstore.config.schema import KVStoreConfig
@@ -34,6 +37,7 @@ from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, Op
 from kvstore.errors import TierError
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
+from kvstore.tiers.host import PARALLEL_COPY_BYTES
 
 log = logging.getLogger(__name__)
 PUT_RETRIES = 4
@@ -51,6 +55,8 @@ class DaemonTier(Tier):
         super().__init__(layout)
         self.client = client
         self.bpb = layout.bytes_per_block
+        self._copier: ThreadPoolExecutor | None = None
+        """Copies half of a large batch (as the embedded host tier does), started at the first one."""
 
     @classmethod
     def from_config(cls, cfg: KVStoreConfig, client_name: str = "", wait_s: float = 10.0) -> DaemonTier:
@@ -143,6 +149,9 @@ class DaemonTier(Tier):
             log.warning("daemon tier close: could not flush: %s", exc)
         finally:
             self.client.close()
+            if self._copier is not None:
+                self._copier.shutdown(wait=True)
+                self._copier = None
 
     def stats(self) -> TierStats:
         """This process's view (hits, misses, bytes) plus the daemon's occupancy when it answers."""
@@ -193,21 +202,34 @@ class DaemonTier(Tier):
                     if block is not None:
                         dest.numpy()[:] = memoryview(block)
                 return [b is not None for b in blocks]
-            slots = m.decode_slots(c.keys_request(Op.GET_SHM, keys), Op.GET_SHM)
+            slots = m.decode_slots(c.get_shm(keys), Op.GET_SHM)
             arena = c.arena
             if arena is None:
                 raise DaemonUnavailable("the daemon did not offer shared memory for GET_SHM")
             found = [slot for _, slot in slots]
             hit = [(slot, addr) for slot, addr in zip(found, addrs) if slot is not None]
-            arena.read_slots([s for s, _ in hit], [a for _, a in hit])
+            self._copy(arena.read_slots, [s for s, _ in hit], [a for _, a in hit])
             fresh = self._fresh(t0)
             held = [k for k, s in zip(keys, found) if s is not None]
             if held:
                 try:
-                    c.send_quiet(Op.RELEASE_QUIET, m.encode_keys(held))  # no reply to wait for or read
+                    c.defer_release(held)  # rides in the next request's frame or send
                 except DaemonUnavailable:
                     pass  # the daemon ends the holds at their deadline
             return [s is not None and fresh for s in found]
+
+    def _copy(self, copy: Callable[[Sequence[int], Sequence[int]], None], slots: list[int], addrs: list[int]) -> None:
+        """``copy(slots, addrs)`` (an arena read or write); from ``PARALLEL_COPY_BYTES`` on, half of it on the
+        copier thread, like the embedded host tier (one thread's memmove does not reach the memory bandwidth)."""
+        if len(slots) > 1 and len(slots) * self.bpb >= PARALLEL_COPY_BYTES:
+            if self._copier is None:
+                self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-daemon-tier-copy")
+            half = len(slots) // 2
+            other = self._copier.submit(copy, slots[half:], addrs[half:])
+            copy(slots[:half], addrs[:half])
+            other.result()
+        else:
+            copy(slots, addrs)
 
     def _put_retrying(self, keys: list[bytes], srcs: list[Buffer], addrs: list[int]) -> list[bool]:
         """:meth:`_put_batch`, retrying keys refused for lack of room while the daemon's writer frees slots."""
@@ -239,7 +261,7 @@ class DaemonTier(Tier):
                 if mine:
                     c.keys_request(Op.RELEASE, [k for k, _, _ in mine])
                 return [st == m.PutState.PRESENT for st, _ in states]
-            arena.write_slots([slot for _, _, slot in mine], [a for _, a, _ in mine])
+            self._copy(arena.write_slots, [slot for _, _, slot in mine], [a for _, a, _ in mine])
             committed = dict(zip([k for k, _, _ in mine], m.decode_flags(
                 c.keys_request(Op.PUT_SHM_COMMIT, [k for k, _, _ in mine]), Op.PUT_SHM_COMMIT) if mine else []))
             return [st == m.PutState.PRESENT or committed.get(k, False) for k, (st, _) in zip(keys, states)]

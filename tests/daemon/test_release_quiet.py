@@ -1,4 +1,5 @@
-"""RELEASE_QUIET (protocol 3): a get's RELEASE without a reply, against a live daemon.
+"""RELEASE_QUIET (protocol 3): a get's RELEASE without a reply, against a live daemon (since protocol 4 a get's
+release usually rides in the next get's frame, GET_SHM_RELEASE: test_get_release.py).
 
 It ends the holds like RELEASE; it is never answered, not even when it is malformed (an unasked reply
 would be read as the next request's), so the connection stays in step; before login it is refused
@@ -8,6 +9,7 @@ like any other request.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -51,12 +53,15 @@ def test_a_get_releases_its_holds_with_no_reply(daemon: Daemon) -> None:
         assert tier.put(keys, [block_for(k) for k in keys]) == [True] * 4
         before = tier.client.stats()
         dests = empty_blocks(4)
-        for _ in range(3):
-            assert tier.get(keys, dests) == [True] * 4
+        with tier.client.lock:  # the flusher cannot send a deferred release on its own meanwhile
+            for _ in range(3):
+                assert tier.get(keys, dests) == [True] * 4
         after = tier.client.stats()  # a request after the RELEASE_QUIETs: they ran before it, in order
         assert after["holds"] == 0  # every hold the gets took has ended
         reqs_before, reqs = before["daemon"]["requests"], after["daemon"]["requests"]
-        assert reqs.get("RELEASE_QUIET", 0) - reqs_before.get("RELEASE_QUIET", 0) == 3
+        quiet = reqs.get("RELEASE_QUIET", 0) - reqs_before.get("RELEASE_QUIET", 0)
+        carried = reqs.get("GET_SHM_RELEASE", 0) - reqs_before.get("GET_SHM_RELEASE", 0)
+        assert (quiet, carried) == (1, 2)  # two rode in the next get, the last went ahead of STATS
         assert reqs.get("RELEASE", 0) == reqs_before.get("RELEASE", 0)  # the get path sends no RELEASE
     finally:
         tier.close()
@@ -79,3 +84,37 @@ def test_release_quiet_before_login_is_refused_and_the_connection_closed(daemon:
     with raw_unix(daemon) as s:
         s.sendall(encode_frame(Op.RELEASE_QUIET, 1, m.encode_keys(keys_for(1, seed=43))))
         assert "before HELLO" in expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
+
+
+def test_a_deferred_release_goes_out_alone_when_no_request_follows(daemon: Daemon) -> None:
+    """The get's RELEASE_QUIET waits for the next request to travel with; with none, the client's flusher
+    sends it within about QUIET_DELAY_S, so an idle engine pins no host slots until the hold deadline."""
+    tier, watcher = daemon.tier(), daemon.tier()
+    try:
+        keys = keys_for(4, seed=45)
+        assert tier.put(keys, [block_for(k) for k in keys]) == [True] * 4
+        assert tier.get(keys, empty_blocks(4)) == [True] * 4
+        deadline = time.monotonic() + 1.0  # well inside the 2 s hold timeout: the deadline did not end them
+        while watcher.client.stats()["holds"] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert watcher.client.stats()["holds"] == 0
+    finally:
+        tier.close()
+        watcher.close()
+
+
+def test_close_sends_a_deferred_release_first(daemon: Daemon) -> None:
+    tier, watcher = daemon.tier(), daemon.tier()
+    keys = keys_for(3, seed=46)
+    assert tier.put(keys, [block_for(k) for k in keys]) == [True] * 3
+    with tier.client.lock:  # the flusher cannot send it while the lock is held
+        assert tier.get(keys, empty_blocks(3)) == [True] * 3
+        assert tier.client._quiet  # deferred, not sent yet
+        tier.client.close()
+    try:
+        deadline = time.monotonic() + 1.0
+        while watcher.client.stats()["holds"] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert watcher.client.stats()["holds"] == 0
+    finally:
+        watcher.close()
