@@ -177,12 +177,14 @@ class RadixIndex:
     def _finish_match(self, matched: list[BlockEntry], node: RadixNode, count_hits: bool) -> RadixMatch:
         """Cut the match at the first block that lives nowhere (pending removal), touch the path, count by tier."""
         gpu = list(map(_GPU_BLOCK, matched))
+        n_off_gpu = 0  # blocks without a GPU copy: counted only when there are any (a second pass otherwise)
         if None in gpu:  # only then can a block live nowhere; find the first such one
             live = next((j for j, e in enumerate(matched) if e.gpu_block is None and e.tier is None), len(matched))
             if live < len(matched):
                 matched, gpu = matched[:live], gpu[:live]
                 node = matched[-1].node if matched else self.root  # type: ignore[assignment]
                 assert node is not None
+            n_off_gpu = gpu.count(None)
         self._clock += 1
         n: RadixNode | None = node
         while n is not None:  # the matched path becomes most recently used
@@ -191,7 +193,7 @@ class RadixIndex:
         if count_hits:
             for e in matched:
                 e.hits += 1
-        n_gpu = len(gpu) - gpu.count(None)
+        n_gpu = len(gpu) - n_off_gpu
         if n_gpu == len(gpu):
             tiers: tuple[str, ...] = ("gpu",) * n_gpu
             n_host = 0
@@ -275,9 +277,6 @@ class RadixIndex:
         commit of a 128k-token prompt is one run of 8192 blocks).
         """
         by_key = self._by_key
-        if not by_key.keys().isdisjoint(keys):
-            dup = next(k for k in keys if k in by_key)
-            raise IntegrityError(f"key {dup.hex()[:16]} already indexed under another prefix")
         if None in gpu:  # then a block may live nowhere
             for key, g, hs, d in zip(keys, gpu, host or repeat(None), disk or repeat(False)):
                 if g is None and hs is None and not d:
@@ -287,9 +286,27 @@ class RadixIndex:
             leaf.entries = list(map(BlockEntry, keys, gpu, repeat(leaf)))
         else:
             leaf.entries = list(map(BlockEntry, keys, gpu, repeat(leaf), host or repeat(None), disk or repeat(False)))
+        before = len(by_key)
         by_key.update(zip(keys, leaf.entries))
+        if len(by_key) != before + len(keys):  # checked after the update (no disjointness pass): undo it
+            self._undo_keys(keys, leaf.entries)
+            dup = next((k for k in keys if k in by_key), None)
+            if dup is not None:
+                raise IntegrityError(f"key {dup.hex()[:16]} already indexed under another prefix")
+            raise IntegrityError("insert: a key appears twice in one chain")
         parent.children[keys[0]] = leaf
         return leaf
+
+    def _undo_keys(self, keys: Sequence[bytes], entries: list[BlockEntry]) -> None:
+        """Take a failed insert's ``entries`` back out of the key map and restore the entries they replaced
+        (read off the tree, which the failed insert did not change). An error path: O(index)."""
+        by_key = self._by_key
+        for k, e in zip(keys, entries):
+            if by_key.get(k) is e:
+                del by_key[k]
+        for node in self.nodes():
+            for e in node.entries:
+                by_key.setdefault(e.key, e)
 
     def _split(self, node: RadixNode, k: int) -> RadixNode:
         """Split ``node`` after its first ``k`` entries; returns the new upper node."""
