@@ -176,9 +176,10 @@ class RadixIndex:
 
     def _finish_match(self, matched: list[BlockEntry], node: RadixNode, count_hits: bool) -> RadixMatch:
         """Cut the match at the first block that lives nowhere (pending removal), touch the path, count by tier."""
-        gpu = list(map(_GPU_BLOCK, matched))
-        n_off_gpu = 0  # blocks without a GPU copy: counted only when there are any (a second pass otherwise)
-        if None in gpu:  # only then can a block live nowhere; find the first such one
+        n_off_gpu = 0  # blocks without a GPU copy; the list of GPU blocks is built only when there are any
+        gpu: list[int | None] = []
+        if None in map(_GPU_BLOCK, matched):  # only then can a block live nowhere; find the first such one
+            gpu = list(map(_GPU_BLOCK, matched))
             live = next((j for j, e in enumerate(matched) if e.gpu_block is None and e.tier is None), len(matched))
             if live < len(matched):
                 matched, gpu = matched[:live], gpu[:live]
@@ -193,15 +194,15 @@ class RadixIndex:
         if count_hits:
             for e in matched:
                 e.hits += 1
-        n_gpu = len(gpu) - n_off_gpu
-        if n_gpu == len(gpu):
+        n_gpu = len(matched) - n_off_gpu
+        if not n_off_gpu:
             tiers: tuple[str, ...] = ("gpu",) * n_gpu
             n_host = 0
         else:
             tiers = tuple("gpu" if g is not None else "host" if e.host_slot is not None else "disk"
                           for g, e in zip(gpu, matched))
             n_host = tiers.count("host")
-        return RadixMatch(tuple(matched), node, n_gpu, n_host, len(gpu) - n_gpu - n_host, tiers)
+        return RadixMatch(tuple(matched), node, n_gpu, n_host, len(matched) - n_gpu - n_host, tiers)
 
     # ---------------------------------------------------------------- insert
     def insert(
