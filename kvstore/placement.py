@@ -165,7 +165,8 @@ class Placement:
         hosts = list(host) if host is not None else None
         disks = list(disk) if disk is not None else None
         res = self.h.index.insert(keys, gpu_blocks=gpu, host_slots=hosts, on_disk=disks, tokens=tokens, salt=salt)
-        self._register_new_gpu(res.entries[res.num_existing :], gpu[res.num_existing :])
+        k = res.num_existing
+        self._register_new_gpu(res.entries[k:], gpu[k:] if k else gpu)
         for i, e in enumerate(res.entries[: res.num_existing]):
             g = gpu[i]
             if g is not None and e.gpu_block is None:
