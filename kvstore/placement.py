@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import torch
@@ -166,7 +166,12 @@ class Placement:
         disks = list(disk) if disk is not None else None
         res = self.h.index.insert(keys, gpu_blocks=gpu, host_slots=hosts, on_disk=disks, tokens=tokens, salt=salt)
         k = res.num_existing
-        self._register_new_gpu(res.entries[k:], gpu[k:] if k else gpu)
+        try:
+            self._register_new_gpu(res.entries[k:], gpu[k:] if k else gpu)
+        except PlacementError:
+            if k < len(keys):  # the new blocks are one new leaf: take it out again, the failed insert indexes nothing
+                self.h.index.remove_leaf(res.node)
+            raise
         for i, e in enumerate(res.entries[: res.num_existing]):
             g = gpu[i]
             if g is not None and e.gpu_block is None:
@@ -194,21 +199,18 @@ class Placement:
             return
         pool, bb = self.h.pool, self._by_block
         pool.incref(blocks)  # checks the ids first
-        if _gather(bb, blocks).count(None) != len(blocks):  # some block records another entry already
-            pool.free(blocks)
-            owner_of = next(b for b in blocks if bb[b] is not None)
-            raise PlacementError(f"GPU block {owner_of} already records {short_key(bb[owner_of].key)}")  # type: ignore[union-attr]
-        for b, e in zip(blocks, new):
+        owner: BlockEntry | None = None
+        for b, e in zip(blocks, new):  # one pass: a block recorded already, or offered twice, stops it
+            owner = bb[b]
+            if owner is not None:
+                break
             bb[b] = e
-        if _gather(bb, blocks) != tuple(new):  # a block offered twice: the later entry overwrote the first
-            for b in blocks:
-                bb[b] = None
+        if owner is not None:  # undo: clear what this pass recorded, drop the references taken
+            for b2, e2 in zip(blocks, new):
+                if bb[b2] is e2:
+                    bb[b2] = None
             pool.free(blocks)
-            seen: dict[int, BlockEntry] = {}
-            for b, e in zip(blocks, new):
-                if b in seen:
-                    raise PlacementError(f"GPU block {b} already records {short_key(seen[b].key)}")
-                seen[b] = e
+            raise PlacementError(f"GPU block {b} already records {short_key(owner.key)}")
         self._num_by_block += len(blocks)
 
     def unindex_gpu(self, entry: BlockEntry) -> None:
@@ -521,11 +523,6 @@ class Placement:
         if want != set(self.gpu_lru.order()):
             out.append(f"eviction queue holds {sorted(self.gpu_lru.order())}, evictable blocks are {sorted(want)}")
         return out
-
-
-def _gather(seq: list[BlockEntry | None], ids: list[int]) -> tuple[BlockEntry | None, ...]:
-    """``tuple(seq[i] for i in ids)`` in one C call (ids are valid indices)."""
-    return itemgetter(*ids)(seq) if len(ids) > 1 else (seq[ids[0]],)
 
 
 def _subtree(node: RadixNode) -> list[RadixNode]:
