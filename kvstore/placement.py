@@ -188,7 +188,8 @@ class Placement:
 
         None of them becomes evictable: the caller still holds its own reference (``incref``
         requires one), so each count is at least 2 and :meth:`_requeue` would change nothing.
-        Checks first (passes in C), changes nothing on error.
+        Changes nothing on error: a block recorded already, or offered twice, ends the recording pass,
+        which is then undone (the caller takes the new entries out of the index).
         """
         if None in gpu:
             pairs = [(e, b) for e, b in zip(new, gpu) if b is not None]
