@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from operator import itemgetter
 
 import torch
 
@@ -100,7 +101,11 @@ class GPUBlockPool:
         if not ids:
             return
         ref = self._ref
-        if min(ids) < 0 or max(ids) >= self.num_blocks or 0 in map(ref.__getitem__, ids):  # checks in C first
+        try:  # checks in C first: one gather of the counts (IndexError past the end; negatives caught by min)
+            bad = min(ids) < 0 or min(itemgetter(*ids)(ref) if len(ids) > 1 else (ref[ids[0]],)) <= 0
+        except (IndexError, TypeError):
+            bad = True
+        if bad:
             for b in ids:
                 self._check_id(b)
                 if ref[b] <= 0:

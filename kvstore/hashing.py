@@ -56,6 +56,26 @@ def root_key(layout: KVLayout, salt: Salt = None) -> bytes:
     return h.digest()
 
 
+def _full_block_bytes(token_ids: Sequence[int] | np.ndarray, n: int) -> bytes | memoryview:
+    """The first ``n`` tokens as little-endian uint32 bytes, what the chain hashes (a buffer of ``4 * n`` bytes).
+
+    A list is converted whole and the buffer cut, instead of slicing the list first (a copy of every item
+    reference: 0.2 ms at 128k tokens); only when a token past the first ``n`` is out of range (which the
+    keys never see) is it converted from the slice, so what raises is the same either way.
+    """
+    if isinstance(token_ids, list) and len(token_ids) >= n:
+        try:
+            packed = array.array("I", token_ids)
+        except (OverflowError, TypeError):
+            return _token_bytes(token_ids[:n])
+        if packed.itemsize != 4:  # pragma: no cover - no such platform in practice
+            return _token_bytes(token_ids[:n])
+        if sys.byteorder != "little":  # pragma: no cover
+            packed.byteswap()
+        return memoryview(packed).cast("B")[: 4 * n]
+    return _token_bytes(token_ids[:n])
+
+
 def _token_bytes(token_ids: Sequence[int] | np.ndarray) -> bytes:
     """The tokens as little-endian uint32 bytes (what the chain hashes)."""
     if isinstance(token_ids, list):
@@ -108,7 +128,7 @@ def block_keys(
     n_full = len(token_ids) // bs
     key = root_key(layout, salt) if parent is None else parent
     keys: list[bytes] = []
-    raw = _token_bytes(token_ids[: n_full * bs])
+    raw = _full_block_bytes(token_ids, n_full * bs)
     # The same digest as chain_key(key, block) per block, with the per-block Python work cut to the
     # bone: iter_unpack cuts the blocks in C, and two updates avoid concatenating parent and block.
     new, append = _BLOCK_HASHER.copy, keys.append

@@ -121,7 +121,11 @@ class Placement:
     def __init__(self, h: Hierarchy) -> None:
         self.h = h
         self.gpu_lru = GpuLru()
-        self._by_block: dict[int, BlockEntry] = {}  # GPU block -> the entry the index records it for
+        self._by_block: list[BlockEntry | None] = [None] * h.pool.num_blocks
+        """GPU block id -> the entry the index records in it. A list, not a dict: a commit records every block
+        of a prompt (8192 at 128k tokens) and list stores cost about a third of dict inserts."""
+        self._num_by_block = 0
+        """Blocks recorded in :attr:`_by_block`."""
         self._homeless: dict[bytes, BlockEntry] = {}  # entries with no copy left, removed once unpinned
         self._left_disk: OrderedDict[bytes, None] = OrderedDict()
         """Indexed keys the disk reported losing while the index did not record them there: a put of theirs
@@ -132,11 +136,14 @@ class Placement:
         """Record that ``entry`` lives in GPU ``block``; the index takes its own reference on it."""
         if entry.gpu_block is not None:
             raise PlacementError(f"block {short_key(entry.key)} already in GPU block {entry.gpu_block}")
-        if block in self._by_block:
-            raise PlacementError(f"GPU block {block} already records {short_key(self._by_block[block].key)}")
-        self.h.pool.incref([block])
+        self.h.pool.incref([block])  # checks the id first
+        owner = self._by_block[block]
+        if owner is not None:
+            self.h.pool.free([block])
+            raise PlacementError(f"GPU block {block} already records {short_key(owner.key)}")
         entry.gpu_block = block
         self._by_block[block] = entry
+        self._num_by_block += 1
         self._requeue(entry)
 
     def insert(
@@ -154,48 +161,67 @@ class Placement:
         GPU block offered for a block that already has a GPU copy is not
         recorded (the caller keeps and frees its duplicate).
         """
-        n = len(keys)
-        hosts = list(host) if host is not None else [None] * n
-        disks = list(disk) if disk is not None else [False] * n
+        gpu = list(gpu)
+        hosts = list(host) if host is not None else None
+        disks = list(disk) if disk is not None else None
         res = self.h.index.insert(keys, gpu_blocks=gpu, host_slots=hosts, on_disk=disks, tokens=tokens, salt=salt)
-        self._register_new_gpu(res.entries[res.num_existing :])
+        k = res.num_existing
+        try:
+            self._register_new_gpu(res.entries[k:], gpu[k:] if k else gpu)
+        except PlacementError:
+            if k < len(keys):  # the new blocks are one new leaf: take it out again, the failed insert indexes nothing
+                self.h.index.remove_leaf(res.node)
+            raise
         for i, e in enumerate(res.entries[: res.num_existing]):
             g = gpu[i]
             if g is not None and e.gpu_block is None:
                 self.index_gpu(e, g)
-            if hosts[i] is not None and e.host_slot is None:
+            if hosts is not None and hosts[i] is not None and e.host_slot is None:
                 e.host_slot = hosts[i]
-            if disks[i]:
+            if disks is not None and disks[i]:
                 e.on_disk = True
         return res
 
-    def _register_new_gpu(self, new: Sequence[BlockEntry]) -> None:
-        """Take the index's reference on the GPU blocks of entries just created with them.
+    def _register_new_gpu(self, new: Sequence[BlockEntry], gpu: list[int | None]) -> None:
+        """Take the index's reference on the GPU blocks of entries just created with them (``gpu[i]`` is
+        ``new[i]``'s block, the list they were made from: no pass over the entries to read it back).
 
         None of them becomes evictable: the caller still holds its own reference (``incref``
         requires one), so each count is at least 2 and :meth:`_requeue` would change nothing.
+        Changes nothing on error: a block recorded already, or offered twice, ends the recording pass,
+        which is then undone (the caller takes the new entries out of the index).
         """
-        blocks: list[int] = list(map(_GPU_BLOCK, new))
-        if None in blocks:
-            new = [e for e in new if e.gpu_block is not None]
-            blocks = list(map(_GPU_BLOCK, new))
-        if len(set(blocks)) != len(blocks) or not self._by_block.keys().isdisjoint(blocks):
-            seen: dict[int, BlockEntry] = {}
-            for b, e in zip(blocks, new):
-                owner = self._by_block.get(b) or seen.get(b)
-                if owner is not None:
-                    raise PlacementError(f"GPU block {b} already records {short_key(owner.key)}")
-                seen[b] = e
-        self.h.pool.incref(blocks)
-        self._by_block.update(zip(blocks, new))
+        if None in gpu:
+            pairs = [(e, b) for e, b in zip(new, gpu) if b is not None]
+            new, blocks = [e for e, _ in pairs], [b for _, b in pairs]
+        else:
+            blocks = gpu  # type: ignore[assignment]
+        if not blocks:
+            return
+        pool, bb = self.h.pool, self._by_block
+        pool.incref(blocks)  # checks the ids first
+        owner: BlockEntry | None = None
+        for b, e in zip(blocks, new):  # one pass: a block recorded already, or offered twice, stops it
+            owner = bb[b]
+            if owner is not None:
+                break
+            bb[b] = e
+        if owner is not None:  # undo: clear what this pass recorded, drop the references taken
+            for b2, e2 in zip(blocks, new):
+                if bb[b2] is e2:
+                    bb[b2] = None
+            pool.free(blocks)
+            raise PlacementError(f"GPU block {b} already records {short_key(owner.key)}")
+        self._num_by_block += len(blocks)
 
     def unindex_gpu(self, entry: BlockEntry) -> None:
         """Forget ``entry``'s GPU copy and drop the index's reference on its block."""
         b = entry.gpu_block
-        if b is None or self._by_block.get(b) is not entry:
+        if b is None or self._by_block[b] is not entry:
             raise PlacementError(f"block {short_key(entry.key)} has no GPU copy recorded")
         self.gpu_lru.discard(b)
-        del self._by_block[b]
+        self._by_block[b] = None
+        self._num_by_block -= 1
         entry.gpu_block = None
         self.h.pool.free([b])
 
@@ -211,8 +237,9 @@ class Placement:
         A prefix's blocks are queued last first, so its tail is evicted before its head.
         """
         self.h.pool.free(blocks)
+        by_block = self._by_block
         for b in reversed(blocks):
-            entry = self._by_block.get(b)
+            entry = by_block[b]  # the ids were checked by the pool's free
             if entry is not None:
                 self._requeue(entry)
 
@@ -223,11 +250,11 @@ class Placement:
     @property
     def num_gpu_cached(self) -> int:
         """GPU blocks the index records. Changes nothing."""
-        return len(self._by_block)
+        return self._num_by_block
 
     def entry_of(self, block: int) -> BlockEntry | None:
         """The indexed entry GPU ``block`` holds, if any. Changes nothing."""
-        return self._by_block.get(block)
+        return self._by_block[block] if 0 <= block < len(self._by_block) else None
 
     def _evictable(self, entry: BlockEntry) -> bool:
         b = entry.gpu_block
@@ -463,7 +490,9 @@ class Placement:
             if e.gpu_block is not None:
                 b = e.gpu_block
                 self.gpu_lru.discard(b)
-                self._by_block.pop(b, None)
+                if self._by_block[b] is not None:
+                    self._by_block[b] = None
+                    self._num_by_block -= 1
                 e.gpu_block = None
                 h.pool.free([b])
             if e.host_slot is not None and h.host is not None:
@@ -486,8 +515,11 @@ class Placement:
             for e in node.entries:
                 if e.gpu_block is not None:
                     indexed[e.gpu_block] = e
-        if indexed.keys() != self._by_block.keys() or any(indexed[b] is not e for b, e in self._by_block.items()):
+        recorded = {b: e for b, e in enumerate(self._by_block) if e is not None}
+        if indexed.keys() != recorded.keys() or any(indexed[b] is not e for b, e in recorded.items()):
             out.append("the GPU block map differs from the index")
+        if len(recorded) != self._num_by_block:
+            out.append(f"the GPU block map counts {self._num_by_block} blocks but holds {len(recorded)}")
         want = {b for b, e in indexed.items() if self._evictable(e)}
         if want != set(self.gpu_lru.order()):
             out.append(f"eviction queue holds {sorted(self.gpu_lru.order())}, evictable blocks are {sorted(want)}")

@@ -36,7 +36,7 @@ the lower tiers keep their own.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from itertools import repeat
+from itertools import chain, repeat
 from operator import attrgetter
 
 from kvstore.errors import BlockStateError, IntegrityError
@@ -123,28 +123,69 @@ class RadixIndex:
     def match_keys(self, keys: Sequence[bytes], count_hits: bool = True) -> RadixMatch:
         """Longest cached prefix of a key chain (dictionary lookups; a chained key implies its prefix).
 
+        ``keys`` is a chain from the root (as :func:`~kvstore.hashing.block_keys` makes it), so only a
+        bisection's probes are needed; a list that is visibly no such chain is probed key by key.
         Changes nothing but access times: every node on the matched path
         becomes most recently used and (when ``count_hits``) each matched
         entry's ``hits`` grows by one. Nodes are never split by a match.
         """
-        found = list(map(self._by_key.get, keys))  # in C; the probes past a miss cost less than a Python loop
-        try:
-            matched: list[BlockEntry] = found[: found.index(None)]  # type: ignore[assignment]
-        except ValueError:
-            matched = found  # type: ignore[assignment]
+        by_key = self._by_key
+        # A chained key names its whole prefix, and the tree holds every indexed block's prefix, so the
+        # indexed keys of a chain are a prefix of it: bisect for its end (13 probes for 8192 blocks), then
+        # read the entries off the tree path (list joins in C) instead of probing every key.
+        lo, hi = 0, len(keys)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if keys[mid] in by_key:
+                lo = mid + 1
+            else:
+                hi = mid
+        matched = self._path_entries(by_key[keys[lo - 1]], lo) if lo else []
+        if matched is None or (matched and by_key.get(keys[0]) is not matched[0]):
+            matched = self._scan_keys(keys)  # not a chain from the root: the longest run of indexed keys
         node = matched[-1].node if matched else self.root
         assert node is not None
         return self._finish_match(matched, node, count_hits)
 
+    def _path_entries(self, entry: BlockEntry, n: int) -> list[BlockEntry] | None:
+        """The ``n`` entries of the tree path from the root through ``entry``; ``None`` unless ``entry`` is
+        the ``n``-th block of its chain. Changes nothing."""
+        node = entry.node
+        assert node is not None
+        runs: list[list[BlockEntry]] = []
+        depth = 0
+        p = node.parent
+        while p is not None and p is not self.root:
+            runs.append(p.entries)
+            depth += len(p.entries)
+            p = p.parent
+        k = n - depth
+        if not (0 < k <= len(node.entries)) or node.entries[k - 1] is not entry:
+            return None
+        runs.reverse()
+        runs.append(node.entries[:k] if k < len(node.entries) else node.entries)
+        return list(chain.from_iterable(runs)) if len(runs) > 1 else list(runs[0])
+
+    def _scan_keys(self, keys: Sequence[bytes]) -> list[BlockEntry]:
+        """The entries of the leading indexed keys, probing every key (any key list). Changes nothing."""
+        found = list(map(self._by_key.get, keys))  # in C; the probes past a miss cost less than a Python loop
+        try:
+            return found[: found.index(None)]  # type: ignore[return-value]
+        except ValueError:
+            return found  # type: ignore[return-value]
+
     def _finish_match(self, matched: list[BlockEntry], node: RadixNode, count_hits: bool) -> RadixMatch:
         """Cut the match at the first block that lives nowhere (pending removal), touch the path, count by tier."""
-        gpu = list(map(_GPU_BLOCK, matched))
-        if None in gpu:  # only then can a block live nowhere; find the first such one
+        n_off_gpu = 0  # blocks without a GPU copy; the list of GPU blocks is built only when there are any
+        gpu: list[int | None] = []
+        if None in map(_GPU_BLOCK, matched):  # only then can a block live nowhere; find the first such one
+            gpu = list(map(_GPU_BLOCK, matched))
             live = next((j for j, e in enumerate(matched) if e.gpu_block is None and e.tier is None), len(matched))
             if live < len(matched):
                 matched, gpu = matched[:live], gpu[:live]
                 node = matched[-1].node if matched else self.root  # type: ignore[assignment]
                 assert node is not None
+            n_off_gpu = gpu.count(None)
         self._clock += 1
         n: RadixNode | None = node
         while n is not None:  # the matched path becomes most recently used
@@ -153,15 +194,15 @@ class RadixIndex:
         if count_hits:
             for e in matched:
                 e.hits += 1
-        n_gpu = len(gpu) - gpu.count(None)
-        if n_gpu == len(gpu):
+        n_gpu = len(matched) - n_off_gpu
+        if not n_off_gpu:
             tiers: tuple[str, ...] = ("gpu",) * n_gpu
             n_host = 0
         else:
             tiers = tuple("gpu" if g is not None else "host" if e.host_slot is not None else "disk"
                           for g, e in zip(gpu, matched))
             n_host = tiers.count("host")
-        return RadixMatch(tuple(matched), node, n_gpu, n_host, len(gpu) - n_gpu - n_host, tiers)
+        return RadixMatch(tuple(matched), node, n_gpu, n_host, len(matched) - n_gpu - n_host, tiers)
 
     # ---------------------------------------------------------------- insert
     def insert(
@@ -192,9 +233,10 @@ class RadixIndex:
                 raise ValueError(f"insert: {len(toks)} tokens cannot hold {n} blocks of {bs}")
         tenant = self.root_key(salt) if toks is not None else None
         gpu: list[int | None] = list(gpu_blocks) if gpu_blocks is not None else [None] * n
-        host: list[int | None] = list(host_slots) if host_slots is not None else [None] * n
-        disk = list(map(bool, on_disk)) if on_disk is not None else [False] * n
-        if not (len(gpu) == len(host) == len(disk) == n):
+        # Absent host slots and disk flags stay None (no per-block list to build or read: a commit's case).
+        host: list[int | None] | None = list(host_slots) if host_slots is not None else None
+        disk: list[bool] | None = list(map(bool, on_disk)) if on_disk is not None else None
+        if len(gpu) != n or (host is not None and len(host) != n) or (disk is not None and len(disk) != n):
             raise ValueError("insert: keys and residency lists differ in length")
         self._clock += 1
         node, i = self.root, 0
@@ -220,32 +262,52 @@ class RadixIndex:
             node, i = child, i + k
         num_existing = i
         if i < n:
-            leaf = self._new_leaf(node, keys[i:], gpu[i:], host[i:], disk[i:])
+            leaf = self._new_leaf(node, keys[i:], gpu[i:], None if host is None else host[i:],
+                                  None if disk is None else disk[i:])
             if toks is not None:
                 self._set_tokens(leaf, toks[i * bs : n * bs], tenant)
             out.extend(leaf.entries)
             node = leaf
         return InsertResult(tuple(out), num_existing, node)
 
-    def _new_leaf(self, parent: RadixNode, keys: Sequence[bytes], gpu: list[int | None], host: list[int | None],
-                  disk: list[bool]) -> RadixNode:
+    def _new_leaf(self, parent: RadixNode, keys: Sequence[bytes], gpu: list[int | None],
+                  host: list[int | None] | None, disk: list[bool] | None) -> RadixNode:
         """Index a run of new blocks as one leaf under ``parent``; checks first, changes nothing on error.
 
-        Written as passes in C over the run (a commit of a 128k-token prompt is one run of 8192 blocks).
+        ``host`` / ``disk`` ``None``: no host slots, not on disk. Written as passes in C over the run (a
+        commit of a 128k-token prompt is one run of 8192 blocks).
         """
         by_key = self._by_key
-        if not by_key.keys().isdisjoint(keys):
-            dup = next(k for k in keys if k in by_key)
-            raise IntegrityError(f"key {dup.hex()[:16]} already indexed under another prefix")
         if None in gpu:  # then a block may live nowhere
-            for key, g, hs, d in zip(keys, gpu, host, disk):
+            for key, g, hs, d in zip(keys, gpu, host or repeat(None), disk or repeat(False)):
                 if g is None and hs is None and not d:
                     raise ValueError(f"insert: block {key.hex()[:16]} must live in at least one tier")
         leaf = RadixNode(entries=[], parent=parent, last_access=self._clock)
-        leaf.entries = list(map(BlockEntry, keys, gpu, host, disk, repeat(0), repeat(leaf)))
+        if host is None and disk is None:  # a commit: three arguments per entry, the rest left at their defaults
+            leaf.entries = list(map(BlockEntry, keys, gpu, repeat(leaf)))
+        else:
+            leaf.entries = list(map(BlockEntry, keys, gpu, repeat(leaf), host or repeat(None), disk or repeat(False)))
+        before = len(by_key)
         by_key.update(zip(keys, leaf.entries))
+        if len(by_key) != before + len(keys):  # checked after the update (no disjointness pass): undo it
+            self._undo_keys(keys, leaf.entries)
+            dup = next((k for k in keys if k in by_key), None)
+            if dup is not None:
+                raise IntegrityError(f"key {dup.hex()[:16]} already indexed under another prefix")
+            raise IntegrityError("insert: a key appears twice in one chain")
         parent.children[keys[0]] = leaf
         return leaf
+
+    def _undo_keys(self, keys: Sequence[bytes], entries: list[BlockEntry]) -> None:
+        """Take a failed insert's ``entries`` back out of the key map and restore the entries they replaced
+        (read off the tree, which the failed insert did not change). An error path: O(index)."""
+        by_key = self._by_key
+        for k, e in zip(keys, entries):
+            if by_key.get(k) is e:
+                del by_key[k]
+        for node in self.nodes():
+            for e in node.entries:
+                by_key.setdefault(e.key, e)
 
     def _split(self, node: RadixNode, k: int) -> RadixNode:
         """Split ``node`` after its first ``k`` entries; returns the new upper node."""

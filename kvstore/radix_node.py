@@ -12,11 +12,13 @@ class BlockEntry:
 
     key: bytes
     gpu_block: int | None = None
+    node: RadixNode | None = field(default=None, repr=False)
+    """The index node holding the block (``None`` once removed). Third, so that a commit's entries are made
+    from three arguments (key, GPU block, node) and the rest left at their defaults: fewer per call."""
     host_slot: int | None = None
     on_disk: bool = False
     hits: int = 0
     """Times a lookup matched this block (drives ``write_through_selective``)."""
-    node: RadixNode | None = field(default=None, repr=False)
 
     @property
     def tier(self) -> str | None:

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from kvstore.hashing import block_keys, root_key
+from kvstore.hashing import block_keys, chain_key, root_key
 from kvstore.layout import KVLayout
 
 _SCRIPT = """
@@ -76,6 +76,26 @@ def test_salt_and_layout_isolate(layout: KVLayout) -> None:
     ):
         assert not set(block_keys(toks, other)) & set(base)
         assert root_key(other) != root_key(layout)
+
+
+def test_block_keys_equal_the_per_block_definition(layout: KVLayout) -> None:
+    """block_keys (the fast path) gives byte for byte the chain of chain_key over root_key, for lists, numpy
+    and tuples, with salts, parents and partial tails; a bad token only in the partial tail is never read."""
+    rng = np.random.default_rng(7)
+    bs = layout.block_size
+    for n in (0, 1, bs, bs + 1, 7 * bs, 7 * bs + bs - 1, 333):
+        toks = rng.integers(0, 2**32, size=n, dtype=np.uint64).tolist()
+        for salt in (None, "tenant-a", b"\x00"):
+            for parent in (None, b"\x01" * 32):
+                key = root_key(layout, salt) if parent is None else parent
+                want = []
+                for i in range(n // bs):
+                    key = chain_key(key, b"".join(t.to_bytes(4, "little") for t in toks[i * bs : (i + 1) * bs]))
+                    want.append(key)
+                for inp in (toks, np.array(toks, dtype=np.uint32), tuple(toks)):
+                    assert block_keys(inp, layout, salt, parent) == want
+        if n % bs:
+            assert block_keys(toks[:-1] + [2**40], layout) == block_keys(toks, layout)
 
 
 def test_partial_and_empty(layout: KVLayout) -> None:

@@ -143,6 +143,39 @@ def test_remove_tail() -> None:
     idx.check_integrity()
 
 
+def test_key_conflict_changes_nothing() -> None:
+    """A key already indexed under another prefix, or repeated in one chain, is refused and the index left as it was."""
+    idx = RadixIndex(LAYOUT)
+    a = [b"a" * 32, b"b" * 32, b"c" * 32]
+    first = idx.insert(a, gpu_blocks=[0, 1, 2])
+    with pytest.raises(IntegrityError, match="already indexed"):
+        idx.insert([b"x" * 32, b"y" * 32, b"b" * 32], gpu_blocks=[3, 4, 5])  # b under another prefix
+    with pytest.raises(IntegrityError, match="twice"):
+        idx.insert([b"p" * 32, b"q" * 32, b"p" * 32], gpu_blocks=[6, 7, 8])
+    assert len(idx) == 3
+    assert [idx.get(k) for k in a] == list(first.entries)
+    assert idx.get(b"x" * 32) is None and idx.get(b"p" * 32) is None
+    assert list(idx.root.children) == [a[0]]
+    idx.check_integrity()
+
+
+def test_match_keys_bisects_a_chain_and_probes_other_lists() -> None:
+    """A chain's indexed prefix is found from the tree path (split nodes included); a list that is not a chain
+    from the root is matched key by key, as before."""
+    idx = RadixIndex(LAYOUT)
+    toks = list(range(40))  # 20 blocks
+    keys = _keys(toks)
+    idx.insert(keys[:12], gpu_blocks=list(range(12)))
+    idx.insert(keys[:5] + _keys(toks[:10] + [99] * 10)[5:], gpu_blocks=[None] * 5 + list(range(100, 105)))
+    for n in range(len(keys) + 1):
+        m = idx.match_keys(keys[:n], count_hits=False)
+        assert [e.key for e in m.entries] == keys[: min(n, 12)]
+        assert m.node is (m.entries[-1].node if m.entries else idx.root)
+    assert idx.match_keys(keys[3:], count_hits=False).num_blocks == 9  # not from the root: key by key
+    assert idx.match_keys([keys[0], b"z" * 32, keys[2]], count_hits=False).num_blocks == 1
+    idx.check_integrity()
+
+
 # --------------------------------------------------------------------------- property test
 
 

@@ -11,7 +11,9 @@ and times, per prompt length:
   its key build (``RadixKey(array("q", tokens))`` from a Python list, what the
   scheduler does per request);
 - ``insert``: the key build plus ``RadixCache.insert`` of the whole prompt into
-  a fresh tree (the KV index tensor is made beforehand: the engine has it).
+  a fresh tree (the KV index tensor is made beforehand: the engine has it; the
+  previous repeat's tree is collected before the new one is made, as on
+  kvstore's side).
 
 Protocol, so that a parent can interleave it with its own measurements without
 paying SGLang's import (seconds) per round: the script prints one JSON line
@@ -24,6 +26,7 @@ end of input. ``--rounds N`` instead runs N rounds without reading stdin.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import sys
@@ -103,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             fresh: list[Any] = []
 
             def new_tree() -> None:
-                fresh[:] = [RadixCache.create_simulated(page_size=args.block_size)]
+                fresh.clear()
+                gc.collect()  # the previous repeat's tree is garbage: collected before, as kvstore's side does
+                fresh.append(RadixCache.create_simulated(page_size=args.block_size))
 
             t_insert = _best_ms(lambda: fresh[0].insert(InsertParams(key=RadixKey(array("q", tokens)), value=value)),
                                 args.repeat, setup=new_tree)

@@ -106,6 +106,23 @@ def test_commit_refuses_one_gpu_block_for_two_new_blocks_naming_it() -> None:
     (b,) = s.allocate(1)
     with pytest.raises(PlacementError, match=f"GPU block {b} already records"):
         s.commit(keys, [b, b], toks(0, 2))
+    assert s.pool.ref_count(b) == 1 and s.h.placement.entry_of(b) is None  # the failed commit took nothing
+    assert len(s.index) == 0
+    s.check_integrity()
+
+
+def test_commit_refuses_a_gpu_block_the_index_records_for_another_block() -> None:
+    s = make_store(gpu_blocks=8, host_blocks=None)
+    first = s.allocate(2)
+    s.commit(s.keys(toks(0, 2)), first, toks(0, 2))
+    other = s.allocate(2)
+    recorded = s.h.placement.entry_of(first[1])
+    with pytest.raises(PlacementError, match=f"GPU block {first[1]} already records"):
+        s.commit(s.keys(toks(50, 2)), [other[0], first[1]], toks(50, 2))
+    assert s.h.placement.entry_of(first[1]) is recorded and s.h.placement.entry_of(other[0]) is None
+    assert [s.pool.ref_count(b) for b in (*first, *other)] == [2, 2, 1, 1]
+    assert len(s.index) == 2 and s.index.match_keys(s.keys(toks(50, 2))).num_blocks == 0
+    s.check_integrity()
 
 
 def test_a_gpu_only_lookup_hashes_one_block_past_its_match_unless_keys_continue_it(
