@@ -159,6 +159,10 @@ class Placement:
         disks = list(disk) if disk is not None else [False] * n
         res = self.h.index.insert(keys, gpu_blocks=gpu, host_slots=hosts, on_disk=disks, tokens=tokens, salt=salt)
         self._register_new_gpu(res.entries[res.num_existing :])
+        memory = self.h.use_memory
+        if memory is not None and len(memory):  # a block indexed again resumes the count it was dropped with
+            for e in res.entries[res.num_existing :]:
+                e.hits += memory.recall(e.key)
         for i, e in enumerate(res.entries[: res.num_existing]):
             g = gpu[i]
             if g is not None and e.gpu_block is None:
@@ -457,9 +461,13 @@ class Placement:
                 self.drop_from(entry)
 
     def _forget(self, entries: Iterable[BlockEntry]) -> None:
-        """Give back what removed entries held (they are out of the index already)."""
+        """Give back what removed entries held (they are out of the index already); remember their use
+        counts (``policy.use_memory``)."""
         h = self.h
+        memory = h.use_memory
         for e in entries:
+            if memory is not None:
+                memory.remember(e.key, e.hits + 1)
             if e.gpu_block is not None:
                 b = e.gpu_block
                 self.gpu_lru.discard(b)

@@ -239,11 +239,19 @@ class PolicyConfig(Section):
     victim to disk. Needs ``write: write_back``. Durability changes: a block is on disk only while neither
     the GPU nor host holds it, so a flush (or a restart) keeps only those; a block loaded back to the GPU is
     durable again only once it is demoted to disk (docs/BENCHMARKS.md "hitrate")."""
+    use_memory: float = Field(0.0, ge=0, le=64)
+    """Remember the use counts of blocks that left every tier, for as many blocks as this multiple of the
+    host + disk capacity in blocks (0: off; 4 is what docs/BENCHMARKS.md "hitrate" measured), so a block
+    indexed again resumes its count instead of restarting at 1 (:class:`kvstore.use_memory.UseMemory`,
+    about 100 bytes of RAM per block remembered). Needs ``carry_uses``; counts also feed
+    ``write_through_selective``'s hit threshold."""
 
     @model_validator(mode="after")
-    def _exclusive_needs_write_back(self) -> PolicyConfig:
+    def _check_dependencies(self) -> PolicyConfig:
         if self.exclusive_tiers and self.write != "write_back":
             raise ValueError(f"policy.exclusive_tiers needs policy.write: write_back, not {self.write}")
+        if self.use_memory > 0 and not self.carry_uses:
+            raise ValueError(f"policy.use_memory ({self.use_memory}) needs policy.carry_uses: true")
         return self
 
 
