@@ -172,6 +172,10 @@ class Placement:
             if k < len(keys):  # the new blocks are one new leaf: take it out again, the failed insert indexes nothing
                 self.h.index.remove_leaf(res.node)
             raise
+        memory = self.h.use_memory
+        if memory is not None and len(memory):  # a block indexed again resumes the count it was dropped with
+            for e in res.entries[k:]:
+                e.hits += memory.recall(e.key)
         for i, e in enumerate(res.entries[: res.num_existing]):
             g = gpu[i]
             if g is not None and e.gpu_block is None:
@@ -484,9 +488,13 @@ class Placement:
                 self.drop_from(entry)
 
     def _forget(self, entries: Iterable[BlockEntry]) -> None:
-        """Give back what removed entries held (they are out of the index already)."""
+        """Give back what removed entries held (they are out of the index already); remember their use
+        counts (``policy.use_memory``)."""
         h = self.h
+        memory = h.use_memory
         for e in entries:
+            if memory is not None:
+                memory.remember(e.key, e.hits + 1)
             if e.gpu_block is not None:
                 b = e.gpu_block
                 self.gpu_lru.discard(b)

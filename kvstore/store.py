@@ -35,6 +35,7 @@ from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
 from kvstore.tiers.host import HostTier
 from kvstore.transfer import CopyStreams
+from kvstore.use_memory import UseMemory
 
 log = logging.getLogger("kvstore.store")
 
@@ -94,7 +95,8 @@ class TieredStore:
         remote_max_queued_bytes: int = MAX_QUEUED_BYTES,
     ) -> None:
         self.policy = policy or PolicyConfig()
-        self.h = Hierarchy(layout, pool, host, disk, remote, carry_uses=self.policy.carry_uses)
+        self.h = Hierarchy(layout, pool, host, disk, remote, carry_uses=self.policy.carry_uses,
+                           use_memory=_use_memory(self.policy, layout, host, disk))
         self.spiller = Spiller(self.h, self.policy)
         self.remote_writer = (RemoteWriter(self.h, remote, remote_write, remote_selective_hits, remote_max_queued_bytes)
                               if remote is not None else None)
@@ -533,3 +535,12 @@ class TieredStore:
         from kvstore.store_check import check_store
 
         check_store(self.h)
+
+
+def _use_memory(policy: PolicyConfig, layout: KVLayout, host: HostTier | None, disk: Tier | None) -> UseMemory | None:
+    """The store's :class:`UseMemory`, sized ``policy.use_memory`` x the host and disk capacity in blocks
+    (``None`` when off)."""
+    if policy.use_memory <= 0:
+        return None
+    blocks = sum(t.stats().capacity_bytes // layout.bytes_per_block for t in (host, disk) if t is not None)
+    return UseMemory(int(policy.use_memory * blocks))

@@ -259,6 +259,6 @@ def test_eviction_policy_by_name_and_error_names_field_and_file(tmp_path: Path) 
     assert parse_config({"disk": {"eviction": "gdsf"}, "file": {"eviction": "gdsf"}}).disk.eviction == "gdsf"
     p = tmp_path / "kv.yaml"
     p.write_text("disk:\n  eviction: gdsf2\n")
-    with pytest.raises(ConfigError, match=r"disk\.eviction: Input should be 'lru', 's3fifo' or 'gdsf'") as info:
+    with pytest.raises(ConfigError, match=r"disk\.eviction: Input should be 'lru', 's3fifo', 'gdsf' or 'duel'") as info:
         load_config(p, environ={})
     assert str(p) in str(info.value)

@@ -23,7 +23,10 @@ kept while the block is in any tier and seeds the order of a tier it
 enters (:meth:`~kvstore.tiers.eviction.EvictionOrder.seed`: GDSF starts it
 at that count). The store drops an orphan (a lower-tier block whose prefix
 left every tier) and its count; the simulator keeps both, as it keeps the
-orphan itself.
+orphan itself. With ``use_memory`` (``policy.use_memory``) the count of a
+block dropped from every tier goes to a :class:`~kvstore.use_memory.UseMemory`
+of ``use_memory x (host + disk)`` blocks, the store's class, and a block
+indexed again resumes it.
 
 With no host and no disk this is "GPU-only LRU" (SGLang's radix cache).
 The host and disk tiers evict through the real tiers' order classes
@@ -49,6 +52,7 @@ from kvstore.bench.workloads import Request
 from kvstore.layout import KVLayout
 from kvstore.radix import RadixIndex, RadixNode
 from kvstore.tiers.eviction import EvictionOrder, make_order
+from kvstore.use_memory import UseMemory
 
 _LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, block_size=1, model_id="bench-sim")
 
@@ -138,12 +142,17 @@ class TieredCacheSim:
 
     def __init__(self, gpu_blocks: int, host_blocks: int = 0, disk_blocks: int = 0, *,
                  disk_policy: str | EvictionOrder = "lru", host_policy: str | EvictionOrder = "lru",
-                 carry_uses: bool = False, exclusive: bool = False) -> None:
+                 carry_uses: bool = False, exclusive: bool = False, use_memory: float = 0.0) -> None:
         """``disk_policy`` / ``host_policy``: each tier's order (``lru``, ``s3fifo``, ``gdsf`` or an order object);
         ``carry_uses``: seed a tier's order with a block's use count when the block enters it (``policy.carry_uses``);
-        ``exclusive``: a loaded block leaves host and disk (``policy.exclusive_tiers``)."""
+        ``exclusive``: a loaded block leaves host and disk (``policy.exclusive_tiers``);
+        ``use_memory``: remember the counts of dropped blocks, this many x (host + disk) of them
+        (``policy.use_memory``, needs ``carry_uses``)."""
         if gpu_blocks <= 0:
             raise ValueError("the GPU tier needs at least one block")
+        if use_memory > 0 and not carry_uses:
+            raise ValueError("use_memory needs carry_uses")
+        self.memory = UseMemory(int(use_memory * (host_blocks + disk_blocks))) if use_memory > 0 else None
         self.index = RadixIndex(_LAYOUT)
         self.free_gpu = list(range(gpu_blocks))
         self.host = SimTier(host_blocks, host_policy)
@@ -199,8 +208,10 @@ class TieredCacheSim:
         if room:
             res = self.index.insert(keys[: g + room], gpu_blocks=[None] * g + [self.free_gpu.pop() for _ in range(room)])
             if self.carry_uses:
+                memory = self.memory
                 for block in keys[g : g + room]:
-                    self.uses.setdefault(block, 1)  # a block matched below the GPU already has its count
+                    if block not in self.uses:  # a block matched below the GPU already has its count
+                        self.uses[block] = 1 + (memory.recall(block) if memory is not None else 0)
             self._leaves.push(res.node)
             self._leaves.push(match.node)
         if self._held:
@@ -247,4 +258,6 @@ class TieredCacheSim:
         """Drop the use count of a block no tier holds any more (the store drops its index entry)."""
         if (self.carry_uses and block not in self._held and block not in self.host and block not in self.disk
                 and self.index.get(block) is None):
-            self.uses.pop(block, None)
+            uses = self.uses.pop(block, None)
+            if uses is not None and self.memory is not None:
+                self.memory.remember(block, uses)

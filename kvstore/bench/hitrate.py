@@ -14,6 +14,11 @@ replay the same requests:
 - ``tiered_exclusive_gdsf``: the same with ``policy.exclusive_tiers`` (a
   loaded block leaves host and disk; GPU victims go to host, host victims to
   disk);
+- ``tiered_exclusive_gdsf_mem``: the same with ``policy.use_memory: 4`` (the
+  counts of blocks dropped from every tier are remembered, 4x the host +
+  disk blocks of them, and resumed when a block comes back);
+- ``tiered_exclusive_duel``: the same with ``disk.eviction: duel`` (GDSF or
+  S3-FIFO chosen online, :class:`~kvstore.tiers.duel.DuelIndex`);
 - ``tiered_s3fifo_paper_ghost``: S3-FIFO with the paper's ghost size (as many
   keys as the main queue) instead of kvstore's 4 budgets, to show why;
 - ``gpu_lru``: the same ``G`` GPU blocks and no lower tiers;
@@ -56,9 +61,13 @@ def _disk_only(new_order: Callable[[], EvictionOrder]) -> TieredFactory:
     return lambda gpu, host, disk: TieredCacheSim(gpu, host, disk, disk_policy=new_order())
 
 
-def _gdsf_below(exclusive: bool) -> TieredFactory:
-    return lambda gpu, host, disk: TieredCacheSim(gpu, host, disk, disk_policy="gdsf", host_policy="gdsf",
-                                                  carry_uses=True, exclusive=exclusive)
+USE_MEMORY = 4.0
+"""``policy.use_memory`` of ``tiered_exclusive_gdsf_mem``."""
+
+
+def _gdsf_below(exclusive: bool, use_memory: float = 0.0, disk_policy: str = "gdsf") -> TieredFactory:
+    return lambda gpu, host, disk: TieredCacheSim(gpu, host, disk, disk_policy=disk_policy, host_policy="gdsf",
+                                                  carry_uses=True, exclusive=exclusive, use_memory=use_memory)
 
 
 VARIANTS: dict[str, TieredFactory] = {
@@ -68,6 +77,8 @@ VARIANTS: dict[str, TieredFactory] = {
     "tiered_gdsf": _disk_only(lambda: make_order("gdsf")),
     "tiered_gdsf_host": _gdsf_below(exclusive=False),
     "tiered_exclusive_gdsf": _gdsf_below(exclusive=True),
+    "tiered_exclusive_gdsf_mem": _gdsf_below(exclusive=True, use_memory=USE_MEMORY),
+    "tiered_exclusive_duel": _gdsf_below(exclusive=True, use_memory=USE_MEMORY, disk_policy="duel"),
 }
 """Tiered variants by result name -> a new simulator of ``(gpu, host, disk)`` blocks for one replay."""
 VARIANT_CONFIG = {
@@ -77,9 +88,14 @@ VARIANT_CONFIG = {
     "tiered_gdsf_host": "host.eviction: gdsf, disk.eviction: gdsf, policy.carry_uses: true",
     "tiered_exclusive_gdsf": "host.eviction: gdsf, disk.eviction: gdsf, policy.carry_uses: true, "
                              "policy.exclusive_tiers: true",
+    "tiered_exclusive_gdsf_mem": "host.eviction: gdsf, disk.eviction: gdsf, policy.carry_uses: true, "
+                                 f"policy.exclusive_tiers: true, policy.use_memory: {USE_MEMORY:g}",
+    "tiered_exclusive_duel": "host.eviction: gdsf, disk.eviction: duel, policy.carry_uses: true, "
+                             f"policy.exclusive_tiers: true, policy.use_memory: {USE_MEMORY:g}",
 }
 """What each variant sets (the rest is the default config, ``write: write_back``)."""
-COMPARED = ("tiered_gdsf", "tiered_gdsf_host", "tiered_exclusive_gdsf")
+COMPARED = ("tiered_gdsf", "tiered_gdsf_host", "tiered_exclusive_gdsf", "tiered_exclusive_gdsf_mem",
+            "tiered_exclusive_duel")
 """Variants reported against tiered LRU and S3-FIFO."""
 
 
@@ -159,7 +175,9 @@ def plot(results: Results, path: Path) -> None:
     fig, axes = grid(max(1, len(workloads)), "Prefix hit rate: kvstore tiered (G + 2G host + 4G disk; disk LRU, "
                      "S3-FIFO or GDSF; GDSF on host too, inclusive or exclusive) vs GPU-only LRU (G) vs Belady (7G)")
     series = (("tiered_lru", "o-"), ("tiered_s3fifo", "D-"), ("tiered_s3fifo_paper_ghost", "x:"), ("tiered_gdsf", "v-"),
-              ("tiered_gdsf_host", "<-"), ("tiered_exclusive_gdsf", "*-"), ("gpu_lru", "s--"), ("belady", "^:"))
+              ("tiered_gdsf_host", "<-"), ("tiered_exclusive_gdsf", "*-"), ("tiered_exclusive_gdsf_mem", "P-"),
+              ("tiered_exclusive_duel", "X-"),
+              ("gpu_lru", "s--"), ("belady", "^:"))
     for ax, w in zip(axes, workloads):
         for name, style in series:
             pts = [(f.params["gpu_fraction"], f.value) for f in results.figures

@@ -109,9 +109,9 @@ class HostConfig(Section):
     """Back the arena with POSIX shared memory so other processes can attach (``kvstore serve`` always does)."""
     shm_name: str | None = None
     """Name of the shared-memory segment; default derived from the daemon's socket path."""
-    eviction: Literal["lru", "s3fifo", "gdsf"] = "lru"
+    eviction: Literal["lru", "s3fifo", "gdsf", "duel"] = "lru"
     """Which blocks the host gives up (to disk, or dropped) when it is full, as for ``disk.eviction``: ``lru``,
-    ``s3fifo`` or ``gdsf``; with ``policy.carry_uses`` a block's GDSF count survives demotion (see
+    ``s3fifo``, ``gdsf`` or ``duel``; with ``policy.carry_uses`` a block's GDSF count survives demotion (see
     docs/BENCHMARKS.md "hitrate")."""
 
 
@@ -147,12 +147,14 @@ class DiskConfig(Section):
     read_threads: int = Field(4, ge=1, le=64)
     """Threads one large get is split over (contiguous runs of at least 1 MiB, each in its own read
     transaction), so several cold reads are in flight at once; 1 reads on the calling thread only."""
-    eviction: Literal["lru", "s3fifo", "gdsf"] = "lru"
+    eviction: Literal["lru", "s3fifo", "gdsf", "duel"] = "lru"
     """Which blocks go when the cap is reached: ``lru`` (least recently used), ``s3fifo`` (small, main
     and ghost FIFO queues; keeps blocks that are reused over distances longer than the tier, which LRU
-    loses) or ``gdsf`` (lowest ``L + hits`` first, ``L`` the last victim's priority: frequency with aging;
-    ahead on chat, agent and coding sessions, see docs/BENCHMARKS.md "hitrate"). On reopen the order is
-    rebuilt from recorded access times (under ``s3fifo``: all in main; under ``gdsf``: all at count 1)."""
+    loses), ``gdsf`` (lowest ``L + hits`` first, ``L`` the last victim's priority: frequency with aging;
+    ahead on chat, agent and coding sessions, see docs/BENCHMARKS.md "hitrate") or ``duel`` (GDSF or
+    S3-FIFO, chosen online by which one's miniature on a 1/16 sample of the keys hits more; about 3x the
+    order's memory and time). On reopen the order is rebuilt from recorded access times (under ``s3fifo``:
+    all in main; under ``gdsf``: all at count 1)."""
 
     def directory(self) -> str:
         """:attr:`path`; ``ValueError`` when unset (:meth:`KVStoreConfig.for_role` sets each process's default)."""
@@ -171,7 +173,7 @@ class FileConfig(Section):
     """Payload encoding, as for the disk tier."""
     codec_level: int = Field(1, ge=1, le=22)
     """zstd compression level."""
-    eviction: Literal["lru", "s3fifo", "gdsf"] = "lru"
+    eviction: Literal["lru", "s3fifo", "gdsf", "duel"] = "lru"
     """Which files go when the cap is reached, as for the disk tier (the order is rebuilt from file times)."""
 
     def directory(self) -> str:
@@ -203,7 +205,7 @@ class SlabConfig(Section):
     """Reads of one get in flight at once (each a run of consecutive slots)."""
     grow_step: PositiveSize = "256MiB"  # type: ignore[assignment]
     """The data file is preallocated (``posix_fallocate``) in steps of this many bytes, up to ``max_size``."""
-    eviction: Literal["lru", "s3fifo", "gdsf"] = "lru"
+    eviction: Literal["lru", "s3fifo", "gdsf", "duel"] = "lru"
     """Which blocks go when every slot is taken, as for ``disk.eviction`` (rebuilt from recorded access times)."""
     direct_io: bool = True
     """Write and read the data file with ``O_DIRECT`` (bypassing the page cache); ``false``, or a file system
@@ -239,11 +241,19 @@ class PolicyConfig(Section):
     victim to disk. Needs ``write: write_back``. Durability changes: a block is on disk only while neither
     the GPU nor host holds it, so a flush (or a restart) keeps only those; a block loaded back to the GPU is
     durable again only once it is demoted to disk (docs/BENCHMARKS.md "hitrate")."""
+    use_memory: float = Field(0.0, ge=0, le=64)
+    """Remember the use counts of blocks that left every tier, for as many blocks as this multiple of the
+    host + disk capacity in blocks (0: off; 4 is what docs/BENCHMARKS.md "hitrate" measured), so a block
+    indexed again resumes its count instead of restarting at 1 (:class:`kvstore.use_memory.UseMemory`,
+    about 100 bytes of RAM per block remembered). Needs ``carry_uses``; counts also feed
+    ``write_through_selective``'s hit threshold."""
 
     @model_validator(mode="after")
-    def _exclusive_needs_write_back(self) -> PolicyConfig:
+    def _check_dependencies(self) -> PolicyConfig:
         if self.exclusive_tiers and self.write != "write_back":
             raise ValueError(f"policy.exclusive_tiers needs policy.write: write_back, not {self.write}")
+        if self.use_memory > 0 and not self.carry_uses:
+            raise ValueError(f"policy.use_memory ({self.use_memory}) needs policy.carry_uses: true")
         return self
 
 

@@ -10,6 +10,9 @@ owns the data and the lock; the order only decides. Three exist:
   which defeat LRU.
 - ``gdsf`` (:class:`~kvstore.tiers.gdsf.GDSFIndex`): lowest ``L + use
   count`` first, ``L`` the last victim's priority (frequency with aging).
+- ``duel`` (:class:`~kvstore.tiers.duel.DuelIndex`): GDSF or S3-FIFO (with
+  or without carried counts), chosen online by which one's miniature, on a
+  hash sample of the keys, hits more.
 
 Chosen in YAML per tier (``host.eviction``, ``disk.eviction``, ``file.eviction``)::
 
@@ -19,7 +22,8 @@ Protocol of every order. Who changes what:
 
 - ``add`` / ``add_oldest`` / ``remove`` change membership and ``used``;
 - ``touch`` records a use (LRU: moves the key; S3-FIFO: raises its frequency; GDSF: raises its count);
-- ``seed`` replaces a key's use count by one kept outside the tier (GDSF only; the others ignore it);
+- ``seed`` replaces a key's use count by one kept outside the tier (GDSF; S3-FIFO with ``seed_to_main``
+  moves a key seeded with 2+ uses to main; LRU ignores it);
 - ``victims`` never changes membership, sizes or ``used``; the caller removes
   the keys it returns once they are really gone. LRU's ``victims`` changes
   nothing at all; S3-FIFO's reorders its queues and records ghosts (see
@@ -33,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
+from kvstore.tiers.duel import DuelIndex
 from kvstore.tiers.gdsf import GDSFIndex
 from kvstore.tiers.lru import LRUIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
@@ -86,12 +91,13 @@ class EvictionOrder(Protocol):
         ...
 
 
-ORDERS: dict[str, Callable[[], EvictionOrder]] = {"lru": LRUIndex, "s3fifo": S3FIFOIndex, "gdsf": GDSFIndex}
+ORDERS: dict[str, Callable[[], EvictionOrder]] = {"lru": LRUIndex, "s3fifo": S3FIFOIndex, "gdsf": GDSFIndex,
+                                                  "duel": DuelIndex}
 """Eviction orders by the name used in YAML."""
 
 
 def make_order(name: str) -> EvictionOrder:
-    """A new, empty eviction order ``name`` (``lru``, ``s3fifo`` or ``gdsf``); ``ValueError`` for another name."""
+    """A new, empty eviction order ``name`` (``lru``, ``s3fifo``, ``gdsf`` or ``duel``); ``ValueError`` for another name."""
     try:
         factory = ORDERS[name]
     except KeyError:

@@ -50,12 +50,16 @@ MAX_FREQ = 3
 class S3FIFOIndex:
     """Keys in S3-FIFO order (small, main and ghost queues), each with the bytes it is accounted for."""
 
-    def __init__(self, small_fraction: float = SMALL_FRACTION, ghost_budgets: float = GHOST_BUDGETS) -> None:
-        """``ghost_budgets``: how many budgets of evicted keys the ghost remembers (the paper: main's share)."""
+    def __init__(self, small_fraction: float = SMALL_FRACTION, ghost_budgets: float = GHOST_BUDGETS,
+                 seed_to_main: bool = False) -> None:
+        """``ghost_budgets``: how many budgets of evicted keys the ghost remembers (the paper: main's share);
+        ``seed_to_main``: :meth:`seed` with two or more uses moves a small-queue key to main (a block with a
+        history from another tier skips the filter, as a ghost hit does); default: seeds are ignored."""
         if not 0 < small_fraction < 1 or ghost_budgets < 0:
             raise ValueError(f"need 0 < small_fraction < 1 and ghost_budgets >= 0, got {small_fraction}, {ghost_budgets}")
         self.small_fraction = small_fraction
         self.ghost_budgets = ghost_budgets
+        self.seed_to_main = seed_to_main
         self._small: OrderedDict[bytes, int] = OrderedDict()
         self._main: OrderedDict[bytes, int] = OrderedDict()
         self._ghost: OrderedDict[bytes, int] = OrderedDict()  # evicted from small: key -> its size
@@ -126,7 +130,13 @@ class S3FIFOIndex:
         return True
 
     def seed(self, key: bytes, uses: int) -> bool:
-        """Uses from before ``key`` entered this tier: ignored (the order keeps only its own frequency). ``False`` if absent."""
+        """Uses from before ``key`` entered this tier: ignored (the order keeps only its own frequency), unless
+        ``seed_to_main``: then a key in the small queue with ``uses >= 2`` moves to the main tail, frequency
+        kept. ``False`` if absent."""
+        if self.seed_to_main and uses >= 2 and key in self._small:
+            size = self._small.pop(key)
+            self._small_used -= size
+            self._main[key] = size
         return key in self
 
     def remove(self, key: bytes) -> int | None:

@@ -177,3 +177,21 @@ def test_simulated_host_keeps_what_the_real_host_tier_keeps(policy: str, ops: li
         assert real.victims(slots) == sim.order.victims(slots, len(sim.order))
     finally:
         real.close()
+
+
+def test_use_memory_resumes_the_count_of_a_block_dropped_from_every_tier() -> None:
+    """``policy.use_memory`` in the replay: the store's ``UseMemory``, 2 x (2 host + 0 disk) = 4 blocks of it."""
+    sim = TieredCacheSim(2, 2, 0, host_policy="gdsf", carry_uses=True, use_memory=2)
+    assert sim.memory is not None and sim.memory.capacity == 4
+    r12, r34, r56 = _reqs([1, 2], [3, 4], [5, 6])
+    for r in (r12, r12, r12, r34, r56):  # 3 uses of [1,2]; then it goes to host and out of it, with no disk below
+        sim.request(r)
+    key = (1).to_bytes(8, "little")
+    assert key not in sim.uses and sim.memory.uses_of(key) == 3
+    assert sim.request(r12) == HitCounts(0, 0, 0)  # recomputed: [5,6] to host pushes [3,4] out of every tier
+    assert sim.uses[key] == 4 and key not in sim.memory  # resumed: 3 + this insert
+    assert [sim.memory.uses_of(i.to_bytes(8, "little")) for i in (3, 4)] == [1, 1]
+    sim.request(r34)  # [3,4] resumes too, and [1,2] enters host with its 4 uses
+    assert _counts(sim.host, [1, 2]) == [4, 4]
+    with pytest.raises(ValueError, match="use_memory needs carry_uses"):
+        TieredCacheSim(2, 2, 0, use_memory=2)

@@ -1,6 +1,6 @@
 """The eviction cascade on real tiers: every block stays reachable until the disk cap drops it, under
 every host and disk eviction order (``host.eviction``, ``disk.eviction``), with and without use counts
-carried across tiers (``policy.carry_uses``), inclusive or exclusive (``policy.exclusive_tiers``): a policy changes which blocks the tiers keep, never
+carried across tiers (``policy.carry_uses``, with the counts of dropped blocks remembered: ``policy.use_memory``), inclusive or exclusive (``policy.exclusive_tiers``): a policy changes which blocks the tiers keep, never
 whether what is served is what was written or whether a block is reported where it is not."""
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def _store(root: Path, write: str, disk_cap: int, eviction: str = "lru", host_ev
     host = HostTier(LAYOUT, 5 * LAYOUT.bytes_per_block, auto_evict=False, eviction=host_eviction)
     disk = DiskTier(LAYOUT, root, disk_cap, sync="interval", eviction=eviction)
     return TieredStore(LAYOUT, pool, host, disk, PolicyConfig(write="write_back" if exclusive else write, carry_uses=carry_uses,
-                                                             exclusive_tiers=exclusive))
+                                                             exclusive_tiers=exclusive,
+                                                             use_memory=2.0 if carry_uses else 0.0))
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["write", "read"]), st.integers(0, 14), st.integers(1, 3)),

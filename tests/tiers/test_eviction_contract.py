@@ -25,10 +25,10 @@ def _check(order: EvictionOrder) -> None:
 
 
 def test_registry_names_and_unknown_name() -> None:
-    assert NAMES == ["gdsf", "lru", "s3fifo"]
+    assert NAMES == ["duel", "gdsf", "lru", "s3fifo"]
     assert isinstance(make_order("lru"), LRUIndex) and isinstance(make_order("s3fifo"), S3FIFOIndex)
     assert make_order("lru") is not make_order("lru")
-    with pytest.raises(ValueError, match="known: gdsf, lru, s3fifo"):
+    with pytest.raises(ValueError, match="known: duel, gdsf, lru, s3fifo"):
         make_order("arc")
 
 
