@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -37,7 +37,7 @@ from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, Op
 from kvstore.errors import TierError
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
-from kvstore.tiers.host import PARALLEL_COPY_BYTES
+from kvstore.tiers.arena import SlotCopy, copy_split
 
 log = logging.getLogger(__name__)
 PUT_RETRIES = 4
@@ -218,18 +218,15 @@ class DaemonTier(Tier):
                     pass  # the daemon ends the holds at their deadline
             return [s is not None and fresh for s in found]
 
-    def _copy(self, copy: Callable[[Sequence[int], Sequence[int]], None], slots: list[int], addrs: list[int]) -> None:
-        """``copy(slots, addrs)`` (an arena read or write); from ``PARALLEL_COPY_BYTES`` on, half of it on the
-        copier thread, like the embedded host tier (one thread's memmove does not reach the memory bandwidth)."""
-        if len(slots) > 1 and len(slots) * self.bpb >= PARALLEL_COPY_BYTES:
-            if self._copier is None:
-                self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-daemon-tier-copy")
-            half = len(slots) // 2
-            other = self._copier.submit(copy, slots[half:], addrs[half:])
-            copy(slots[:half], addrs[:half])
-            other.result()
-        else:
-            copy(slots, addrs)
+    def _copy(self, copy: SlotCopy, slots: list[int], addrs: list[int]) -> None:
+        """``copy(slots, addrs)`` (an arena read or write), split over two threads when large, like the embedded
+        host tier (:func:`copy_split`); the copier thread starts on the first large copy."""
+        copy_split(copy, slots, addrs, self.bpb, self._copy_thread)
+
+    def _copy_thread(self) -> ThreadPoolExecutor:
+        if self._copier is None:
+            self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-daemon-tier-copy")
+        return self._copier
 
     def _put_retrying(self, keys: list[bytes], srcs: list[Buffer], addrs: list[int]) -> list[bool]:
         """:meth:`_put_batch`, retrying keys refused for lack of room while the daemon's writer frees slots."""

@@ -34,7 +34,8 @@ from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 
 import _posixshmem  # type: ignore[import-not-found]  # no stubs; the module SharedMemory itself uses (POSIX only, like the daemon)
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from typing import Literal
 
 import torch
@@ -236,3 +237,24 @@ class HostArena:
 
 _memmove = ctypes.memmove
 """``memmove`` through ctypes: releases the GIL for the copy, so two copier threads run in parallel."""
+
+
+PARALLEL_COPY_BYTES = 4 << 20
+"""Batches of at least this many bytes are copied on two threads (one thread's memmove does not reach the
+memory bandwidth)."""
+
+SlotCopy = Callable[[Sequence[int], Sequence[int]], None]
+"""An arena copy: :meth:`HostArena.read_slots` or :meth:`HostArena.write_slots`."""
+
+
+def copy_split(copy: SlotCopy, slots: list[int], addrs: list[int], bytes_per_block: int,
+               copier: Callable[[], Executor]) -> None:
+    """``copy(slots, addrs)``; from :data:`PARALLEL_COPY_BYTES` on, half of it on ``copier()``'s thread while
+    this thread copies the other half (the embedded host tier and the daemon's clients copy this way)."""
+    if len(slots) > 1 and len(slots) * bytes_per_block >= PARALLEL_COPY_BYTES:
+        half = len(slots) // 2
+        other = copier().submit(copy, slots[half:], addrs[half:])
+        copy(slots[:half], addrs[:half])
+        other.result()
+    else:
+        copy(slots, addrs)

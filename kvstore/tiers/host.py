@@ -22,7 +22,7 @@ still occupying memory).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -30,7 +30,7 @@ import torch
 from kvstore.config.schema import HostConfig
 from kvstore.errors import BlockStateError, IntegrityError, TierError, short_key
 from kvstore.layout import KVLayout
-from kvstore.tiers.arena import HostArena, PinMode, resolve_pin
+from kvstore.tiers.arena import HostArena, PinMode, SlotCopy, copy_split, resolve_pin
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
 from kvstore.tiers.eviction import EvictionOrder, make_order
 
@@ -384,15 +384,9 @@ class HostTier(Tier):
             self._order.remove(key)
         return slot
 
-    def _copy(self, copy: Callable[[Sequence[int], Sequence[int]], None], slots: list[int], addrs: list[int]) -> None:
-        """``copy(slots, addrs)`` (an arena read or write); from 4 MiB on, half of it on the copier thread."""
-        if len(slots) > 1 and len(slots) * self.bpb >= PARALLEL_COPY_BYTES:
-            half = len(slots) // 2
-            other = self._copier.submit(copy, slots[half:], addrs[half:])
-            copy(slots[:half], addrs[:half])
-            other.result()
-        else:
-            copy(slots, addrs)
+    def _copy(self, copy: SlotCopy, slots: list[int], addrs: list[int]) -> None:
+        """``copy(slots, addrs)`` (an arena read or write), split over two threads when large (:func:`copy_split`)."""
+        copy_split(copy, slots, addrs, self.bpb, lambda: self._copier)
 
     def _touch(self, keys: Sequence[bytes]) -> None:
         """Count a use of published keys, deepest first (see :meth:`Tier.get`). Hold the lock."""
@@ -404,7 +398,4 @@ class HostTier(Tier):
         if self.arena.tensor is None:
             raise TierError("host tier is closed")
 
-
-PARALLEL_COPY_BYTES = 4 << 20
-"""Batches of at least this many bytes are copied on two threads."""
 
