@@ -44,6 +44,9 @@ class TierTiming:
     """How the page cache was emptied before the get (``None``: warm read)."""
     hit_fraction: float
     """Fraction of the blocks the get found (1.0 unless the tier evicted some)."""
+    put_evicting_gbps: float | None = None
+    """Put of ``n`` more blocks into the full tier, each evicting one (``evicting`` runs only): the steady
+    state of a tier that makes its own room (the daemon's host tier)."""
 
 
 def bench_keys(n: int, tag: str) -> list[bytes]:
@@ -63,12 +66,14 @@ def make_cold(tier_dir: Path, reopen: Callable[[], "Tier"], tier: "Tier") -> tup
 
 
 def run_tier(open_tier: Callable[[], "Tier"], pool: torch.Tensor, n: int, tag: str,
-             cold_dir: Path | None, prefault: bool = False) -> TierTiming:
+             cold_dir: Path | None, prefault: bool = False, evicting: bool = False) -> TierTiming:
     """Put ``n`` blocks, flush, get them warm, optionally make the tier cold (``cold_dir``) and get again.
 
     ``prefault`` first fills and empties the tier once, untimed, so a
     long-lived tier's steady state is measured rather than the first touch of
-    freshly allocated memory (used for the host arena). Closes the tier.
+    freshly allocated memory (used for the host arena). ``evicting`` then puts
+    ``n`` new blocks into the full tier (timed, :attr:`TierTiming.put_evicting_gbps`;
+    the tier must hold about ``n`` blocks and evict by itself). Closes the tier.
     """
     tier = open_tier()
     bpb = pool.shape[1]
@@ -92,9 +97,17 @@ def run_tier(open_tier: Callable[[], "Tier"], pool: torch.Tensor, n: int, tag: s
     if cold_dir is not None:
         tier, method = make_cold(cold_dir, open_tier, tier)
         t_get, found = _get_all(tier, keys, dests)
+    t_evicting = None
+    if evicting:
+        more = bench_keys(n, f"{tag}/evicting")
+        t0 = time.perf_counter()
+        for s in range(0, n, per_batch):
+            tier.put(more[s : s + per_batch], srcs[s : s + per_batch])
+        t_evicting = time.perf_counter() - t0
     tier.close()
     total = n * bpb
-    return TierTiming(total / t_put / 1e9, total / t_warm / 1e9, total / t_get / 1e9, method, found / n)
+    return TierTiming(total / t_put / 1e9, total / t_warm / 1e9, total / t_get / 1e9, method, found / n,
+                      total / t_evicting / 1e9 if t_evicting else None)
 
 
 def _get_all(tier: "Tier", keys: list[bytes], dests: torch.Tensor) -> tuple[float, int]:

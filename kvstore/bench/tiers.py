@@ -5,6 +5,8 @@ KV heads x head_dim 128 in fp16 with 4 to 256 tokens per block):
 
 - host tier put / get  vs  memcpy of the same total bytes (one copy) and
   vs per-block memcpy (one ``memmove`` per block, measured right before);
+  the put both into free slots and into the full tier, each block evicting
+  one (``host.put_evicting``: the daemon's host tier in steady state);
 - LMDB, file and slab tier put (+ flush)  vs  raw sequential direct write
   (+ fsync), and their *cold* gets  vs  raw sequential direct read, all in
   the same directory; LMDB against the file tier directly; the targets
@@ -110,12 +112,15 @@ def _block_size(options: SuiteOptions, results: Results, bpb: int, total: int) -
         for name, open_tier in tier_openers(layout, root, n * bpb, "none", results).items():
             cold = None if name == "host" else root / name
             per_block = memcpy_per_block_gbps(n * bpb, bpb) if name == "host" else 0.0  # right before the host run
-            t = run_tier(open_tier, pool, n, f"{name}/{bpb}", cold, prefault=name == "host")
+            host = name == "host"
+            t = run_tier(open_tier, pool, n, f"{name}/{bpb}", cold, prefault=host, evicting=host)
             results.add(f"{name}.put", t.put_gbps, "GB/s", **p)
-            if name == "host":
+            if host:
+                assert t.put_evicting_gbps is not None
                 results.add("host.get", t.get_gbps, "GB/s", **p)
+                results.add("host.put_evicting", t.put_evicting_gbps, "GB/s", **p)
                 results.add("memcpy.per_block", per_block, "GB/s", **p)
-                for op, gbps in (("put", t.put_gbps), ("get", t.get_gbps)):
+                for op, gbps in (("put", t.put_gbps), ("get", t.get_gbps), ("put_evicting", t.put_evicting_gbps)):
                     results.ratio(f"host.{op}/memcpy", gbps, limit, HOST_TARGET, **p)
                     results.ratio(f"host.{op}/memcpy.per_block", gbps, per_block, HOST_TARGET, **p)
                 continue
@@ -193,7 +198,7 @@ def plot(results: Results, path: Path) -> None:
             out[name] = vals
         return out
 
-    grouped_bars(axes[0], labels, series(["memcpy", "memcpy.per_block", "host.put", "host.get"]), "GB/s",
+    grouped_bars(axes[0], labels, series(["memcpy", "memcpy.per_block", "host.put", "host.put_evicting", "host.get"]), "GB/s",
                  "host tier vs memcpy")
     grouped_bars(axes[1], labels, series(["raw.read_parallel", "raw.read", "lmdb.get_cold", "file.get_cold", "slab.get_cold",
                                           "raw.write", "lmdb.put", "file.put", "slab.put"]), "GB/s", "disk tiers vs raw direct I/O (cold reads)")

@@ -214,12 +214,19 @@ class Tier(ABC):
                 self._events.clear()
 
     def _emit(self, kind: str, key: bytes) -> None:
+        self._emit_many(kind, (key,))
+
+    def _emit_many(self, kind: str, keys: Sequence[bytes]) -> None:
+        """Queue one ``kind`` event per key (under one lock); the oldest are dropped, and counted, past the bound."""
+        if not keys:
+            return
         with self._events_lock:
             if not self._record_events:
                 return
-            if len(self._events) == self._events.maxlen:
-                self.events_dropped += 1
-            self._events.append(TierEvent(kind, key))
+            events = self._events
+            assert events.maxlen is not None
+            self.events_dropped += max(0, len(events) + len(keys) - events.maxlen)
+            events.extend(TierEvent(kind, key) for key in keys)
 
 
 class PooledTier(Tier):

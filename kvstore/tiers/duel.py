@@ -48,6 +48,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 
+from kvstore.tiers.exclude import Exclude
 from kvstore.tiers.gdsf import GDSFIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
 
@@ -128,7 +129,7 @@ class DuelIndex:
         """Accounted size of ``key``, or ``None``."""
         return self._orders[0].size_of(key)
 
-    def oldest(self, n: int, exclude: Iterable[bytes] = ()) -> list[bytes]:
+    def oldest(self, n: int, exclude: Exclude = ()) -> list[bytes]:
         """The leader's :meth:`oldest`. Changes nothing."""
         return self._orders[self.leader].oldest(n, exclude)
 
@@ -186,7 +187,7 @@ class DuelIndex:
         self.used = self._orders[0].used
         return size
 
-    def victims(self, need: int, budget: int, exclude: Iterable[bytes] = ()) -> list[bytes]:
+    def victims(self, need: int, budget: int, exclude: Exclude = ()) -> list[bytes]:
         """The leader's victims (its side effects: S3-FIFO reorders its queues, GDSF raises ``L``); the other
         contenders change nothing until the caller removes the keys."""
         self._mini_budget = max(1, budget // self.sample)

@@ -34,10 +34,11 @@ Protocol of every order. Who changes what:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from kvstore.tiers.duel import DuelIndex
+from kvstore.tiers.exclude import Exclude
 from kvstore.tiers.gdsf import GDSFIndex
 from kvstore.tiers.lru import LRUIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
@@ -82,11 +83,11 @@ class EvictionOrder(Protocol):
         """Accounted size of ``key``, or ``None``."""
         ...
 
-    def victims(self, need: int, budget: int, exclude: Iterable[bytes] = ()) -> list[bytes]:
+    def victims(self, need: int, budget: int, exclude: Exclude = ()) -> list[bytes]:
         """Keys whose removal makes ``used + need <= budget`` (fewer if impossible); membership unchanged."""
         ...
 
-    def oldest(self, n: int, exclude: Iterable[bytes] = ()) -> list[bytes]:
+    def oldest(self, n: int, exclude: Exclude = ()) -> list[bytes]:
         """Up to ``n`` keys in iteration order, skipping ``exclude``. Changes nothing."""
         ...
 

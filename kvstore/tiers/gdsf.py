@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
+
+from kvstore.tiers.exclude import Exclude, skip_set
 
 
 @dataclass(slots=True)
@@ -128,7 +130,7 @@ class GDSFIndex:
         slot = self._keys.get(key)
         return None if slot is None else slot.size
 
-    def victims(self, need: int, budget: int, exclude: Iterable[bytes] = ()) -> list[bytes]:
+    def victims(self, need: int, budget: int, exclude: Exclude = ()) -> list[bytes]:
         """Lowest-priority keys whose removal makes ``used + need <= budget``.
 
         Membership, sizes and ``used`` are unchanged (the caller removes the
@@ -137,7 +139,7 @@ class GDSFIndex:
         are skipped. Returns fewer (possibly all keys) if even that is not
         enough; the caller checks the arithmetic.
         """
-        skip = set(exclude)
+        skip = skip_set(exclude)
         out: list[bytes] = []
         held: list[tuple[float, int, bytes]] = []
         freed = 0
@@ -156,9 +158,9 @@ class GDSFIndex:
             heapq.heappush(self._heap, item)
         return out
 
-    def oldest(self, n: int, exclude: Iterable[bytes] = ()) -> list[bytes]:
+    def oldest(self, n: int, exclude: Exclude = ()) -> list[bytes]:
         """Up to ``n`` keys not in ``exclude``, the next victim first. Changes nothing."""
-        skip = set(exclude)
+        skip = skip_set(exclude)
         live = ((s.priority, s.seq, k) for k, s in self._keys.items() if k not in skip)
         return [k for _, _, k in heapq.nsmallest(n, live)]
 

@@ -33,6 +33,20 @@ from kvstore.layout import KVLayout
 from kvstore.tiers.arena import HostArena, PinMode, SlotCopy, copy_split, resolve_pin
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
 from kvstore.tiers.eviction import EvictionOrder, make_order
+from kvstore.tiers.exclude import KeyFilter
+
+
+class _Pinned(KeyFilter):
+    """``key in pinned``: ``key`` is published in a slot holding a reference (read from the tier's maps)."""
+
+    __slots__ = ("_slots", "_refs")
+
+    def __init__(self, slots: dict[bytes, int], refs: dict[int, int]) -> None:
+        self._slots, self._refs = slots, refs
+
+    def __contains__(self, key: object) -> bool:
+        slot = self._slots.get(key)  # type: ignore[call-overload]  # any key: absent ones are not pinned
+        return slot is not None and slot in self._refs
 
 
 class HostTier(Tier):
@@ -65,12 +79,13 @@ class HostTier(Tier):
         self.auto_evict = auto_evict
         self._lock = threading.Lock()
         self._slots: dict[bytes, int] = {}  # published key -> slot
-        self._keys: dict[int, bytes] = {}  # its inverse (to exclude pinned keys from victims), changed with it
+        self._keys: dict[int, bytes] = {}  # its inverse, changed with it
         self.eviction = eviction
         """The eviction order's name (``host.eviction``)."""
         self._order: EvictionOrder = make_order(eviction)  # the published keys, 1 unit each
         self._reserved: dict[bytes, int] = {}
         self._refs: dict[int, int] = {}  # slot -> reference count, only while > 0
+        self._pinned = _Pinned(self._slots, self._refs)  # what victims skip (reads the two maps above)
         self._free: list[int] = list(range(self.arena.num_slots - 1, -1, -1))  # pop() gives slot 0 first
         # Big batches are copied on two threads (the arena's memmove releases the GIL), as a machine's memcpy would.
         self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-host-copy")
@@ -187,7 +202,7 @@ class HostTier(Tier):
                 if key in self._slots or key in self._reserved or key in seen:
                     raise BlockStateError(f"reserve of host block {short_key(key)} that is already present or reserved")
                 seen.add(key)
-            return [self._reserve_one(key) for key in keys]
+            return self._reserve_many(keys)
 
     def publish(self, keys: Sequence[bytes]) -> None:
         """Make reserved keys visible (added to the eviction order) and drop the reservation's reference."""
@@ -267,7 +282,7 @@ class HostTier(Tier):
         """
         addrs = buffer_addresses(keys, srcs, self.bpb, "host")
         first: dict[bytes, int] = {}
-        todo: list[tuple[int, bytes, int]] = []
+        new: list[int] = []
         result = [False] * len(keys)
         with self._lock:
             self._check_open()
@@ -279,9 +294,9 @@ class HostTier(Tier):
                     self._order.touch(key)
                     result[i] = True
                 elif key not in self._reserved:
-                    slot = self._reserve_one(key)
-                    if slot is not None:
-                        todo.append((i, key, slot))
+                    new.append(i)
+            slots = self._reserve_many([keys[i] for i in new])
+        todo = [(i, keys[i], slot) for i, slot in zip(new, slots) if slot is not None]
         try:
             self._copy(self.arena.write_slots, [slot for _, _, slot in todo], [addrs[i] for i, _, _ in todo])
         except BaseException:
@@ -351,30 +366,40 @@ class HostTier(Tier):
         else:
             del self._refs[slot]
 
-    def _reserve_one(self, key: bytes) -> int | None:
-        slot = self._take_slot()
-        if slot is not None:
-            self._reserved[key] = slot
-            self._refs[slot] = 1
-        return slot
+    def _reserve_many(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Reserve a slot for each of ``keys`` (distinct, absent), making room for all of them at once; ``None``
+        where none is left. Hold the lock."""
+        self._make_room(len(keys))
+        free, reserved, refs = self._free, self._reserved, self._refs
+        out: list[int | None] = []
+        for key in keys:
+            if not free:
+                out.extend([None] * (len(keys) - len(out)))
+                break
+            slot = free.pop()
+            reserved[key] = slot
+            refs[slot] = 1
+            out.append(slot)
+        return out
 
-    def _take_slot(self) -> int | None:
-        if self._free:
-            return self._free.pop()
-        if not self.auto_evict:
-            return None
-        for key in self._victims(1):
+    def _make_room(self, n: int) -> None:
+        """With ``auto_evict``, evict unpinned blocks (one :meth:`_victims` call, in eviction order) until ``n``
+        slots are free or none can be. Hold the lock."""
+        short = n - len(self._free)
+        if short <= 0 or not self.auto_evict:
+            return
+        victims = self._victims(short)
+        for key in victims:
             slot = self._unpublish(key)
             assert slot is not None
-            self._stats.evictions += 1
-            self._emit("evicted", key)
-            return slot
-        return None
+            self._free.append(slot)
+        self._stats.evictions += len(victims)
+        self._emit_many("evicted", victims)
 
     def _victims(self, n: int) -> list[bytes]:
-        """:meth:`victims` with the lock held."""
-        pinned = [self._keys[slot] for slot in self._refs if slot in self._keys]
-        return self._order.victims(n, len(self._order), exclude=pinned)
+        """:meth:`victims` with the lock held; pinned keys are skipped by a live test (:class:`_Pinned`), so a
+        call costs the keys it visits, not one pass over every pin and reservation."""
+        return self._order.victims(n, len(self._order), exclude=self._pinned)
 
     def _unpublish(self, key: bytes) -> int | None:
         """Forget published ``key`` (slot map, inverse, order); its slot, or ``None``. Hold the lock."""

@@ -8,7 +8,9 @@ thread-safe; the owning tier holds its lock around every call.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+
+from kvstore.tiers.exclude import Exclude, skip_set
 
 
 class LRUIndex:
@@ -62,13 +64,13 @@ class LRUIndex:
         """Accounted size of ``key``, or ``None``."""
         return self._order.get(key)
 
-    def victims(self, need: int, budget: int, exclude: Iterable[bytes] = ()) -> list[bytes]:
+    def victims(self, need: int, budget: int, exclude: Exclude = ()) -> list[bytes]:
         """Oldest keys whose removal makes ``used + need <= budget``. Changes nothing.
 
         Returns fewer (possibly all keys) if even that is not enough; the
         caller checks the arithmetic.
         """
-        skip = set(exclude)
+        skip = skip_set(exclude)
         out: list[bytes] = []
         freed = 0
         for key, size in self._order.items():
@@ -80,9 +82,9 @@ class LRUIndex:
             freed += size
         return out
 
-    def oldest(self, n: int, exclude: Iterable[bytes] = ()) -> list[bytes]:
+    def oldest(self, n: int, exclude: Exclude = ()) -> list[bytes]:
         """Up to ``n`` least recently used keys not in ``exclude``. Changes nothing."""
-        skip = set(exclude)
+        skip = skip_set(exclude)
         out: list[bytes] = []
         for key in self._order:
             if len(out) >= n:

@@ -36,8 +36,10 @@ the owning tier holds its lock around every call.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from itertools import chain
+
+from kvstore.tiers.exclude import Exclude, skip_set
 
 SMALL_FRACTION = 0.1
 """Share of the budget the small queue may hold before eviction takes from it first."""
@@ -157,7 +159,7 @@ class S3FIFOIndex:
         size = self._small.get(key)
         return size if size is not None else self._main.get(key)
 
-    def victims(self, need: int, budget: int, exclude: Iterable[bytes] = ()) -> list[bytes]:
+    def victims(self, need: int, budget: int, exclude: Exclude = ()) -> list[bytes]:
         """Keys whose removal makes ``used + need <= budget``, chosen by the S3-FIFO walk.
 
         The walk takes from the small queue's head while the small queue (less what is already
@@ -174,7 +176,7 @@ class S3FIFOIndex:
         next time). Keys in ``exclude`` are skipped and keep their places. Returns fewer (possibly all
         keys) if even that is not enough; the caller checks the arithmetic.
         """
-        skip = set(exclude)
+        skip = skip_set(exclude)
         small_share = int(budget * self.small_fraction)
         out: list[bytes] = []
         held_small: list[tuple[bytes, int]] = []  # popped (victims, excluded), put back at the heads
@@ -215,10 +217,10 @@ class S3FIFOIndex:
             self._ghost_used -= self._ghost.popitem(last=False)[1]
         return out
 
-    def oldest(self, n: int, exclude: Iterable[bytes] = ()) -> list[bytes]:
+    def oldest(self, n: int, exclude: Exclude = ()) -> list[bytes]:
         """Up to ``n`` keys not in ``exclude`` in queue order (small, then main; frequencies ignored).
         Changes nothing."""
-        skip = set(exclude)
+        skip = skip_set(exclude)
         out: list[bytes] = []
         for key in self:
             if len(out) >= n:

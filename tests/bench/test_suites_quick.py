@@ -64,7 +64,8 @@ def test_suite_quick_writes_results_and_plot(suite: str, tmp_path: Path) -> None
         assert sizes == [64 << 10, 1 << 20]
         for bpb in sizes:
             assert _value(doc, "memcpy.per_block", block_bytes=bpb) > 0
-            for op in ("put", "get"):
+            assert _value(doc, "host.put_evicting", block_bytes=bpb) > 0  # into the full tier, evicting
+            for op in ("put", "get", "put_evicting"):
                 for limit in ("memcpy", "memcpy.per_block"):
                     r = [x for x in doc["ratios"] if x["name"] == f"host.{op}/{limit}" and x["params"]["block_bytes"] == bpb]
                     assert len(r) == 1 and r[0]["target"] == 0.85, r

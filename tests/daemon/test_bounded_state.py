@@ -52,3 +52,17 @@ def test_an_undrained_tier_keeps_at_most_its_bound_of_events(monkeypatch: pytest
         assert tier.events_queued == 0
     finally:
         tier.close()
+
+
+def test_events_of_a_batch_eviction_are_bounded_and_counted_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(base, "MAX_QUEUED_EVENTS", 16)
+    tier = HostTier(LAYOUT, 4 * LAYOUT.bytes_per_block, pin_memory="never")
+    try:
+        keys = keys_for(100, seed=13)
+        for i in range(0, 100, 4):  # each batch evicts the previous one's 4 blocks in one pass
+            tier.put(keys[i : i + 4], [block_for(k) for k in keys[i : i + 4]])
+        assert tier.stats().evictions == 96 and set(tier.keys()) == set(keys[96:])
+        assert tier.events_queued == 16 and tier.events_dropped == 96 - 16
+        assert {e.key for e in tier.drain_events()} == set(keys[80:96])  # the newest 16 evictions
+    finally:
+        tier.close()

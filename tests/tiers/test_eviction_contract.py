@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvstore.tiers.eviction import ORDERS, EvictionOrder, make_order
+from kvstore.tiers.exclude import KeyFilter, skip_set
 from kvstore.tiers.lru import LRUIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
 
@@ -105,3 +106,36 @@ def test_bookkeeping_holds_under_random_operations(name: str, ops: list[tuple[st
                 order.remove(key)
             assert order.used + size <= budget or set(order) <= {_k(i)}
         _check(order)
+
+
+class _Filter(KeyFilter):
+    """Skips the keys of ``keys``; refuses to be iterated (an order must only ask ``in``)."""
+
+    def __init__(self, keys: set[bytes]) -> None:
+        self.keys, self.asked = keys, 0
+
+    def __contains__(self, key: object) -> bool:
+        self.asked += 1
+        return key in self.keys
+
+    def __iter__(self) -> object:
+        raise AssertionError("a KeyFilter was iterated")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_key_filter_skips_as_the_same_set_would_and_is_only_asked_about_candidates(name: str) -> None:
+    with_set, with_filter = make_order(name), make_order(name)
+    for order in (with_set, with_filter):
+        for i in range(200):
+            order.add(_k(i), 1)
+        for i in range(0, 200, 3):
+            order.touch(_k(i))
+    skipped = {_k(i) for i in range(0, 200, 7)}
+    flt = _Filter(skipped)
+    assert with_filter.oldest(20, flt) == with_set.oldest(20, skipped)
+    flt.asked = 0
+    victims = with_filter.victims(20, 200, exclude=flt)
+    assert victims == with_set.victims(20, 200, exclude=skipped) and not skipped & set(victims)
+    # victims asked about the keys it visited on the way to 20, not about all 200.
+    assert 20 <= flt.asked < 200, flt.asked
+    assert skip_set(flt) is flt and skip_set(skipped) is skipped and skip_set([_k(1)]) == {_k(1)}

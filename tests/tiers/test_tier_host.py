@@ -260,3 +260,36 @@ def test_every_eviction_order_from_config(eviction: str) -> None:
         tier.check_integrity()
     assert tier.stats().num_blocks == 4 and tier.stats().evictions == 4
     assert type(tier._order).__name__.lower().startswith(eviction[:3])  # noqa: SLF001 - the order it built
+
+
+def test_a_batch_into_a_full_tier_makes_room_in_one_pass_keeping_pins_and_its_own_present_keys() -> None:
+    tier = host(4)
+    k, b = make_keys(L, 6), make_blocks(L, 6)
+    tier.put(k[:4], b[:4])  # eviction order now k3, k2, k1, k0
+    tier.pin([k[0]])
+    calls: list[int] = []
+    victims = tier._order.victims
+    tier._order.victims = lambda n, budget, exclude=(): calls.append(n) or victims(n, budget, exclude)  # type: ignore[method-assign]
+    # k1 is in the batch: a use, so not a victim of the batch's two new keys; k0 is pinned.
+    assert tier.put([k[4], k[1], k[5]], [b[4], b[1], b[5]]) == [True, True, True]
+    assert calls == [2]  # one call for the whole batch, not one per new block
+    assert [e.key for e in tier.drain_events()] == [k[3], k[2]] and tier.stats().evictions == 2
+    assert all(tier.contains(x) for x in (k[0], k[1], k[4], k[5]))
+    d = empty_blocks(L, 4)
+    assert tier.get([k[0], k[1], k[4], k[5]], d) == [True] * 4
+    assert all(torch.equal(x, y) for x, y in zip(d, [b[0], b[1], b[4], b[5]]))
+    tier.check_integrity()
+
+
+def test_a_full_tier_held_by_many_pins_still_evicts_the_unpinned_and_fails_the_rest() -> None:
+    tier = host(64)
+    k, b = make_keys(L, 100), make_blocks(L, 100)
+    tier.put(k[:64], b[:64])
+    tier.pin(k[:48])  # 48 pinned, 16 evictable
+    assert tier.reserve(k[64:80]) != [None] * 16 and tier.num_free_slots == 0
+    out = tier.put(k[80:84], b[80:84])  # no room: the 16 unpinned slots are reserved, the 48 pinned held
+    assert out == [False] * 4 and tier.stats().evictions == 16
+    assert all(tier.contains(x) for x in k[:48])
+    tier.abort(k[64:80])
+    assert tier.put(k[80:84], b[80:84]) == [True] * 4
+    tier.check_integrity()
