@@ -13,7 +13,10 @@ For 1, 2 and 8 concurrent clients (by default) each client stores its own
 
 Both put figures therefore cover "in host RAM and durable on disk". Each
 setting runs ``--rounds`` rounds on fresh keys (the first warms up). Reported:
-the best round's aggregate GB/s per side and ``ratio = daemon / embedded``. Writes JSON to
+the best round's aggregate GB/s per side and ``ratio = daemon / embedded``.
+``--full-host`` sizes both host tiers for one round (x1.25), so every round
+after the first evicts the previous one's blocks as it puts (a host tier's
+steady state), and reports the best of those rounds only. Writes JSON to
 ``--out`` and a markdown table to stdout. Not a test: no assertion on speed.
 """
 
@@ -86,9 +89,9 @@ def _rate(times: list[dict[str, float]], op: str, total_bytes: int) -> float:
     return total_bytes / (end - start) / 1e9
 
 
-def _best(per_client: list[list[dict[str, float]]], total_bytes: int) -> dict[str, float]:
-    """Aggregate GB/s of each round over all clients; the best round per operation."""
-    rounds = list(zip(*per_client))
+def _best(per_client: list[list[dict[str, float]]], total_bytes: int, skip: int = 0) -> dict[str, float]:
+    """Aggregate GB/s of each round over all clients; the best round per operation (the first ``skip`` left out)."""
+    rounds = list(zip(*per_client))[skip:]
     return {f"{op}_gbps": max(_rate(list(r), op, total_bytes) for r in rounds) for op in ("put", "get")}
 
 
@@ -96,12 +99,12 @@ def _best(per_client: list[list[dict[str, float]]], total_bytes: int) -> dict[st
 class _EmbeddedTiers:
     """Host tier in front of an LMDB tier in this process, written through synchronously."""
 
-    def __init__(self, layout: KVLayout, capacity: int, path: Path) -> None:
+    def __init__(self, layout: KVLayout, capacity: int, disk_bytes: int, path: Path) -> None:
         from kvstore.tiers.disk import DiskTier
         from kvstore.tiers.host import HostTier
 
         self.host = HostTier(layout, capacity, pin_memory="never")
-        self.disk = DiskTier(layout, path, 4 * capacity, sync="interval")
+        self.disk = DiskTier(layout, path, disk_bytes, sync="interval")
 
     def put(self, keys: list[bytes], srcs: list[torch.Tensor]) -> list[bool]:
         ok = self.host.put(keys, srcs)
@@ -112,8 +115,15 @@ class _EmbeddedTiers:
         return self.host.get(keys, dests)
 
 
-def run_embedded(clients: int, n: int, batch: int, layout: KVLayout, root: Path, rounds: int) -> dict[str, float]:
-    tiers = _EmbeddedTiers(layout, int(rounds * clients * n * layout.bytes_per_block * 1.25), root / f"emb-{clients}")
+def host_capacity(clients: int, n: int, layout: KVLayout, rounds: int, full_host: bool) -> int:
+    """Host tier bytes: every round's blocks (x1.25), or with ``full_host`` one round's, so later rounds evict."""
+    return int((1 if full_host else rounds) * clients * n * layout.bytes_per_block * 1.25)
+
+
+def run_embedded(clients: int, n: int, batch: int, layout: KVLayout, root: Path, rounds: int,
+                 full_host: bool = False) -> dict[str, float]:
+    tiers = _EmbeddedTiers(layout, host_capacity(clients, n, layout, rounds, full_host),
+                           4 * host_capacity(clients, n, layout, rounds, False), root / f"emb-{clients}")
     barrier = threading.Barrier(clients)
     times: list[list[dict[str, float]]] = []
     errors: list[BaseException] = []
@@ -134,7 +144,7 @@ def run_embedded(clients: int, n: int, batch: int, layout: KVLayout, root: Path,
     tiers.host.close()
     if errors:
         raise errors[0]
-    return _best(times, clients * n * layout.bytes_per_block)
+    return _best(times, clients * n * layout.bytes_per_block, skip=1 if full_host else 0)
 
 
 # -------------------------------------------------------------------- daemon
@@ -155,12 +165,14 @@ def _daemon_client(socket_path: str, c: int, n: int, batch: int, rounds: int, ba
         client.close()
 
 
-def run_daemon(clients: int, n: int, batch: int, layout: KVLayout, root: Path, rounds: int) -> dict[str, float]:
-    capacity = int(rounds * clients * n * layout.bytes_per_block * 1.25)
+def run_daemon(clients: int, n: int, batch: int, layout: KVLayout, root: Path, rounds: int,
+               full_host: bool = False) -> dict[str, float]:
+    capacity = host_capacity(clients, n, layout, rounds, full_host)
     cfg = root / f"daemon-{clients}.yaml"
     cfg.write_text(yaml.safe_dump({
         "model": MODEL, "host": {"capacity": capacity},
-        "disk": {"path": str(root / f"lmdb-{clients}"), "max_size": 4 * capacity, "sync": "interval"},
+        "disk": {"path": str(root / f"lmdb-{clients}"), "max_size": 4 * host_capacity(clients, n, layout, rounds, False),
+                 "sync": "interval"},
         "daemon": {"socket_path": str(root / f"d{clients}.sock")}, "metrics": {"enabled": False},
         "logging": {"level": "WARNING"},
     }))
@@ -185,7 +197,7 @@ def run_daemon(clients: int, n: int, batch: int, layout: KVLayout, root: Path, r
     finally:
         proc.terminate()
         proc.wait(60)
-    return _best(times, clients * n * layout.bytes_per_block)
+    return _best(times, clients * n * layout.bytes_per_block, skip=1 if full_host else 0)
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -208,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=512, help="blocks each client puts and gets (64 KiB each)")
     parser.add_argument("--batch", type=int, default=16, help="blocks per put/get call")
     parser.add_argument("--rounds", type=int, default=3, help="rounds on fresh keys per setting; the best is reported")
+    parser.add_argument("--full-host", action="store_true",
+                        help="host tiers hold one round (x1.25): later rounds evict as they put; report those only")
     parser.add_argument("--out", default=None, metavar="PATH",
                         help="write the results as JSON here, and the plot next to it (same name, .png)")
     args = parser.parse_args(argv)
@@ -216,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     try:
         for clients in [int(c) for c in args.clients.split(",")]:
-            emb = run_embedded(clients, args.blocks, args.batch, layout, root, args.rounds)
-            dmn = run_daemon(clients, args.blocks, args.batch, layout, root, args.rounds)
+            if args.full_host and args.rounds < 2:
+                parser.error("--full-host needs --rounds 2 or more (the first round only fills the host tier)")
+            emb = run_embedded(clients, args.blocks, args.batch, layout, root, args.rounds, args.full_host)
+            dmn = run_daemon(clients, args.blocks, args.batch, layout, root, args.rounds, args.full_host)
             for op in ("put", "get"):
                 e, d = emb[f"{op}_gbps"], dmn[f"{op}_gbps"]
                 rows.append({"clients": clients, "op": op, "embedded_gbps": round(e, 3), "daemon_gbps": round(d, 3),
@@ -225,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result = {"schema": "kvstore-bench-daemon/1", "bytes_per_block": layout.bytes_per_block, "blocks_per_client":
-              args.blocks, "batch": args.batch, "rounds": args.rounds, "cpus": os.cpu_count(), "results": rows}
+              args.blocks, "batch": args.batch, "rounds": args.rounds, "full_host": args.full_host, "cpus": os.cpu_count(), "results": rows}
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

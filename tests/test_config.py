@@ -262,3 +262,14 @@ def test_eviction_policy_by_name_and_error_names_field_and_file(tmp_path: Path) 
     with pytest.raises(ConfigError, match=r"disk\.eviction: Input should be 'lru', 's3fifo', 'gdsf' or 'duel'") as info:
         load_config(p, environ={})
     assert str(p) in str(info.value)
+
+
+def test_events_report_interval_is_bounded_and_named_with_its_file() -> None:
+    assert parse_config({"events": {"report_interval_s": 0}}, "f.yaml").events.report_interval_s == 0.0
+    assert parse_config({}, "f.yaml").events.report_interval_s == 1.0
+    with pytest.raises(ConfigError, match=r"(?s)f\.yaml.*events\.report_interval_s: Input should be greater than or equal to 0 \(got -1\)"):
+        parse_config({"events": {"report_interval_s": -1}}, "f.yaml")
+    with pytest.raises(ConfigError, match=r"events\.report_interval_s: Input should be less than or equal to 3600"):
+        parse_config({"events": {"report_interval_s": 7200}}, "f.yaml")
+    with pytest.raises(ConfigError, match=r"KVSTORE_EVENTS__REPORT_INTERVAL_S"):
+        parse_config({}, "f.yaml", {"KVSTORE_EVENTS__REPORT_INTERVAL_S": "soon"})

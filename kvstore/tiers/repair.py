@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import lmdb
@@ -76,8 +78,20 @@ def repair_disk(section: DiskConfig, layout: KVLayout, *, salvage: bool) -> Repa
         return RepairReport(moved_to=None)
     report = RepairReport(moved_to=moved)
     if salvage:
-        _salvage(moved, section, layout, report)
+        with salvage_failure(report, "disk.path", section.directory()):
+            _salvage(moved, section, layout, report)
     return report
+
+
+@contextmanager
+def salvage_failure(report: RepairReport, field: str, path: str) -> Iterator[None]:
+    """Turn a :class:`TierError` of a salvage (a full disk, an I/O error on the fresh tier) into one that also
+    says where the untouched damaged tier is and what the fresh one at ``path`` holds by then."""
+    try:
+        yield
+    except TierError as exc:
+        raise TierError(f"salvage stopped: {exc}. The damaged tier is kept untouched at {report.moved_to}; {field} "
+                        f"{os.path.abspath(path)} holds the {report.salvaged} blocks salvaged before that") from None
 
 
 def move_aside(directory: str, field: str) -> str | None:

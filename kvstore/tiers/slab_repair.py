@@ -27,7 +27,7 @@ from kvstore.errors import CorruptBlock
 from kvstore.layout import KVLayout
 from kvstore.tiers.lmdb_walk import walk
 from kvstore.tiers.base import Tier
-from kvstore.tiers.repair import RepairReport, SalvageBatch, move_aside, readable_environment
+from kvstore.tiers.repair import RepairReport, SalvageBatch, move_aside, readable_environment, salvage_failure
 from kvstore.tiers.slab_file import slot_bytes
 from kvstore.tiers.slab_index import RECORD
 
@@ -43,7 +43,8 @@ def repair_slab(section: SlabConfig, layout: KVLayout, *, salvage: bool) -> Repa
     moved = move_aside(section.directory(), "slab.path")
     report = RepairReport(moved_to=moved)
     if moved is not None and salvage:
-        _salvage(moved, section, layout, report)
+        with salvage_failure(report, "slab.path", section.directory()):
+            _salvage(moved, section, layout, report)
     return report
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tiers_testlib import BIG, empty_blocks, make_blocks, make_keys
+from tiers_testlib import BIG, fail_puts_after_first, empty_blocks, make_blocks, make_keys
 
 from kvstore.cli.main import main
 from kvstore.errors import TierError
@@ -142,3 +142,24 @@ def test_tier_flag_chooses_the_disk_tier_to_repair(tmp_path: Path, capsys: pytes
     config = _config(tmp_path, slab, tiers=["host", "lmdb"])  # the config names lmdb: --tier slab overrides
     assert main(["repair", "--config", str(config), "--tier", "slab"]) == 0
     assert "(slab.path) aside" in capsys.readouterr().out and not slab.exists()
+
+
+def test_a_salvage_that_runs_out_of_disk_says_where_everything_is(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    slab = tmp_path / "slab"
+    keys, blocks, _ = _filled(slab, MANY)
+    before = _digests(slab)
+    real_put = SlabTier.put
+    calls = fail_puts_after_first(monkeypatch, SlabTier, lambda t: f"write to slab data file {t.data.path} failed: No space left on device")
+    assert main(["repair", "--config", str(_config(tmp_path, slab)), "--salvage"]) == 1
+    err = capsys.readouterr().err
+    [moved] = [p for p in tmp_path.iterdir() if p.name.startswith("slab.damaged-")]
+    assert "salvage stopped: write to slab data file" in err and "No space left on device" in err
+    assert f"kept untouched at {moved}; slab.path {slab} holds the {calls[0]} blocks salvaged before that" in err
+    assert _digests(moved) == before
+    monkeypatch.setattr(SlabTier, "put", real_put)
+    tier = _open(slab)
+    dests = empty_blocks(BIG, MANY)
+    found = tier.get(keys, dests)
+    assert sum(found) == calls[0] and all(torch.equal(dests[i], blocks[i]) for i in range(MANY) if found[i])
+    tier.close()

@@ -14,7 +14,7 @@ import lmdb
 import pytest
 import torch
 import yaml
-from tiers_testlib import BIG, damage_leaf_of, empty_blocks, make_blocks, make_keys
+from tiers_testlib import BIG, fail_puts_after_first, damage_leaf_of, empty_blocks, make_blocks, make_keys
 
 from kvstore.cli.main import main
 from kvstore.errors import TierError
@@ -213,3 +213,25 @@ def test_repair_is_refused_while_the_environment_is_open(tmp_path: Path, capsys:
 def test_repair_help() -> None:
     res = subprocess.run([sys.executable, "-m", "kvstore", "repair", "--help"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "--salvage" in res.stdout and ".damaged-" in res.stdout
+
+
+def test_a_salvage_that_runs_out_of_disk_says_where_everything_is(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = tmp_path / "lmdb"
+    keys, blocks = filled(disk)
+    os.truncate(disk / "data.mdb", os.path.getsize(disk / "data.mdb") - 4096)  # damaged: repair refuses to open it as is
+    before = _digest(disk / "data.mdb")
+    real_put = DiskTier.put
+    calls = fail_puts_after_first(monkeypatch, DiskTier, lambda t: f"write to LMDB environment {t.path} failed: No space left on device")
+    assert main(["repair", "--config", str(_config(tmp_path, disk)), "--salvage"]) == 1
+    err = capsys.readouterr().err
+    [moved] = [p for p in tmp_path.iterdir() if p.name.startswith("lmdb.damaged-")]
+    assert "salvage stopped: write to LMDB environment" in err and "No space left on device" in err
+    assert f"kept untouched at {moved}; disk.path {disk} holds the {calls[0]} blocks salvaged before that" in err
+    assert _digest(moved / "data.mdb") == before  # the damaged original is as it was, for another try
+    monkeypatch.setattr(DiskTier, "put", real_put)
+    tier = DiskTier(BIG, disk, 16 << 20)  # the fresh tier opens with the first batch, every block verified
+    dests = empty_blocks(BIG, N)
+    found = tier.get(keys, dests)
+    assert sum(found) == calls[0] and all(torch.equal(dests[i], blocks[i]) for i in range(N) if found[i])
+    tier.close()

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
+from kvstore.errors import TierError
 from kvstore.hashing import block_keys
 from kvstore.layout import KVLayout
 
@@ -75,3 +79,18 @@ def damage_leaf_of(data_file: str, key: bytes, page_size: int = 4096) -> int:
         f.seek(0)
         f.write(data)
     return damaged
+
+
+def fail_puts_after_first(monkeypatch: pytest.MonkeyPatch, tier_class: type, message: Callable[[Any], str]) -> list[int]:
+    """Patch ``tier_class.put``: the first call stores, every later one raises ``TierError(message(tier))`` (a disk
+    that filled up). Returns the list the batch size of each call is appended to."""
+    real_put, calls = tier_class.put, []
+
+    def put(self: Any, keys: list[bytes], srcs: list[torch.Tensor]) -> list[bool]:
+        calls.append(len(keys))
+        if len(calls) > 1:
+            raise TierError(message(self))
+        return real_put(self, keys, srcs)
+
+    monkeypatch.setattr(tier_class, "put", put)
+    return calls
