@@ -32,20 +32,11 @@ Durability (``sync``):
   power loss loses at most the last window (LMDB stays consistent, never
   torn). ``flush()`` forces a sync.
 
-Cold reads need kernel readahead (``readahead=True``): py-lmdb touches every
-page of a value inside ``Transaction.get`` ("preload", GIL released) before
-the caller sees its address, so no ``madvise(MADV_WILLNEED)`` or ``pread`` of
-ours can come first; under LMDB's ``MADV_RANDOM`` map (``readahead=False``)
-each touch is a synchronous 4 KiB read (50-70 MB/s on the dev VM), with
-readahead a batch (mostly in put order in ``data.mdb``) streams at disk rate.
-The price is read-around on cold leaf pages. ``contains_prefix`` uses
-``Cursor.set_key``, which never touches a value.
-
-A large get is split into up to ``read_threads`` contiguous runs (at least
-:data:`READ_SPLIT_BYTES` each) read at once, each in its own read
-transaction: every run's page faults are a separate stream of disk reads, so
-several are in flight, as in the disk's parallel read limit that
-``kvstore bench tiers`` measures (one thread faults one region at a time).
+Reads: a large get is split into up to ``read_threads`` contiguous runs read
+at once, each in its own read transaction; cold reads rely on kernel
+readahead (``readahead=True``; :mod:`kvstore.tiers.lmdb_reads` says why).
+The environment's opening, growth and error mapping are
+:mod:`kvstore.tiers.lmdb_env`.
 
 Files: the directory is 0700 and its files 0600 (narrowed if found wider), and
 the tier holds ``<path>/kvstore.lock`` (:mod:`kvstore.tiers.datadir`) while
@@ -73,46 +64,30 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Literal
 
 import lmdb
 
-from kvstore.codec import CODECS, EncodedParts, decode_into, encode_parts
+from kvstore.codec import CODECS, EncodedParts, encode_parts
 from kvstore.config.schema import DiskConfig
-from kvstore.errors import CorruptBlock, TierError, short_key
+from kvstore.errors import TierError, short_key
 from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
-from kvstore.tiers.base import BlockReader, Buffer, PooledTier, TierStats, VictimHook, VictimSend, check_buffers
-from kvstore.tiers.datadir import FILE_MODE, DirLock, make_private_dir, narrow
-from kvstore.tiers.gate import ResizeGate
-from kvstore.tiers.lmdbcheck import check_environment, damaged, repair_hint
+from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, VictimSend, check_buffers
+from kvstore.tiers.datadir import DirLock, make_private_dir
 from kvstore.tiers.eviction import make_order
+from kvstore.tiers.lmdb_env import LRU_RECORD, LmdbEnv
+from kvstore.tiers.lmdb_reads import RunReader, split_runs, txn_reader
+from kvstore.tiers.lmdbcheck import damaged, repair_hint
+from kvstore.tiers.sync_loop import SyncLoop
 from kvstore.tiers.victims import Handover
 
 log = logging.getLogger(__name__)
-_LRU_RECORD = struct.Struct("<QQ")
-_NODE = 8 + 32  # LMDB node header + key bytes
 _CLOCK_KEY = b"clock"  # in `lru`: the last access counter (block keys are 32 bytes, so no clash)
-READ_SPLIT_BYTES = 1 << 20
-"""Least bytes of a get batch worth handing to another reading thread (smaller runs cost more to hand over
-than the overlap of their reads saves)."""
-
-
-@dataclass
-class _Run:
-    """What one reading thread found in its run of a get batch."""
-
-    found: list[bool]
-    corrupt: list[bytes]
-    unreadable: int
-
-
 class DiskTier(PooledTier):
     """Blocks in LMDB at ``path``, at most ``max_size`` bytes on disk."""
 
@@ -150,29 +125,31 @@ class DiskTier(PooledTier):
         self.codec, self.codec_level, self.sync_mode = codec, codec_level, sync
         self._fp, self._itemsize = layout.fingerprint, layout.itemsize
         make_private_dir(self.path)
-        self._psize = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        self.max_size = max_size // self._psize * self._psize
-        self._reserve = 16 * self._psize + self.max_size // 16
-        if self.max_size - self._reserve < self._cost(layout.bytes_per_block + 64):
-            raise TierError(f"disk.max_size {max_size} bytes cannot hold one block of {layout.bytes_per_block} bytes")
-        self._step = max(self._psize, map_step // self._psize * self._psize)
         self._dirlock = DirLock(self.path, "disk.path")  # before LMDB sees the files: one process per environment
         try:
-            self.env = self._open_env(sync, readahead)
+            self._lmdb = LmdbEnv(self.path, max_size, map_step, sync=sync == "always", readahead=readahead)
+        except BaseException:
+            self._dirlock.release()
+            raise
+        self.env = self._lmdb.env
+        self.max_size = self._lmdb.max_size
+        try:
+            if self._lmdb.budget < self._lmdb.cost(layout.bytes_per_block + 64):
+                raise TierError(f"disk.max_size {max_size} bytes cannot hold one block of {layout.bytes_per_block} bytes")
             try:
                 self._blocks = self.env.open_db(b"blocks")
                 self._lru_db = self.env.open_db(b"lru")
             except lmdb.Error as exc:
-                self.env.close()
                 raise damaged(self.path, f"cannot be read ({exc})") from None
         except BaseException:
+            self._lmdb.close()
             self._dirlock.release()
             raise
         self._write_lock = threading.RLock()  # one writer; also guards the in-memory LRU
         self._scratch = bytearray()  # one value being written (write lock held); see _write
         self._hits: deque[bytes] = deque()  # keys found by `get`, not yet moved up in `_lru` (see _apply_hits)
         self._read_stats_lock = threading.Lock()  # get's counters, so a read never waits for a commit
-        self._gate = ResizeGate()
+        self._gate = self._lmdb.gate
         self._log = RateLimitedLog(log)  # corrupt values, unreadable pages: once per interval, not per block
         self._lru = make_order(eviction)  # the eviction order; named `_lru` for the database it mirrors
         self._handover = Handover(self.name)  # the victim hook (set_victim_hook) and its pending sends
@@ -185,15 +162,16 @@ class DiskTier(PooledTier):
             self._dirlock.release()
             raise damaged(self.path, f"cannot be read ({exc})") from None
         self._unsynced = 0
-        self._sync_cond = threading.Condition()
+        self._unsynced_lock = threading.Lock()
         self._closing = False
         self.sync_interval_s, self.sync_bytes = sync_interval_ms / 1000, sync_bytes
-        self._syncer = threading.Thread(target=self._sync_loop, name="kvstore-lmdb-sync", daemon=True)
-        self._syncer.start()
+        self._syncer = SyncLoop(self._background, self.sync_interval_s, "kvstore-lmdb-sync", self.path)
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="kvstore-lmdb")
         self.read_threads = read_threads
         # Runs of a get beyond the caller's own; a pool apart from `_pool`, whose tasks (get_async) wait on these.
         self._readers = ThreadPoolExecutor(max(1, read_threads - 1), thread_name_prefix="kvstore-lmdb-read")
+        self._runs = RunReader(self._lmdb, self._blocks, self._fp, self._log_unreadable, lambda exc: self._log.warning(
+            "corrupt", "dropped a corrupt value in %s/data.mdb: %s", self.path, exc))
 
     @classmethod
     def from_config(cls, section: DiskConfig, layout: KVLayout) -> DiskTier:
@@ -203,27 +181,6 @@ class DiskTier(PooledTier):
             sync=section.sync, sync_interval_ms=section.sync_interval_ms, sync_bytes=int(section.sync_bytes),
             io_threads=section.io_threads, read_threads=section.read_threads, eviction=section.eviction,
         )
-
-    def _open_env(self, sync: str, readahead: bool) -> lmdb.Environment:
-        """Check the files (:func:`check_environment`: a truncated map would ``SIGBUS``), open them owner-only,
-        and turn LMDB's errors into :class:`TierError` naming the file and what to do."""
-        check_environment(self.path)
-        data_file = os.path.join(self.path, "data.mdb")
-        existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
-        map_size = min(self.max_size, max(self._step, -(-existing // self._step) * self._step))
-        try:
-            env = lmdb.open(
-                self.path, map_size=map_size, max_dbs=2, sync=(sync == "always"), metasync=(sync == "always"),
-                readahead=readahead, meminit=False, max_readers=256, mode=FILE_MODE,
-            )
-        except lmdb.Error as exc:
-            if isinstance(exc, lmdb.ReadonlyError) or any(s in str(exc) for s in ("Permission denied", "Read-only")):
-                raise TierError(f"LMDB environment {data_file} cannot be opened for writing ({exc}); "
-                                f"make disk.path {self.path} and its files writable by this user") from None
-            raise damaged(self.path, f"cannot be opened ({exc})") from None
-        for name in ("data.mdb", "lock.mdb"):  # created 0600 now; narrow files an older build left 0644
-            narrow(os.path.join(self.path, name), FILE_MODE)
-        return env
 
     # ------------------------------------------------------------- queries
     def contains_prefix(self, keys: Sequence[bytes]) -> int:
@@ -257,7 +214,7 @@ class DiskTier(PooledTier):
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
         """Decode found blocks straight from the map into ``dests`` (no intermediate bytes).
 
-        A batch of at least ``2 * READ_SPLIT_BYTES`` is split into up to ``read_threads`` contiguous
+        A batch of at least ``2 * READ_SPLIT_BYTES`` (:mod:`kvstore.tiers.lmdb_reads`) is split into up to ``read_threads`` contiguous
         runs read at once, each in its own read transaction (module docstring, "Cold reads"); the
         caller's thread reads the first. Every returned block passed :func:`decode_into`'s checks
         (header and CRC-32 of the decoded bytes). Marks hits recently used (queued, applied before the
@@ -267,8 +224,8 @@ class DiskTier(PooledTier):
         check_buffers(keys, dests, self.layout.bytes_per_block, "disk")
         self._check_open()
         runs = self._split(len(keys))
-        futures = [self._readers.submit(self._read_run, keys, dests, lo, hi) for lo, hi in runs[1:]]
-        reads = [self._read_run(keys, dests, *runs[0])] if runs else []
+        futures = [self._readers.submit(self._runs.read, keys, dests, lo, hi) for lo, hi in runs[1:]]
+        reads = [self._runs.read(keys, dests, *runs[0])] if runs else []
         reads += [f.result() for f in futures]
         found = [ok for r in reads for ok in r.found]
         corrupt = [key for r in reads for key in r.corrupt]
@@ -285,46 +242,8 @@ class DiskTier(PooledTier):
         return found
 
     def _split(self, n: int) -> list[tuple[int, int]]:
-        """``[lo, hi)`` runs of a batch of ``n`` blocks, one per reading thread: as many as ``read_threads``
-        allows with at least :data:`READ_SPLIT_BYTES` each (one run for a small batch)."""
-        if n == 0:
-            return []
-        parts = max(1, min(self.read_threads, n * self.layout.bytes_per_block // READ_SPLIT_BYTES, n))
-        bounds = [n * i // parts for i in range(parts + 1)]
-        return list(zip(bounds, bounds[1:]))
-
-    def _read_run(self, keys: Sequence[bytes], dests: Sequence[Buffer], lo: int, hi: int) -> _Run:
-        """Read ``keys[lo:hi]`` into ``dests[lo:hi]`` in read transactions of this thread. Changes no state
-        shared with other runs (the caller merges the results)."""
-        run = _Run([False] * (hi - lo), [], 0)
-        pos = lo
-        while pos < hi:
-            with self._gate.reading():
-                txn = self.env.begin(db=self._blocks, buffers=True)
-                try:
-                    for i in range(pos, hi):
-                        pos = i + 1
-                        key = keys[i]
-                        try:
-                            value = txn.get(key)
-                        except lmdb.Error as exc:
-                            # A damaged page on this key's path: a miss, never an exception for the caller.
-                            # Not deleted (the delete would walk the same page); LMDB may have failed the
-                            # transaction, so the rest of the run continues in a fresh one.
-                            run.unreadable += 1
-                            self._log_unreadable(key, exc)
-                            break
-                        if value is None:
-                            continue
-                        try:
-                            decode_into(value, dests[i], self._fp, key)
-                            run.found[i - lo] = True
-                        except CorruptBlock as exc:
-                            run.corrupt.append(key)
-                            self._log.warning("corrupt", "dropped a corrupt value in %s/data.mdb: %s", self.path, exc)
-                finally:
-                    txn.abort()
-        return run
+        """The runs of a batch of ``n`` blocks (:func:`split_runs` with ``read_threads``)."""
+        return split_runs(n, self.layout.bytes_per_block, self.read_threads)
 
     def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
         """Encode and store absent blocks in one write transaction, evicting LRU blocks to stay under the cap.
@@ -369,7 +288,7 @@ class DiskTier(PooledTier):
         with self._write_lock:
             self._check_open()
             doomed = [k for k in dict.fromkeys(keys) if k in self._lru]
-            self._txn_or_fail(lambda txn: self._delete_in(txn, doomed))
+            self._lmdb.txn_or_fail(lambda txn: self._delete_in(txn, doomed))
             for key in doomed:
                 self._lru.remove(key)
             return len(doomed)
@@ -380,9 +299,9 @@ class DiskTier(PooledTier):
             self._check_open()
             self._apply_hits()
             if self._touched:
-                self._txn_or_fail(self._write_touches)
-        self._sync()
-        with self._sync_cond:
+                self._lmdb.txn_or_fail(self._write_touches)
+        self._lmdb.sync()
+        with self._unsynced_lock:
             self._unsynced = 0
 
     def close(self) -> None:
@@ -392,12 +311,10 @@ class DiskTier(PooledTier):
         self._pool.shutdown(wait=True)
         self._readers.shutdown(wait=True)
         self.flush()
-        with self._sync_cond:
-            self._closing = True
-            self._sync_cond.notify_all()
-        self._syncer.join()
+        self._closing = True
+        self._syncer.stop()
         with self._write_lock:
-            self.env.close()
+            self._lmdb.close()
         self._dirlock.release()
 
     def stats(self) -> TierStats:
@@ -405,23 +322,15 @@ class DiskTier(PooledTier):
         use (``max_size`` less the headroom kept for LMDB's own pages), block count."""
         with self._write_lock, self._read_stats_lock:
             self._stats.used_bytes = self._lru.used
-            self._stats.capacity_bytes = self.max_size - self._reserve
+            self._stats.capacity_bytes = self._lmdb.budget
             self._stats.num_blocks = len(self._lru)
             return super().stats()
 
     def map_size(self) -> int:
         """Current LMDB map size in bytes (never above ``max_size``)."""
-        return int(self.env.info()["map_size"])
+        return self._lmdb.map_size()
 
     # ------------------------------------------------------------- private
-    def _cost(self, vlen: int) -> int:
-        """Bytes a value of ``vlen`` occupies: its pages (or twice its leaf node) plus its ``lru`` record."""
-        if _NODE + vlen > self._psize // 2 - 16:  # LMDB moves nodes above ~half a page to overflow pages
-            data = -(-(vlen + 16) // self._psize) * self._psize + 2 * (_NODE + 8)
-        else:
-            data = 3 * (_NODE + vlen + 2)
-        return data + 3 * (_NODE + _LRU_RECORD.size + 2)
-
     def _write(self, todo: dict[bytes, EncodedParts], keep: Sequence[bytes] = ()) -> int:
         """Store ``todo`` (write lock held), evicting and growing the map as needed; returns bytes stored.
 
@@ -430,10 +339,10 @@ class DiskTier(PooledTier):
 
         ``keep``: the batch's keys already stored, never its victims (under S3-FIFO a touch does not
         move a key away from the eviction end, so only this protects them)."""
-        budget = self.max_size - self._reserve
-        todo = {k: v for k, v in todo.items() if self._cost(len(v)) <= budget}
+        budget = self._lmdb.budget
+        todo = {k: v for k, v in todo.items() if self._lmdb.cost(len(v)) <= budget}
         while todo:
-            need = sum(self._cost(len(v)) for v in todo.values())
+            need = sum(self._lmdb.cost(len(v)) for v in todo.values())
             victims = self._lru.victims(need, budget, exclude=keep)
             sends: list[VictimSend | None] = [None]
 
@@ -443,11 +352,11 @@ class DiskTier(PooledTier):
                 for key, value in todo.items():
                     self._clock += 1
                     txn.put(key, value.write_into(self._scratch), db=self._blocks)
-                    txn.put(key, _LRU_RECORD.pack(self._clock, self._cost(len(value))), db=self._lru_db)
+                    txn.put(key, LRU_RECORD.pack(self._clock, self._lmdb.cost(len(value))), db=self._lru_db)
                 txn.put(_CLOCK_KEY, self._clock.to_bytes(8, "little"), db=self._lru_db)
 
             try:
-                self._txn(body)
+                self._lmdb.txn(body)
             except lmdb.MapFullError:
                 if not self._make_room(keep):
                     todo.pop(next(reversed(todo)))  # the batch alone does not fit: give up its last block
@@ -455,51 +364,15 @@ class DiskTier(PooledTier):
             self._forget(victims, "evicted")
             self._handover.committed(sends[0])
             for key, value in reversed(todo.items()):  # deepest first (see Tier.put)
-                self._lru.add(key, self._cost(len(value)))
+                self._lru.add(key, self._lmdb.cost(len(value)))
                 self._stats.puts += 1
                 self._stats.bytes_written += self.layout.bytes_per_block
             return sum(len(v) for v in todo.values())
         return 0
 
-    def _txn(self, body: Callable[[lmdb.Transaction], object]) -> None:
-        """Run ``body`` in a write transaction, growing the map on ``MapFullError`` until it reaches
-        ``max_size``; only then does the error propagate (to a caller in this class, never further).
-        Any other LMDB error (a damaged page, an I/O error) becomes :class:`TierError` naming the file."""
-        while True:
-            try:
-                with self.env.begin(write=True) as txn:
-                    body(txn)
-                return
-            except lmdb.MapFullError:
-                if self.map_size() >= self.max_size:
-                    raise
-                try:
-                    with self._gate.exclusive():
-                        self.env.set_mapsize(min(self.max_size, self.map_size() + self._step))
-                except lmdb.Error as exc:
-                    raise self._write_error(exc) from None
-            except lmdb.Error as exc:
-                raise self._write_error(exc) from None
-
-    def _write_error(self, exc: lmdb.Error) -> TierError:
-        """A failed write or sync as :class:`TierError`; the damage hint only when LMDB reports damage."""
-        if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)):
-            return damaged(self.path, f"is damaged ({exc})")
-        return TierError(f"LMDB write to {self.path}/data.mdb failed: {exc}")
-
     def _log_unreadable(self, key: bytes, exc: lmdb.Error) -> None:
         self._log.error("unreadable", "block %s in %s/data.mdb is unreadable (%s), served as a miss; %s",
                         short_key(key), self.path, exc, repair_hint(self.path))
-
-    def _txn_or_fail(self, body: Callable[[lmdb.Transaction], object]) -> None:
-        """:meth:`_txn` for deletes and bookkeeping: a full map at the cap becomes :class:`TierError`.
-
-        The eviction reserve exists so this cannot happen; if it does, the message says what to change.
-        """
-        try:
-            self._txn(body)
-        except lmdb.MapFullError:
-            raise TierError(f"LMDB map at {self.path} is full at disk.max_size={self.max_size}; raise it") from None
 
     def _make_room(self, keep: Sequence[bytes] = ()) -> bool:
         """The map is full although the estimate fits (fragmented free space, or pages still held for
@@ -520,7 +393,7 @@ class DiskTier(PooledTier):
                 sends[0] = self._evict_in(txn, chunk)  # noqa: B023 (runs before chunk changes)
 
             try:
-                self._txn(body)
+                self._lmdb.txn(body)
             except lmdb.MapFullError:
                 return False  # too full even to copy the leaves a delete touches: refuse the put instead
             self._forget(chunk, "evicted")
@@ -528,7 +401,7 @@ class DiskTier(PooledTier):
         try:
             for _ in range(2):
                 self._clock += 1
-                self._txn(lambda txn: txn.put(_CLOCK_KEY, self._clock.to_bytes(8, "little"), db=self._lru_db))
+                self._lmdb.txn(lambda txn: txn.put(_CLOCK_KEY, self._clock.to_bytes(8, "little"), db=self._lru_db))
         except lmdb.MapFullError:
             return False
         return True
@@ -556,28 +429,9 @@ class DiskTier(PooledTier):
 
     def _evict_in(self, txn: lmdb.Transaction, victims: Sequence[bytes]) -> VictimSend | None:
         """Offer ``victims`` to the victim hook with a reader on ``txn``, then delete them in it; the hook's send."""
-        send = self._handover.offer(victims, self._reader(txn)) if victims else None
+        send = self._handover.offer(victims, txn_reader(txn, self._blocks, self._fp, self.layout.bytes_per_block)) if victims else None
         self._delete_in(txn, victims)
         return send
-
-    def _reader(self, txn: lmdb.Transaction) -> BlockReader:
-        """A :data:`BlockReader` on the open transaction ``txn`` (a corrupt or unreadable value reads ``False``)."""
-
-        def read(keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
-            check_buffers(keys, dests, self.layout.bytes_per_block, "disk")
-            out: list[bool] = []
-            for key, dest in zip(keys, dests):
-                try:
-                    value = txn.get(key, db=self._blocks)
-                    ok = value is not None
-                    if ok:
-                        decode_into(value, dest, self._fp, key)
-                except (lmdb.Error, CorruptBlock):
-                    ok = False
-                out.append(ok)
-            return out
-
-        return read
 
     def _delete_in(self, txn: lmdb.Transaction, keys: Sequence[bytes]) -> None:
         for key in keys:
@@ -589,7 +443,7 @@ class DiskTier(PooledTier):
         for key, clock in self._touched.items():
             size = self._lru.size_of(key)
             if size is not None:
-                txn.put(key, _LRU_RECORD.pack(clock, size), db=self._lru_db)
+                txn.put(key, LRU_RECORD.pack(clock, size), db=self._lru_db)
         self._touched.clear()
 
     def _drop_corrupt(self, keys: list[bytes]) -> None:
@@ -597,32 +451,18 @@ class DiskTier(PooledTier):
         are still counted and announced: every read of them is a miss either way."""
         with self._write_lock:
             try:
-                self._txn_or_fail(lambda txn: self._delete_in(txn, keys))
+                self._lmdb.txn_or_fail(lambda txn: self._delete_in(txn, keys))
             except TierError as exc:
                 self._log.error("drop-failed", "could not delete %d corrupt values: %s", len(keys), exc)
             self._forget(keys, "corrupt")
 
     def _load_lru(self) -> None:
-        """Order the stored blocks by their recorded access counters (the data itself needs no index).
+        """Order the stored blocks by their recorded access counters (:meth:`LmdbEnv.access_records`).
 
         Restored with ``add_oldest`` (blocks with a history): LRU order as recorded; under ``s3fifo`` every
         block goes to the main queue in access order with frequency 0, under ``gdsf`` at count 1 and
         priority ``L`` in access order (frequencies and counts are not persisted)."""
-        records: list[tuple[int, bytes, int]] = []
-        orphans: list[tuple[bytes, int]] = []
-        with self.env.begin(buffers=True) as txn:
-            for key, raw in txn.cursor(db=self._lru_db):
-                if len(key) == 32 and len(raw) == _LRU_RECORD.size:
-                    clock, cost = _LRU_RECORD.unpack(raw)
-                    records.append((clock, bytes(key), cost))
-            if txn.stat(self._blocks)["entries"] != len(records):
-                # Only after a foreign writer or a damaged lru database: reconcile by scanning keys
-                # (leaf pages only; overflow pages holding the values are never touched).
-                known = {key for _, key, _ in records}
-                present = {bytes(k): len(v) for k, v in txn.cursor(db=self._blocks)}
-                records = [r for r in records if r[1] in present]
-                orphans = [(k, self._cost(n)) for k, n in present.items() if k not in known]
-        records.sort()
+        records, orphans = self._lmdb.access_records(self._blocks, self._lru_db)
         for clock, block_key, cost in reversed(records):  # newest first, each before the rest: oldest ends first
             self._lru.add_oldest(block_key, cost)
             self._clock = max(self._clock, clock)
@@ -631,42 +471,29 @@ class DiskTier(PooledTier):
 
     def _note_unsynced(self, nbytes: int) -> None:
         if self.sync_mode == "interval":
-            with self._sync_cond:
+            with self._unsynced_lock:
                 self._unsynced += nbytes
-                if self._unsynced >= self.sync_bytes:
-                    self._sync_cond.notify_all()
+                due = self._unsynced >= self.sync_bytes
+            if due:
+                self._syncer.kick()
 
-    def _sync_loop(self) -> None:
-        """Background thread: persist access times, and under ``interval`` fsync pending commits."""
-        while True:
-            with self._sync_cond:
-                self._sync_cond.wait_for(lambda: self._closing or self._unsynced >= self.sync_bytes, self.sync_interval_s)
+    def _background(self) -> None:
+        """The sync thread's work: persist access times, and under ``interval`` fsync pending commits."""
+        with self._unsynced_lock:
+            pending = self._unsynced
+        if self._touched or self._hits:
+            with self._write_lock:
                 if self._closing:
                     return
-                pending = self._unsynced
-            try:
-                if self._touched or self._hits:
-                    with self._write_lock:
-                        if self._closing:
-                            return
-                        self._apply_hits()
-                        try:
-                            self._txn(self._write_touches)
-                        except lmdb.MapFullError:
-                            pass  # recency only; the next put (which makes room) writes it
-                if pending:
-                    self._sync()
-                    with self._sync_cond:
-                        self._unsynced -= min(pending, self._unsynced)
-            except TierError as exc:  # this thread must survive: puts and flush report the condition
-                self._log.error("sync", "background sync of %s failed: %s", self.path, exc)
-
-    def _sync(self) -> None:
-        """fsync the environment; :class:`TierError` if it fails."""
-        try:
-            self.env.sync(True)
-        except lmdb.Error as exc:
-            raise self._write_error(exc) from None
+                self._apply_hits()
+                try:
+                    self._lmdb.txn(self._write_touches)
+                except lmdb.MapFullError:
+                    pass  # recency only; the next put (which makes room) writes it
+        if pending:
+            self._lmdb.sync()
+            with self._unsynced_lock:
+                self._unsynced -= min(pending, self._unsynced)
 
     def _check_open(self) -> None:
         if self._closing:

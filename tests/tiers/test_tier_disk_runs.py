@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiers_testlib import BIG, empty_blocks, make_blocks, make_keys
 
-import kvstore.tiers.disk as disk_module
+import kvstore.tiers.lmdb_reads as reads_module
 from kvstore.codec import HEADER_SIZE, encode
 from kvstore.config.schema import DiskConfig
 from kvstore.tiers import DiskTier
@@ -18,7 +18,7 @@ from kvstore.tiers import DiskTier
 @pytest.fixture
 def two_block_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A run is worth a thread from two BIG blocks on (1 MiB in production: too big for a test store)."""
-    monkeypatch.setattr(disk_module, "READ_SPLIT_BYTES", 2 * BIG.bytes_per_block)
+    monkeypatch.setattr(reads_module, "READ_SPLIT_BYTES", 2 * BIG.bytes_per_block)
 
 
 def test_split_gives_each_thread_a_contiguous_run(tmp_path: Path, two_block_runs: None) -> None:
@@ -42,7 +42,7 @@ def test_large_get_reads_runs_on_four_threads_and_drops_a_corrupt_value(
     (tmp_path / "data.mdb").write_bytes(bytes(data))
     tier = DiskTier(BIG, tmp_path, 8 << 20, read_threads=4)
     seen: dict[int, int] = {}
-    real = disk_module.decode_into
+    real = reads_module.decode_into
     all_four_in_flight = threading.Barrier(4, timeout=10)  # broken (an error) unless the four runs overlap
 
     def spy(value: object, dest: object, fp: bytes, key: bytes) -> None:
@@ -52,7 +52,7 @@ def test_large_get_reads_runs_on_four_threads_and_drops_a_corrupt_value(
             all_four_in_flight.wait()
         real(value, dest, fp, key)
 
-    monkeypatch.setattr(disk_module, "decode_into", spy)
+    monkeypatch.setattr(reads_module, "decode_into", spy)
     dests = empty_blocks(BIG, 12)
     assert tier.get(keys, dests) == [i != 7 for i in range(12)]
     assert all(torch.equal(dests[i], blocks[i]) for i in range(12) if i != 7)
@@ -72,8 +72,8 @@ def test_one_read_thread_reads_on_the_caller(tmp_path: Path, two_block_runs: Non
     tier = DiskTier(BIG, tmp_path, 8 << 20, read_threads=1)
     tier.put(keys, blocks)
     threads: set[int] = set()
-    real = disk_module.decode_into
-    monkeypatch.setattr(disk_module, "decode_into",
+    real = reads_module.decode_into
+    monkeypatch.setattr(reads_module, "decode_into",
                         lambda *a: (threads.add(threading.get_ident()), real(*a))[1])
     dests = empty_blocks(BIG, 8)
     assert tier.get(keys, dests) == [True] * 8 and threads == {threading.get_ident()}
