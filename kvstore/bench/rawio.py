@@ -114,14 +114,19 @@ def _open_direct(path: Path, flags: int) -> tuple[int, bool]:
     return os.open(path, flags, 0o600), False
 
 
+RAW_FILE = "rawio.bench"
+"""The file :func:`direct_io_gbps` writes in the directory under test (kept with ``keep=True``)."""
+
+
 def direct_io_gbps(directory: Path, nbytes: int, parallel_request: int | None = None,
-                   parallel_threads: Sequence[int] = (4, 8)) -> DirectIO:
-    """Write then read ``nbytes`` (rounded up to :data:`CHUNK`) sequentially in ``directory``; removes the file.
+                   parallel_threads: Sequence[int] = (4, 8), keep: bool = False) -> DirectIO:
+    """Write then read ``nbytes`` (rounded up to :data:`CHUNK`) sequentially in ``directory``; removes the file
+    unless ``keep`` (then it stays as ``directory / RAW_FILE`` for :func:`best_parallel_read`).
 
     With ``parallel_request`` the file is then read again once per entry of ``parallel_threads``
     (:func:`parallel_read_gbps`); the best of those is the parallel read limit."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "rawio.bench"
+    path = directory / RAW_FILE
     chunks = max(1, -(-nbytes // CHUNK))
     buf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT requires
     buf.write(os.urandom(CHUNK))
@@ -147,14 +152,11 @@ def direct_io_gbps(directory: Path, nbytes: int, parallel_request: int | None = 
         finally:
             os.close(fd)
         total = chunks * CHUNK
-        best: tuple[float, int] | None = None
-        if parallel_request is not None:
-            for threads in parallel_threads:
-                gbps = parallel_read_gbps(path, total, parallel_request, threads)
-                best = max(best or (gbps, threads), (gbps, threads))
+        best = best_parallel_read(path, total, parallel_request, parallel_threads) if parallel_request else None
     finally:
         buf.close()
-        path.unlink(missing_ok=True)
+        if not keep:
+            path.unlink(missing_ok=True)
     mode = "O_DIRECT" if direct and direct_read else "buffered+fsync+fadvise"
     return DirectIO(total / t_write / 1e9, total / t_read / 1e9, mode, best and best[0], best and best[1],
                     _pages(parallel_request) if best and parallel_request else None)
@@ -163,6 +165,11 @@ def direct_io_gbps(directory: Path, nbytes: int, parallel_request: int | None = 
 def _pages(nbytes: int) -> int:
     """``nbytes`` rounded up to whole pages (at least one), as ``O_DIRECT`` requests must be."""
     return max(mmap.PAGESIZE, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
+
+
+def best_parallel_read(path: Path, nbytes: int, request: int, threads: Sequence[int]) -> tuple[float, int]:
+    """:func:`parallel_read_gbps` once per entry of ``threads``; the best GB/s and its thread count."""
+    return max((parallel_read_gbps(path, nbytes, request, t), t) for t in threads)
 
 
 def parallel_read_gbps(path: Path, nbytes: int, request: int, threads: int) -> float:

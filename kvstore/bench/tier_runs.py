@@ -44,6 +44,8 @@ class TierTiming:
     """How the page cache was emptied before the get (``None``: warm read)."""
     hit_fraction: float
     """Fraction of the blocks the get found (1.0 unless the tier evicted some)."""
+    limit_gbps: float | None = None
+    """The ``limit`` callable's mean just before and just after the cold get (``None``: no ``limit``)."""
     put_evicting_gbps: float | None = None
     """Put of ``n`` more blocks into the full tier, each evicting one (``evicting`` runs only): the steady
     state of a tier that makes its own room (the daemon's host tier)."""
@@ -66,14 +68,18 @@ def make_cold(tier_dir: Path, reopen: Callable[[], "Tier"], tier: "Tier") -> tup
 
 
 def run_tier(open_tier: Callable[[], "Tier"], pool: torch.Tensor, n: int, tag: str,
-             cold_dir: Path | None, prefault: bool = False, evicting: bool = False) -> TierTiming:
+             cold_dir: Path | None, prefault: bool = False, evicting: bool = False,
+             limit: Callable[[], float] | None = None) -> TierTiming:
     """Put ``n`` blocks, flush, get them warm, optionally make the tier cold (``cold_dir``) and get again.
 
     ``prefault`` first fills and empties the tier once, untimed, so a
     long-lived tier's steady state is measured rather than the first touch of
     freshly allocated memory (used for the host arena). ``evicting`` then puts
     ``n`` new blocks into the full tier (timed, :attr:`TierTiming.put_evicting_gbps`;
-    the tier must hold about ``n`` blocks and evict by itself). Closes the tier.
+    the tier must hold about ``n`` blocks and evict by itself). ``limit`` (the
+    machine's limit for the cold get, GB/s) is measured right before and right
+    after the cold get, so the ratio pairs readings seconds apart rather than
+    minutes (the VM's disk drifts by 1.5x within a run). Closes the tier.
     """
     tier = open_tier()
     bpb = pool.shape[1]
@@ -93,10 +99,12 @@ def run_tier(open_tier: Callable[[], "Tier"], pool: torch.Tensor, n: int, tag: s
     tier.flush()
     t_put = time.perf_counter() - t0
     t_warm, found = _get_all(tier, keys, dests)
-    t_get, method = t_warm, None
+    t_get, method, limits = t_warm, None, []
     if cold_dir is not None:
         tier, method = make_cold(cold_dir, open_tier, tier)
+        limits += [limit()] if limit else []
         t_get, found = _get_all(tier, keys, dests)
+        limits += [limit()] if limit else []
     t_evicting = None
     if evicting:
         more = bench_keys(n, f"{tag}/evicting")
@@ -107,7 +115,7 @@ def run_tier(open_tier: Callable[[], "Tier"], pool: torch.Tensor, n: int, tag: s
     tier.close()
     total = n * bpb
     return TierTiming(total / t_put / 1e9, total / t_warm / 1e9, total / t_get / 1e9, method, found / n,
-                      total / t_evicting / 1e9 if t_evicting else None)
+                      sum(limits) / len(limits) if limits else None, total / t_evicting / 1e9 if t_evicting else None)
 
 
 def _get_all(tier: "Tier", keys: list[bytes], dests: torch.Tensor) -> tuple[float, int]:

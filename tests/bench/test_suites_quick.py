@@ -58,6 +58,11 @@ def test_suite_quick_writes_results_and_plot(suite: str, tmp_path: Path) -> None
             for tier in ("lmdb", "slab"):
                 assert targets[(f"{tier}.put/raw.write", b)] == 0.7
                 assert targets[(f"{tier}.get_cold/raw.read_parallel", b)] == 0.8
+                # the target's denominator was measured around this tier's own cold get
+                around = _value(doc, f"raw.read_parallel.around_{tier}", block_bytes=b)
+                [r] = [r for r in doc["ratios"] if r["name"] == f"{tier}.get_cold/raw.read_parallel"
+                       and r["params"]["block_bytes"] == b and "codec" not in r["params"]]
+                assert around > 0 and r["value"] == pytest.approx(_value(doc, f"{tier}.get_cold", block_bytes=b) / around)
             assert _value(doc, "slab.get_warm", block_bytes=b) > 0
         # the host tier is held to both limits, each measured in the same run
         sizes = sorted({f["params"]["block_bytes"] for f in doc["figures"] if f["name"] == "memcpy"})
