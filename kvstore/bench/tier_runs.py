@@ -47,8 +47,8 @@ class TierTiming:
     limit_gbps: float | None = None
     """The ``limit`` callable's mean just before and just after the cold get (``None``: no ``limit``)."""
     put_evicting_gbps: float | None = None
-    """Put of ``n`` more blocks into the full tier, each evicting one (``evicting`` runs only): the steady
-    state of a tier that makes its own room (the daemon's host tier)."""
+    """Put of ``n`` more blocks (then ``flush``) into the full tier, each evicting one (``evicting`` runs only):
+    the steady state of a tier that makes its own room (the daemon's host tier, a long-running disk tier)."""
 
 
 def bench_keys(n: int, tag: str) -> list[bytes]:
@@ -111,6 +111,7 @@ def run_tier(open_tier: Callable[[], "Tier"], pool: torch.Tensor, n: int, tag: s
         t0 = time.perf_counter()
         for s in range(0, n, per_batch):
             tier.put(more[s : s + per_batch], srcs[s : s + per_batch])
+        tier.flush()
         t_evicting = time.perf_counter() - t0
     tier.close()
     total = n * bpb

@@ -8,7 +8,11 @@ KV heads x head_dim 128 in fp16 with 4 to 256 tokens per block):
   the put both into free slots and into the full tier, each block evicting
   one (``host.put_evicting``: the daemon's host tier in steady state);
 - LMDB, file and slab tier put (+ flush)  vs  raw sequential direct write
-  (+ fsync), and their *cold* gets  vs  raw sequential direct read, all in
+  (+ fsync), LMDB's also vs a buffered write of a new file (+ fsync) right
+  before it (``raw.write_buffered``: the page-cache writer's limit, which
+  this VM's memory ballooning makes vary), LMDB's and slab's also into the
+  full tier (``put_evicting``: a second fill that evicts the first, the
+  steady state of a long-running disk tier), and their *cold* gets  vs  raw sequential direct read, all in
   the same directory; LMDB against the file tier directly; the targets
   (0.7 of raw write, 0.8 of the parallel read limit) on LMDB and slab;
 - the disk's parallel read limit: the same file read with requests of the
@@ -35,7 +39,9 @@ from typing import Any
 from kvstore.bench.harness import Progress, Results, SuiteOptions, scratch_dir
 from kvstore.bench.kvdata import kv_like_blocks
 from kvstore.bench.plots import grid, grouped_bars, save
-from kvstore.bench.rawio import RAW_FILE, best_parallel_read, direct_io_gbps, memcpy_gbps, memcpy_per_block_gbps
+from kvstore.bench.rawio import (
+    RAW_FILE, best_parallel_read, buffered_write_gbps, direct_io_gbps, memcpy_gbps, memcpy_per_block_gbps,
+)
 from kvstore.bench.tier_runs import run_tier
 from kvstore.codec import decode_into, encode
 from kvstore.layout import KVLayout
@@ -62,8 +68,12 @@ def block_layout(block_bytes: int) -> KVLayout:
 
 
 def tier_openers(layout: KVLayout, root: Path, total: int, codec: str, results: Results) -> dict[str, Callable[[], Any]]:
-    """Factories of the tiers that exist in this checkout; the others are recorded as skipped."""
+    """Factories of the tiers that exist in this checkout; the others are recorded as skipped.
+
+    LMDB and slab are capped at 1.25x ``total`` (the first fill fits, a second one evicts it: the
+    steady-state put, ``<tier>.put_evicting``), the file tier at twice it."""
     cap = 2 * total + (256 << 20)
+    tight = int(1.25 * total) + (16 << 20)
     out: dict[str, Callable[[], Any]] = {}
     try:
         from kvstore.tiers.host import HostTier
@@ -75,7 +85,7 @@ def tier_openers(layout: KVLayout, root: Path, total: int, codec: str, results: 
         from kvstore.config.schema import DiskConfig
         from kvstore.tiers.disk import DiskTier
 
-        lmdb_cfg = DiskConfig(path=str(root / "lmdb"), max_size=cap, codec=codec)
+        lmdb_cfg = DiskConfig(path=str(root / "lmdb"), max_size=tight, codec=codec)
         out["lmdb"] = lambda: DiskTier.from_config(lmdb_cfg, layout)
     except (ImportError, ValueError) as exc:  # not written yet, or its config section changed
         results.skipped.setdefault("lmdb", f"kvstore.tiers.disk not usable: {exc}")
@@ -92,7 +102,7 @@ def tier_openers(layout: KVLayout, root: Path, total: int, codec: str, results: 
             from kvstore.config.schema import SlabConfig
             from kvstore.tiers.slab import SlabTier
 
-            slab_cfg = SlabConfig(path=str(root / "slab"), max_size=cap)
+            slab_cfg = SlabConfig(path=str(root / "slab"), max_size=tight)
             out["slab"] = lambda: SlabTier.from_config(slab_cfg, layout)
         except (ImportError, ValueError) as exc:  # not written yet, or its config section changed
             results.skipped.setdefault("slab", f"kvstore.tiers.slab not usable: {exc}")
@@ -123,7 +133,10 @@ def _block_size(options: SuiteOptions, results: Results, bpb: int, total: int) -
             per_block = memcpy_per_block_gbps(n * bpb, bpb) if name == "host" else 0.0  # right before the host run
             host = name == "host"
             targeted = name in TARGETED
-            t = run_tier(open_tier, pool, n, f"{name}/{bpb}", cold, prefault=host, evicting=host,
+            if name == "lmdb":  # a page-cache writer: its limit on this machine, right before it
+                buffered = buffered_write_gbps(root / "buffered.bench", n * bpb)
+                results.add("raw.write_buffered", buffered, "GB/s", **p)
+            t = run_tier(open_tier, pool, n, f"{name}/{bpb}", cold, prefault=host, evicting=host or targeted,
                          limit=paired_limit if targeted else None)
             results.add(f"{name}.put", t.put_gbps, "GB/s", **p)
             if host:
@@ -138,6 +151,11 @@ def _block_size(options: SuiteOptions, results: Results, bpb: int, total: int) -
             results.add(f"{name}.get_warm", t.warm_get_gbps, "GB/s", **p)
             results.add(f"{name}.get_cold", t.get_gbps, "GB/s", cold=t.cold_method, hits=t.hit_fraction, **p)
             results.ratio(f"{name}.put/raw.write", t.put_gbps, raw.write_gbps, TARGET_OF_LIMIT if targeted else None, **p)
+            if name == "lmdb":
+                results.ratio("lmdb.put/raw.write_buffered", t.put_gbps, buffered, **p)
+            if t.put_evicting_gbps is not None:  # the full tier, each batch evicting the oldest (flush included)
+                results.add(f"{name}.put_evicting", t.put_evicting_gbps, "GB/s", **p)
+                results.ratio(f"{name}.put_evicting/raw.write", t.put_evicting_gbps, raw.write_gbps, **p)
             results.ratio(f"{name}.get_cold/raw.read", t.get_gbps, raw.read_gbps, **p)
             if t.limit_gbps is None:
                 results.ratio(f"{name}.get_cold/raw.read_parallel", t.get_gbps, par_read, **p)
@@ -217,7 +235,8 @@ def plot(results: Results, path: Path) -> None:
     grouped_bars(axes[0], labels, series(["memcpy", "memcpy.per_block", "host.put", "host.put_evicting", "host.get"]), "GB/s",
                  "host tier vs memcpy")
     grouped_bars(axes[1], labels, series(["raw.read_parallel", "raw.read", "lmdb.get_cold", "file.get_cold", "slab.get_cold",
-                                          "raw.write", "lmdb.put", "file.put", "slab.put"]), "GB/s", "disk tiers vs raw direct I/O (cold reads)")
+                                          "raw.write", "raw.write_buffered", "lmdb.put", "file.put", "slab.put"]), "GB/s",
+                 "disk tiers vs raw direct I/O (cold reads)")
     codec_figs = {c: [results.value(n, codec=c) if any(f.name == n and f.params.get("codec") == c
                                                          for f in results.figures) else float("nan")
                       for n in ("codec.encode", "codec.decode", "lmdb.get_cold")] for c in CODECS}

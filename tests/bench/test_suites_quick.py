@@ -64,6 +64,8 @@ def test_suite_quick_writes_results_and_plot(suite: str, tmp_path: Path) -> None
                        and r["params"]["block_bytes"] == b and "codec" not in r["params"]]
                 assert around > 0 and r["value"] == pytest.approx(_value(doc, f"{tier}.get_cold", block_bytes=b) / around)
             assert _value(doc, "slab.get_warm", block_bytes=b) > 0
+            assert _value(doc, "raw.write_buffered", block_bytes=b) > 0  # LMDB's page-cache write limit, beside it
+            assert any(r["name"] == "lmdb.put/raw.write_buffered" and r["params"]["block_bytes"] == b for r in doc["ratios"])
         # the host tier is held to both limits, each measured in the same run
         sizes = sorted({f["params"]["block_bytes"] for f in doc["figures"] if f["name"] == "memcpy"})
         assert sizes == [64 << 10, 1 << 20]
