@@ -207,17 +207,23 @@ class HostTier(Tier):
     def publish(self, keys: Sequence[bytes]) -> None:
         """Make reserved keys visible (added to the eviction order) and drop the reservation's reference."""
         with self._lock:
+            reserved = self._reserved
             for key in keys:
-                if key not in self._reserved:
+                if key not in reserved:
                     raise BlockStateError(f"publish of host block {short_key(key)} that is not reserved")
+            published, inverse, order, refs = self._slots, self._keys, self._order, self._refs
             for key in keys:
-                slot = self._reserved.pop(key)
-                self._slots[key] = slot
-                self._keys[slot] = key
-                self._order.add(key, 1)
-                self._deref(slot)
-                self._stats.puts += 1
-                self._stats.bytes_written += self.bpb
+                slot = reserved.pop(key)
+                published[key] = slot
+                inverse[slot] = key
+                order.add(key, 1)
+                count = refs[slot] - 1
+                if count:
+                    refs[slot] = count
+                else:
+                    del refs[slot]
+            self._stats.puts += len(keys)
+            self._stats.bytes_written += len(keys) * self.bpb
 
     def abort(self, keys: Sequence[bytes]) -> None:
         """Return reserved slots to the free list; raises if a key is not reserved or is pinned by someone else."""
