@@ -35,7 +35,7 @@ the lower tiers keep their own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, repeat
 from operator import attrgetter
 
@@ -47,6 +47,7 @@ from kvstore.radix_node import BlockEntry, InsertResult, RadixMatch, RadixNode
 __all__ = ["BlockEntry", "InsertResult", "RadixIndex", "RadixMatch", "RadixNode"]
 
 _GPU_BLOCK = attrgetter("gpu_block")
+_KEY = attrgetter("key")
 
 
 def _as_list(tokens: Sequence[int]) -> list[int]:
@@ -63,7 +64,10 @@ class RadixIndex:
         self.layout = layout
         self.root = RadixNode(entries=[], parent=None)
         self._clock = 0
-        self._by_key: dict[bytes, BlockEntry] = {}
+        self._by_key: dict[bytes, BlockEntry | RadixNode] = {}
+        """Key -> its entry, or the node of a deferred run holding it (until the run's entries are made)."""
+        self.on_entries_made: Callable[[list[BlockEntry]], None] | None = None
+        """Told when a deferred run's entries are made (the store's placement re-records its GPU blocks)."""
         self._roots: dict[bytes, bytes] = {}  # salt bytes -> root key (pure, cached)
 
     # ---------------------------------------------------------------- lookup
@@ -71,8 +75,18 @@ class RadixIndex:
         return len(self._by_key)
 
     def get(self, key: bytes) -> BlockEntry | None:
-        """The entry of ``key`` if indexed. Changes nothing."""
-        return self._by_key.get(key)
+        """The entry of ``key`` if indexed. Changes nothing (but makes a deferred run's entries)."""
+        v = self._by_key.get(key)
+        if type(v) is RadixNode:
+            v.entries  # noqa: B018  # makes them; _entries_made records them here
+            v = self._by_key[key]
+        return v  # type: ignore[return-value]  # a node was replaced by its entries just above
+
+    def _entries_made(self, node: RadixNode, entries: list[BlockEntry]) -> None:
+        """A deferred run's entries were just made: record them in place of their node."""
+        self._by_key.update(zip(map(_KEY, entries), entries))
+        if self.on_entries_made is not None:
+            self.on_entries_made(entries)
 
     def keys_for(self, tokens: Sequence[int], salt: Salt = None) -> list[bytes]:
         """Block keys of ``tokens`` under this index's layout."""
@@ -140,8 +154,9 @@ class RadixIndex:
                 lo = mid + 1
             else:
                 hi = mid
-        matched = self._path_entries(by_key[keys[lo - 1]], lo) if lo else []
-        if matched is None or (matched and by_key.get(keys[0]) is not matched[0]):
+        last = self.get(keys[lo - 1]) if lo else None
+        matched = self._path_entries(last, lo) if last is not None else []
+        if matched is None or (matched and self.get(keys[0]) is not matched[0]):
             matched = self._scan_keys(keys)  # not a chain from the root: the longest run of indexed keys
         node = matched[-1].node if matched else self.root
         assert node is not None
@@ -169,6 +184,10 @@ class RadixIndex:
     def _scan_keys(self, keys: Sequence[bytes]) -> list[BlockEntry]:
         """The entries of the leading indexed keys, probing every key (any key list). Changes nothing."""
         found = list(map(self._by_key.get, keys))  # in C; the probes past a miss cost less than a Python loop
+        if RadixNode in map(type, found):  # deferred runs: make their entries, then probe again
+            for v in {id(v): v for v in found if type(v) is RadixNode}.values():
+                v.entries  # noqa: B018  # makes them; _entries_made records them here
+            found = list(map(self._by_key.get, keys))
         try:
             return found[: found.index(None)]  # type: ignore[return-value]
         except ValueError:
@@ -260,15 +279,14 @@ class RadixIndex:
                 self._set_tokens(child, toks[i * bs : (i + k) * bs], tenant)
             out.extend(child.entries)
             node, i = child, i + k
-        num_existing = i
+        leaf: RadixNode | None = None
         if i < n:
             leaf = self._new_leaf(node, keys[i:], gpu[i:], None if host is None else host[i:],
                                   None if disk is None else disk[i:])
             if toks is not None:
                 self._set_tokens(leaf, toks[i * bs : n * bs], tenant)
-            out.extend(leaf.entries)
             node = leaf
-        return InsertResult(tuple(out), num_existing, node)
+        return InsertResult(tuple(out), node, leaf)
 
     def _new_leaf(self, parent: RadixNode, keys: Sequence[bytes], gpu: list[int | None],
                   host: list[int | None] | None, disk: list[bool] | None) -> RadixNode:
@@ -282,15 +300,18 @@ class RadixIndex:
             for key, g, hs, d in zip(keys, gpu, host or repeat(None), disk or repeat(False)):
                 if g is None and hs is None and not d:
                     raise ValueError(f"insert: block {key.hex()[:16]} must live in at least one tier")
-        leaf = RadixNode(entries=[], parent=parent, last_access=self._clock)
-        if host is None and disk is None:  # a commit: three arguments per entry, the rest left at their defaults
-            leaf.entries = list(map(BlockEntry, keys, gpu, repeat(leaf)))
+        values: Iterable[BlockEntry | RadixNode]
+        if host is None and disk is None and None not in gpu:  # a commit: entries made on first read
+            leaf = RadixNode.deferred(keys, gpu, parent, self._clock, self._entries_made)  # type: ignore[arg-type]
+            values = repeat(leaf)
         else:
+            leaf = RadixNode(entries=[], parent=parent, last_access=self._clock)
             leaf.entries = list(map(BlockEntry, keys, gpu, repeat(leaf), host or repeat(None), disk or repeat(False)))
+            values = leaf.entries
         before = len(by_key)
-        by_key.update(zip(keys, leaf.entries))
+        by_key.update(zip(keys, values))
         if len(by_key) != before + len(keys):  # checked after the update (no disjointness pass): undo it
-            self._undo_keys(keys, leaf.entries)
+            self._undo_keys(keys, leaf)
             dup = next((k for k in keys if k in by_key), None)
             if dup is not None:
                 raise IntegrityError(f"key {dup.hex()[:16]} already indexed under another prefix")
@@ -298,14 +319,19 @@ class RadixIndex:
         parent.children[keys[0]] = leaf
         return leaf
 
-    def _undo_keys(self, keys: Sequence[bytes], entries: list[BlockEntry]) -> None:
-        """Take a failed insert's ``entries`` back out of the key map and restore the entries they replaced
-        (read off the tree, which the failed insert did not change). An error path: O(index)."""
+    def _undo_keys(self, keys: Sequence[bytes], leaf: RadixNode) -> None:
+        """Take a failed insert's ``leaf`` (not in the tree) back out of the key map and restore the entries it
+        replaced (read off the tree, which the failed insert did not change). An error path: O(index)."""
         by_key = self._by_key
-        for k, e in zip(keys, entries):
-            if by_key.get(k) is e:
+        mine = {id(leaf)} if leaf.is_deferred else {id(e) for e in leaf.entries}
+        for k in keys:
+            if id(by_key.get(k)) in mine:
                 del by_key[k]
         for node in self.nodes():
+            if node.is_deferred:  # its keys may have been replaced by the failed leaf's: record the node again
+                assert node._deferred is not None
+                by_key.update(zip(node._deferred[0], repeat(node)))
+                continue
             for e in node.entries:
                 by_key.setdefault(e.key, e)
 
