@@ -55,9 +55,9 @@ class GpuLru:
     """
 
     def __init__(self) -> None:
-        self._q: OrderedDict[int, BlockEntry | RadixNode] = OrderedDict()
-        """Block id -> its entry, or the node of a deferred run holding it (:meth:`Placement._entries_made`
-        replaces the node by the entry in place, keeping the order)."""
+        self._q: OrderedDict[int, None] = OrderedDict()
+        """The queued block ids (keys only: :meth:`Placement.oldest_gpu` finds a block's entry in the block map,
+        so that a deferred run's blocks are queued without entries)."""
 
     def __len__(self) -> int:
         return len(self._q)
@@ -65,11 +65,11 @@ class GpuLru:
     def __contains__(self, block: int) -> bool:
         return block in self._q
 
-    def push(self, block: int, entry: BlockEntry | RadixNode) -> None:
+    def push(self, block: int) -> None:
         """Append ``block`` as the most recently used."""
         if block in self._q:
             raise PlacementError(f"GPU block {block} is already queued for eviction")
-        self._q[block] = entry
+        self._q[block] = None
 
     def discard(self, block: int) -> None:
         """Remove ``block`` if queued."""
@@ -87,14 +87,10 @@ class GpuLru:
         queued: Iterable[int] = filter(q.__contains__, blocks)  # type: ignore[arg-type]  # None is never queued
         deque(map(q.move_to_end, queued), maxlen=0)
 
-    def oldest(self) -> BlockEntry | None:
-        """The least recently used queued entry, without removing it (makes a deferred run's entries)."""
-        for block, entry in self._q.items():
-            if isinstance(entry, RadixNode):
-                entry.entries  # noqa: B018  # makes them: Placement._entries_made records them here
-                entry = self._q[block]
-            assert isinstance(entry, BlockEntry)
-            return entry
+    def oldest(self) -> int | None:
+        """The least recently used queued block, without removing it."""
+        for block in self._q:
+            return block
         return None
 
     def order(self) -> list[int]:
@@ -239,16 +235,13 @@ class Placement:
             raise PlacementError(f"GPU block {b} already records {short_key(owner.key)}")
         self._num_by_block += len(blocks)
 
-    def _entries_made(self, entries: list[BlockEntry]) -> None:
-        """A deferred run's entries were just made (by the index): record each in place of its node, in the
-        block map and, where queued, in the eviction queue (same position)."""
-        bb, q = self._by_block, self.gpu_lru._q
-        for e in entries:
-            b = e.gpu_block
-            if b is not None and bb[b] is e.node:
-                bb[b] = e
-                if b in q:
-                    q[b] = e
+    def _entries_made(self, entries: list[BlockEntry], gpu: list[int]) -> None:
+        """A deferred run's entries were just made by the index (``entries[i]`` in GPU block ``gpu[i]``): record
+        each in place of its node in the block map.
+
+        Every block of a deferred run still records its node here (a change to one of them makes the entries
+        first: :meth:`check` verifies the maps), so these are stores in C, no per-block test in Python."""
+        deque(map(self._by_block.__setitem__, gpu, entries), maxlen=0)
 
     def unindex_gpu(self, entry: BlockEntry) -> None:
         """Forget ``entry``'s GPU copy and drop the index's reference on its block."""
@@ -281,7 +274,7 @@ class Placement:
             if isinstance(entry, RadixNode):  # a deferred run: every block on the GPU, the node in the index
                 if entry.pin_count == 0 and pool.ref_count(b) == 1:
                     if b not in lru:
-                        lru.push(b, entry)
+                        lru.push(b)
                 else:
                     lru.discard(b)
             else:
@@ -295,6 +288,12 @@ class Placement:
     def num_gpu_cached(self) -> int:
         """GPU blocks the index records. Changes nothing."""
         return self._num_by_block
+
+    def oldest_gpu(self) -> BlockEntry | None:
+        """The entry of the least recently used evictable GPU block (``None``: none queued). Makes a deferred
+        run's entries when the block is one of theirs; changes nothing else."""
+        b = self.gpu_lru.oldest()
+        return None if b is None else self.entry_of(b)
 
     def entry_of(self, block: int) -> BlockEntry | None:
         """The indexed entry GPU ``block`` holds, if any. Changes nothing."""
@@ -317,7 +316,7 @@ class Placement:
             return
         if self._evictable(entry):
             if b not in self.gpu_lru:
-                self.gpu_lru.push(b, entry)
+                self.gpu_lru.push(b)
         else:
             self.gpu_lru.discard(b)
 
@@ -575,8 +574,6 @@ class Placement:
             out.append("the GPU block map differs from the index")
         if len(recorded) != self._num_by_block:
             out.append(f"the GPU block map counts {self._num_by_block} blocks but holds {len(recorded)}")
-        if any(isinstance(v, RadixNode) for v in self.gpu_lru._q.values()):
-            out.append("the eviction queue holds a node whose entries are made")
         want = {b for b, e in indexed.items() if self._evictable(e)}
         if want != set(self.gpu_lru.order()):
             out.append(f"eviction queue holds {sorted(self.gpu_lru.order())}, evictable blocks are {sorted(want)}")

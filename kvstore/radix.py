@@ -47,7 +47,6 @@ from kvstore.radix_node import BlockEntry, InsertResult, RadixMatch, RadixNode
 __all__ = ["BlockEntry", "InsertResult", "RadixIndex", "RadixMatch", "RadixNode"]
 
 _GPU_BLOCK = attrgetter("gpu_block")
-_KEY = attrgetter("key")
 
 
 def _as_list(tokens: Sequence[int]) -> list[int]:
@@ -66,7 +65,7 @@ class RadixIndex:
         self._clock = 0
         self._by_key: dict[bytes, BlockEntry | RadixNode] = {}
         """Key -> its entry, or the node of a deferred run holding it (until the run's entries are made)."""
-        self.on_entries_made: Callable[[list[BlockEntry]], None] | None = None
+        self.on_entries_made: Callable[[list[BlockEntry], list[int]], None] | None = None
         """Told when a deferred run's entries are made (the store's placement re-records its GPU blocks)."""
         self._roots: dict[bytes, bytes] = {}  # salt bytes -> root key (pure, cached)
 
@@ -82,11 +81,12 @@ class RadixIndex:
             v = self._by_key[key]
         return v  # type: ignore[return-value]  # a node was replaced by its entries just above
 
-    def _entries_made(self, node: RadixNode, entries: list[BlockEntry]) -> None:
-        """A deferred run's entries were just made: record them in place of their node."""
-        self._by_key.update(zip(map(_KEY, entries), entries))
+    def _entries_made(self, node: RadixNode, entries: list[BlockEntry], keys: Sequence[bytes], gpu: list[int]) -> None:
+        """A deferred run's entries were just made (``keys[i]``, GPU block ``gpu[i]``): record them in place of
+        their node (every key of the run still names it: nothing changes a deferred run's blocks)."""
+        self._by_key.update(zip(keys, entries))
         if self.on_entries_made is not None:
-            self.on_entries_made(entries)
+            self.on_entries_made(entries, gpu)
 
     def keys_for(self, tokens: Sequence[int], salt: Salt = None) -> list[bytes]:
         """Block keys of ``tokens`` under this index's layout."""
@@ -328,9 +328,9 @@ class RadixIndex:
             if id(by_key.get(k)) in mine:
                 del by_key[k]
         for node in self.nodes():
-            if node.is_deferred:  # its keys may have been replaced by the failed leaf's: record the node again
-                assert node._deferred is not None
-                by_key.update(zip(node._deferred[0], repeat(node)))
+            keys_of = node.deferred_keys()
+            if keys_of is not None:  # its keys may have been replaced by the failed leaf's: record the node again
+                by_key.update(zip(keys_of, repeat(node)))
                 continue
             for e in node.entries:
                 by_key.setdefault(e.key, e)
@@ -426,17 +426,27 @@ class RadixIndex:
         node.last_access = self._clock
 
     def remove_leaf(self, node: RadixNode) -> None:
-        """Delete an unpinned leaf and its entries from the index."""
+        """Delete an unpinned leaf and its entries from the index.
+
+        A deferred leaf goes without its entries ever being made (nobody is told): only a refused commit
+        removes one, after undoing its GPU block records itself; any other removal reads the entries first.
+        """
         if node is self.root or node.children or node.pin_count:
             raise BlockStateError("only an unpinned leaf can be removed")
         assert node.parent is not None
-        del node.parent.children[node.entries[0].key]
+        keys = node.deferred_keys()
+        del node.parent.children[keys[0] if keys is not None else node.entries[0].key]
         if node.tok_key is not None:
             del node.parent.tok_children[node.tok_key]
+        node.parent = None
+        if keys is not None:
+            for k in keys:
+                del self._by_key[k]
+            node.drop_deferred()
+            return
         for e in node.entries:
             del self._by_key[e.key]
             e.node = None
-        node.parent = None
 
     def remove_tail(self, node: RadixNode, keep: int) -> list[BlockEntry]:
         """Drop the entries of a leaf after its first ``keep``; returns them (the leaf goes when ``keep`` is 0)."""

@@ -34,7 +34,7 @@ class BlockEntry:
         return None
 
 
-EntriesMade = Callable[["RadixNode", list[BlockEntry]], None]
+EntriesMade = Callable[["RadixNode", list[BlockEntry], Sequence[bytes], list[int]], None]
 """Told when a node's deferred entries are made, so the maps that recorded the node in their place can
 record the entries instead (see :attr:`RadixNode.entries`)."""
 
@@ -76,7 +76,7 @@ class RadixNode:
     def deferred(cls, keys: Sequence[bytes], gpu: list[int], parent: RadixNode, last_access: int,
                  made: EntriesMade) -> RadixNode:
         """A node for a run of GPU-only blocks whose entries are made on first read (``gpu[i]`` holds ``keys[i]``;
-        both are kept, not copied). ``made`` is called once, with the node and its new entries."""
+        both are kept, not copied). ``made`` is called once, with the node, its new entries, ``keys`` and ``gpu``."""
         node = cls([], parent, last_access=last_access)
         node._entries = None
         node._deferred = (keys, gpu, made)
@@ -91,7 +91,7 @@ class RadixNode:
             keys, gpu, made = self._deferred
             es = self._entries = list(map(BlockEntry, keys, gpu, repeat(self)))
             self._deferred = None
-            made(self, es)
+            made(self, es, keys, gpu)
         return es
 
     @entries.setter
@@ -104,6 +104,16 @@ class RadixNode:
     def is_deferred(self) -> bool:
         """Whether the entries are still to be made. Changes nothing."""
         return self._entries is None
+
+    def deferred_keys(self) -> Sequence[bytes] | None:
+        """The run's keys while its entries are deferred, else ``None``. Changes nothing."""
+        return self._deferred[0] if self._deferred is not None else None
+
+    def drop_deferred(self) -> None:
+        """Forget a deferred run without making its entries (its node has left the index): it has none now."""
+        assert self._deferred is not None and self.parent is None
+        self._deferred = None
+        self._entries = []
 
     @property
     def num_blocks(self) -> int:

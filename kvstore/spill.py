@@ -93,7 +93,7 @@ class Spiller:
         moves: list[_Move] = []
         planned = 0
         while h.pool.num_free + planned < n:
-            entry = pl.gpu_lru.oldest()
+            entry = pl.oldest_gpu()
             if entry is None:
                 break
             b = entry.gpu_block

@@ -38,9 +38,9 @@ def test_a_gpu_only_commit_and_free_make_no_entry_and_queue_the_blocks_tail_firs
     assert not leaf.is_deferred and isinstance(e1, BlockEntry)
     assert [e.key for e in leaf.entries] == keys and [e.gpu_block for e in leaf.entries] == blocks
     assert all(e.node is leaf and e.hits == 0 and e.host_slot is None and not e.on_disk for e in leaf.entries)
-    assert [s.h.placement.entry_of(b) for b in blocks] == leaf.entries
+    assert [s.h.placement.entry_of(b) for b in blocks] == leaf.entries  # the block map now holds the entries
     assert [s.index.get(k) for k in keys] == leaf.entries
-    assert s.h.placement.gpu_lru.oldest() is leaf.entries[2]  # the queue now holds the entries, same order
+    assert s.h.placement.oldest_gpu() is leaf.entries[2]
     assert s.h.placement.gpu_lru.order() == [blocks[2], blocks[1], blocks[0]]
     s.check_integrity()
 
