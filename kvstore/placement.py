@@ -1,7 +1,10 @@
 """The one owner of where a block lives: every residency change of the tiered store goes through here.
 
 Where a block lives is recorded in its :class:`~kvstore.radix.BlockEntry`
-(``gpu_block``, ``host_slot``, ``on_disk``). Only :class:`Placement` writes
+(``gpu_block``, ``host_slot``, ``on_disk``); the blocks of a deferred run
+(:class:`~kvstore.radix.RadixNode`), whose entries are not made yet, all live
+on the GPU only, and the block map records their node until the entries are
+made (:meth:`Placement._entries_made`). Only :class:`Placement` writes
 those fields, takes or drops a reference on a GPU block, pins a radix node,
 or reserves, pins, publishes and aborts host slots; the store, the spiller
 and the prefetcher call it. Each transition checks the state it expects

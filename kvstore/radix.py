@@ -20,6 +20,11 @@ copy while a request held the node; a match stops there, and the store removes
 it once the node is unpinned.) The tiered store changes residency only
 through :mod:`kvstore.placement`.
 
+A commit's run of GPU-only blocks is *deferred*: its node keeps the run's keys
+and GPU blocks and makes the entries on the first read of ``node.entries``
+(see :class:`RadixNode`); until then the key map records the node for each
+of its keys, and :meth:`get` makes the entries when asked for one.
+
 Nodes also keep their tokens when the caller gives them (the store always
 does), so :meth:`RadixIndex.match` can walk the tree by token comparison, as
 SGLang's radix cache does, and a prompt whose prefix is cached costs no
@@ -428,8 +433,9 @@ class RadixIndex:
     def remove_leaf(self, node: RadixNode) -> None:
         """Delete an unpinned leaf and its entries from the index.
 
-        A deferred leaf goes without its entries ever being made (nobody is told): only a refused commit
-        removes one, after undoing its GPU block records itself; any other removal reads the entries first.
+        A deferred leaf goes without its entries ever being made (nobody is told): records of its blocks
+        elsewhere are the caller's to clear. The store's placement reads a node's entries before it removes
+        it, except for the leaf of a refused commit, whose GPU block records it has undone already.
         """
         if node is self.root or node.children or node.pin_count:
             raise BlockStateError("only an unpinned leaf can be removed")

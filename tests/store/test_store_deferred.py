@@ -150,3 +150,40 @@ def test_pinning_a_deferred_run_through_acquire_keeps_it_off_the_eviction_queue(
     s.release(lease)
     assert s.h.placement.gpu_lru.order() == [blocks[2], blocks[1], blocks[0]]
     s.check_integrity()
+
+
+def test_the_index_tells_its_listener_once_with_the_runs_entries_and_blocks() -> None:
+    idx = RadixIndex(LAYOUT)
+    told: list[tuple[list[BlockEntry], list[int]]] = []
+    idx.on_entries_made = lambda entries, gpu: told.append((list(entries), list(gpu)))
+    keys = idx.keys_for(toks(0, 3))
+    res = idx.insert(keys, gpu_blocks=[4, 5, 6], tokens=toks(0, 3))
+    assert told == [] and res.num_new == 3
+    assert idx.match(toks(0, 3)).num_blocks == 3
+    assert len(told) == 1 and told[0][1] == [4, 5, 6] and [e.key for e in told[0][0]] == keys
+    assert told[0][0] == res.new_entries == [idx.get(k) for k in keys]
+    idx.match(toks(0, 3))
+    assert len(told) == 1  # made once
+    idx.check_integrity()
+
+
+def test_removing_a_deferred_leaf_makes_no_entries_and_forgets_its_keys() -> None:
+    idx = RadixIndex(LAYOUT)
+    told: list[list[int]] = []
+    idx.on_entries_made = lambda entries, gpu: told.append(gpu)
+    keys = idx.keys_for(toks(0, 2))
+    res = idx.insert(keys, gpu_blocks=[0, 1], tokens=toks(0, 2))
+    assert res.leaf is not None
+    idx.remove_leaf(res.leaf)
+    assert told == [] and len(idx) == 0 and idx.get(keys[0]) is None and idx.match(toks(0, 2)).num_blocks == 0
+    assert res.leaf.parent is None and res.leaf.entries == [] and not res.leaf.is_deferred
+    idx.check_integrity()
+
+
+def test_host_or_disk_residency_or_a_block_without_gpu_copy_is_indexed_with_entries_at_once() -> None:
+    idx = RadixIndex(LAYOUT)
+    a = idx.insert(idx.keys_for(toks(0, 2)), gpu_blocks=[0, None], on_disk=[True, True])
+    b = idx.insert(idx.keys_for(toks(50, 2)), gpu_blocks=[2, 3], host_slots=[None, 1])
+    assert a.leaf is not None and not a.leaf.is_deferred and b.leaf is not None and not b.leaf.is_deferred
+    assert [e.on_disk for e in a.new_entries] == [True, True] and [e.host_slot for e in b.new_entries] == [None, 1]
+    idx.check_integrity()
