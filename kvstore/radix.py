@@ -159,9 +159,11 @@ class RadixIndex:
                 lo = mid + 1
             else:
                 hi = mid
-        last = self.get(keys[lo - 1]) if lo else None
-        matched = self._path_entries(last, lo) if last is not None else []
-        if matched is None or (matched and self.get(keys[0]) is not matched[0]):
+        last = by_key[keys[lo - 1]] if lo else None
+        if type(last) is RadixNode:  # a deferred run: make its entries
+            last = self.get(keys[lo - 1])
+        matched = self._path_entries(last, lo) if last is not None else []  # type: ignore[arg-type]
+        if matched is None or (matched and by_key.get(keys[0]) is not matched[0]):  # the path's entries are made
             matched = self._scan_keys(keys)  # not a chain from the root: the longest run of indexed keys
         node = matched[-1].node if matched else self.root
         assert node is not None
