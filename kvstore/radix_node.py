@@ -46,9 +46,11 @@ class RadixNode:
     :class:`BlockEntry` objects are made on the first read of :attr:`entries`. Why: one Python object per
     block (and the collector passes 8192 new objects set off) was most of a commit's time; a commit
     followed by the caller's ``free`` needs no entry at all (the key map and the GPU block map record
-    the node until then). A deferred run's blocks live on the GPU only, have no hits and are not pinned
-    alone: any change to one of them reads :attr:`entries` first, which makes them and tells the owner
-    of those maps (:data:`EntriesMade`). Read :attr:`entries` under the store's lock.
+    the node until then). A deferred run's blocks live on the GPU only, with no hits; the node's pins,
+    access time and tokens are kept as for any node. Whatever reads or changes one block's entry reads
+    :attr:`entries` first, which makes them all and tells the owner of those maps (:data:`EntriesMade`),
+    so a block's state is never in two places. Read :attr:`entries` under the store's lock: making
+    them changes those maps.
     """
 
     __slots__ = ("_entries", "_deferred", "parent", "children", "pin_count", "last_access", "tokens",
