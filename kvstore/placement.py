@@ -1,7 +1,10 @@
 """The one owner of where a block lives: every residency change of the tiered store goes through here.
 
 Where a block lives is recorded in its :class:`~kvstore.radix.BlockEntry`
-(``gpu_block``, ``host_slot``, ``on_disk``). Only :class:`Placement` writes
+(``gpu_block``, ``host_slot``, ``on_disk``); the blocks of a deferred run
+(:class:`~kvstore.radix.RadixNode`), whose entries are not made yet, all live
+on the GPU only, and the block map records their node until the entries are
+made (:meth:`Placement._entries_made`). Only :class:`Placement` writes
 those fields, takes or drops a reference on a GPU block, pins a radix node,
 or reserves, pins, publishes and aborts host slots; the store, the spiller
 and the prefetcher call it. Each transition checks the state it expects
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -54,7 +58,9 @@ class GpuLru:
     """
 
     def __init__(self) -> None:
-        self._q: OrderedDict[int, BlockEntry] = OrderedDict()
+        self._q: OrderedDict[int, None] = OrderedDict()
+        """The queued block ids (keys only: :meth:`Placement.oldest_gpu` finds a block's entry in the block map,
+        so that a deferred run's blocks are queued without entries)."""
 
     def __len__(self) -> int:
         return len(self._q)
@@ -62,11 +68,11 @@ class GpuLru:
     def __contains__(self, block: int) -> bool:
         return block in self._q
 
-    def push(self, block: int, entry: BlockEntry) -> None:
+    def push(self, block: int) -> None:
         """Append ``block`` as the most recently used."""
         if block in self._q:
             raise PlacementError(f"GPU block {block} is already queued for eviction")
-        self._q[block] = entry
+        self._q[block] = None
 
     def discard(self, block: int) -> None:
         """Remove ``block`` if queued."""
@@ -84,10 +90,10 @@ class GpuLru:
         queued: Iterable[int] = filter(q.__contains__, blocks)  # type: ignore[arg-type]  # None is never queued
         deque(map(q.move_to_end, queued), maxlen=0)
 
-    def oldest(self) -> BlockEntry | None:
-        """The least recently used queued entry, without removing it."""
-        for entry in self._q.values():
-            return entry
+    def oldest(self) -> int | None:
+        """The least recently used queued block, without removing it."""
+        for block in self._q:
+            return block
         return None
 
     def order(self) -> list[int]:
@@ -121,9 +127,11 @@ class Placement:
     def __init__(self, h: Hierarchy) -> None:
         self.h = h
         self.gpu_lru = GpuLru()
-        self._by_block: list[BlockEntry | None] = [None] * h.pool.num_blocks
-        """GPU block id -> the entry the index records in it. A list, not a dict: a commit records every block
+        self._by_block: list[BlockEntry | RadixNode | None] = [None] * h.pool.num_blocks
+        """GPU block id -> the entry the index records in it, or the node of a deferred run holding it (until the
+        run's entries are made: :meth:`_entries_made`). A list, not a dict: a commit records every block
         of a prompt (8192 at 128k tokens) and list stores cost about a third of dict inserts."""
+        h.index.on_entries_made = self._entries_made
         self._num_by_block = 0
         """Blocks recorded in :attr:`_by_block`."""
         self._homeless: dict[bytes, BlockEntry] = {}  # entries with no copy left, removed once unpinned
@@ -137,10 +145,10 @@ class Placement:
         if entry.gpu_block is not None:
             raise PlacementError(f"block {short_key(entry.key)} already in GPU block {entry.gpu_block}")
         self.h.pool.incref([block])  # checks the id first
-        owner = self._by_block[block]
-        if owner is not None:
+        if self._by_block[block] is not None:
             self.h.pool.free([block])
-            raise PlacementError(f"GPU block {block} already records {short_key(owner.key)}")
+            owner = self.entry_of(block)
+            raise PlacementError(f"GPU block {block} already records {short_key(owner.key) if owner else '?'}")
         entry.gpu_block = block
         self._by_block[block] = entry
         self._num_by_block += 1
@@ -166,17 +174,17 @@ class Placement:
         disks = list(disk) if disk is not None else None
         res = self.h.index.insert(keys, gpu_blocks=gpu, host_slots=hosts, on_disk=disks, tokens=tokens, salt=salt)
         k = res.num_existing
-        try:
-            self._register_new_gpu(res.entries[k:], gpu[k:] if k else gpu)
-        except PlacementError:
-            if k < len(keys):  # the new blocks are one new leaf: take it out again, the failed insert indexes nothing
-                self.h.index.remove_leaf(res.node)
-            raise
+        if res.leaf is not None:
+            try:
+                self._register_new_gpu(res.leaf, gpu[k:] if k else gpu)
+            except PlacementError:  # the new blocks are one new leaf: take it out again, the failed insert indexes nothing
+                self.h.index.remove_leaf(res.leaf)
+                raise
         memory = self.h.use_memory
         if memory is not None and len(memory):  # a block indexed again resumes the count it was dropped with
-            for e in res.entries[k:]:
+            for e in res.new_entries:
                 e.hits += memory.recall(e.key)
-        for i, e in enumerate(res.entries[: res.num_existing]):
+        for i, e in enumerate(res.existing):
             g = gpu[i]
             if g is not None and e.gpu_block is None:
                 self.index_gpu(e, g)
@@ -186,37 +194,57 @@ class Placement:
                 e.on_disk = True
         return res
 
-    def _register_new_gpu(self, new: Sequence[BlockEntry], gpu: list[int | None]) -> None:
-        """Take the index's reference on the GPU blocks of entries just created with them (``gpu[i]`` is
-        ``new[i]``'s block, the list they were made from: no pass over the entries to read it back).
+    def _register_new_gpu(self, leaf: RadixNode, gpu: list[int | None]) -> None:
+        """Take the index's reference on the GPU blocks of a leaf just created with them (``gpu[i]`` is its
+        ``i``-th block's, the list it was made from: no pass over the entries to read it back). A deferred
+        leaf is recorded itself, for every block (see :meth:`_entries_made`).
 
         None of them becomes evictable: the caller still holds its own reference (``incref``
         requires one), so each count is at least 2 and :meth:`_requeue` would change nothing.
         Changes nothing on error: a block recorded already, or offered twice, ends the recording pass,
         which is then undone (the caller takes the new entries out of the index).
         """
-        if None in gpu:
-            pairs = [(e, b) for e, b in zip(new, gpu) if b is not None]
+        new: Iterable[BlockEntry | RadixNode]
+        blocks: list[int]
+        if leaf.is_deferred:  # made with a GPU block each
+            new, blocks = repeat(leaf), gpu  # type: ignore[assignment]  # no None: the index defers only those
+        elif None in gpu:
+            pairs = [(e, b) for e, b in zip(leaf.entries, gpu) if b is not None]
             new, blocks = [e for e, _ in pairs], [b for _, b in pairs]
         else:
-            blocks = gpu  # type: ignore[assignment]
+            new, blocks = leaf.entries, gpu  # type: ignore[assignment]  # no None, checked just above
         if not blocks:
             return
         pool, bb = self.h.pool, self._by_block
         pool.incref(blocks)  # checks the ids first
-        owner: BlockEntry | None = None
+        owner: BlockEntry | RadixNode | None = None
+        done = 0
         for b, e in zip(blocks, new):  # one pass: a block recorded already, or offered twice, stops it
             owner = bb[b]
             if owner is not None:
                 break
             bb[b] = e
+            done += 1
         if owner is not None:  # undo: clear what this pass recorded, drop the references taken
-            for b2, e2 in zip(blocks, new):
-                if bb[b2] is e2:
-                    bb[b2] = None
+            for b2 in blocks[:done]:
+                bb[b2] = None
             pool.free(blocks)
+            if owner is leaf or (isinstance(owner, BlockEntry) and owner.node is leaf):
+                raise PlacementError(f"GPU block {b} already records another block of this commit (offered twice)")
+            if isinstance(owner, RadixNode):
+                owner.entries  # noqa: B018  # makes them: _entries_made records them in place of the node
+                owner = bb[b]
+            assert isinstance(owner, BlockEntry)
             raise PlacementError(f"GPU block {b} already records {short_key(owner.key)}")
         self._num_by_block += len(blocks)
+
+    def _entries_made(self, entries: list[BlockEntry], gpu: list[int]) -> None:
+        """A deferred run's entries were just made by the index (``entries[i]`` in GPU block ``gpu[i]``): record
+        each in place of its node in the block map.
+
+        Every block of a deferred run still records its node here (a change to one of them makes the entries
+        first: :meth:`check` verifies the maps), so these are stores in C, no per-block test in Python."""
+        deque(map(self._by_block.__setitem__, gpu, entries), maxlen=0)
 
     def unindex_gpu(self, entry: BlockEntry) -> None:
         """Forget ``entry``'s GPU copy and drop the index's reference on its block."""
@@ -241,10 +269,18 @@ class Placement:
         A prefix's blocks are queued last first, so its tail is evicted before its head.
         """
         self.h.pool.free(blocks)
-        by_block = self._by_block
+        by_block, pool, lru = self._by_block, self.h.pool, self.gpu_lru
         for b in reversed(blocks):
             entry = by_block[b]  # the ids were checked by the pool's free
-            if entry is not None:
+            if entry is None:
+                continue
+            if isinstance(entry, RadixNode):  # a deferred run: every block on the GPU, the node in the index
+                if entry.pin_count == 0 and pool.ref_count(b) == 1:
+                    if b not in lru:
+                        lru.push(b)
+                else:
+                    lru.discard(b)
+            else:
                 self._requeue(entry)
 
     def touch(self, entries: Sequence[BlockEntry]) -> None:
@@ -256,9 +292,22 @@ class Placement:
         """GPU blocks the index records. Changes nothing."""
         return self._num_by_block
 
+    def oldest_gpu(self) -> BlockEntry | None:
+        """The entry of the least recently used evictable GPU block (``None``: none queued). Makes a deferred
+        run's entries when the block is one of theirs; changes nothing else."""
+        b = self.gpu_lru.oldest()
+        return None if b is None else self.entry_of(b)
+
     def entry_of(self, block: int) -> BlockEntry | None:
         """The indexed entry GPU ``block`` holds, if any. Changes nothing."""
-        return self._by_block[block] if 0 <= block < len(self._by_block) else None
+        if not 0 <= block < len(self._by_block):
+            return None
+        v = self._by_block[block]
+        if isinstance(v, RadixNode):
+            v.entries  # noqa: B018  # makes them: _entries_made records them in place of the node
+            v = self._by_block[block]
+        assert not isinstance(v, RadixNode)
+        return v
 
     def _evictable(self, entry: BlockEntry) -> bool:
         b = entry.gpu_block
@@ -270,7 +319,7 @@ class Placement:
             return
         if self._evictable(entry):
             if b not in self.gpu_lru:
-                self.gpu_lru.push(b, entry)
+                self.gpu_lru.push(b)
         else:
             self.gpu_lru.discard(b)
 
@@ -523,7 +572,7 @@ class Placement:
             for e in node.entries:
                 if e.gpu_block is not None:
                     indexed[e.gpu_block] = e
-        recorded = {b: e for b, e in enumerate(self._by_block) if e is not None}
+        recorded = {b: self.entry_of(b) for b, e in enumerate(self._by_block) if e is not None}
         if indexed.keys() != recorded.keys() or any(indexed[b] is not e for b, e in recorded.items()):
             out.append("the GPU block map differs from the index")
         if len(recorded) != self._num_by_block:

@@ -20,6 +20,11 @@ copy while a request held the node; a match stops there, and the store removes
 it once the node is unpinned.) The tiered store changes residency only
 through :mod:`kvstore.placement`.
 
+A commit's run of GPU-only blocks is *deferred*: its node keeps the run's keys
+and GPU blocks and makes the entries on the first read of ``node.entries``
+(see :class:`RadixNode`); until then the key map records the node for each
+of its keys, and :meth:`get` makes the entries when asked for one.
+
 Nodes also keep their tokens when the caller gives them (the store always
 does), so :meth:`RadixIndex.match` can walk the tree by token comparison, as
 SGLang's radix cache does, and a prompt whose prefix is cached costs no
@@ -35,7 +40,7 @@ the lower tiers keep their own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, repeat
 from operator import attrgetter
 
@@ -63,7 +68,10 @@ class RadixIndex:
         self.layout = layout
         self.root = RadixNode(entries=[], parent=None)
         self._clock = 0
-        self._by_key: dict[bytes, BlockEntry] = {}
+        self._by_key: dict[bytes, BlockEntry | RadixNode] = {}
+        """Key -> its entry, or the node of a deferred run holding it (until the run's entries are made)."""
+        self.on_entries_made: Callable[[list[BlockEntry], list[int]], None] | None = None
+        """Told when a deferred run's entries are made (the store's placement re-records its GPU blocks)."""
         self._roots: dict[bytes, bytes] = {}  # salt bytes -> root key (pure, cached)
 
     # ---------------------------------------------------------------- lookup
@@ -71,8 +79,19 @@ class RadixIndex:
         return len(self._by_key)
 
     def get(self, key: bytes) -> BlockEntry | None:
-        """The entry of ``key`` if indexed. Changes nothing."""
-        return self._by_key.get(key)
+        """The entry of ``key`` if indexed. Changes nothing (but makes a deferred run's entries)."""
+        v = self._by_key.get(key)
+        if type(v) is RadixNode:
+            v.entries  # noqa: B018  # makes them; _entries_made records them here
+            v = self._by_key[key]
+        return v  # type: ignore[return-value]  # a node was replaced by its entries just above
+
+    def _entries_made(self, node: RadixNode, entries: list[BlockEntry], keys: Sequence[bytes], gpu: list[int]) -> None:
+        """A deferred run's entries were just made (``keys[i]``, GPU block ``gpu[i]``): record them in place of
+        their node (every key of the run still names it: nothing changes a deferred run's blocks)."""
+        self._by_key.update(zip(keys, entries))
+        if self.on_entries_made is not None:
+            self.on_entries_made(entries, gpu)
 
     def keys_for(self, tokens: Sequence[int], salt: Salt = None) -> list[bytes]:
         """Block keys of ``tokens`` under this index's layout."""
@@ -140,8 +159,11 @@ class RadixIndex:
                 lo = mid + 1
             else:
                 hi = mid
-        matched = self._path_entries(by_key[keys[lo - 1]], lo) if lo else []
-        if matched is None or (matched and by_key.get(keys[0]) is not matched[0]):
+        last = by_key[keys[lo - 1]] if lo else None
+        if type(last) is RadixNode:  # a deferred run: make its entries
+            last = self.get(keys[lo - 1])
+        matched = self._path_entries(last, lo) if last is not None else []  # type: ignore[arg-type]
+        if matched is None or (matched and by_key.get(keys[0]) is not matched[0]):  # the path's entries are made
             matched = self._scan_keys(keys)  # not a chain from the root: the longest run of indexed keys
         node = matched[-1].node if matched else self.root
         assert node is not None
@@ -169,6 +191,10 @@ class RadixIndex:
     def _scan_keys(self, keys: Sequence[bytes]) -> list[BlockEntry]:
         """The entries of the leading indexed keys, probing every key (any key list). Changes nothing."""
         found = list(map(self._by_key.get, keys))  # in C; the probes past a miss cost less than a Python loop
+        if RadixNode in map(type, found):  # deferred runs: make their entries, then probe again
+            for v in {id(v): v for v in found if type(v) is RadixNode}.values():
+                v.entries  # noqa: B018  # makes them; _entries_made records them here
+            found = list(map(self._by_key.get, keys))
         try:
             return found[: found.index(None)]  # type: ignore[return-value]
         except ValueError:
@@ -260,15 +286,14 @@ class RadixIndex:
                 self._set_tokens(child, toks[i * bs : (i + k) * bs], tenant)
             out.extend(child.entries)
             node, i = child, i + k
-        num_existing = i
+        leaf: RadixNode | None = None
         if i < n:
             leaf = self._new_leaf(node, keys[i:], gpu[i:], None if host is None else host[i:],
                                   None if disk is None else disk[i:])
             if toks is not None:
                 self._set_tokens(leaf, toks[i * bs : n * bs], tenant)
-            out.extend(leaf.entries)
             node = leaf
-        return InsertResult(tuple(out), num_existing, node)
+        return InsertResult(tuple(out), node, leaf)
 
     def _new_leaf(self, parent: RadixNode, keys: Sequence[bytes], gpu: list[int | None],
                   host: list[int | None] | None, disk: list[bool] | None) -> RadixNode:
@@ -282,15 +307,18 @@ class RadixIndex:
             for key, g, hs, d in zip(keys, gpu, host or repeat(None), disk or repeat(False)):
                 if g is None and hs is None and not d:
                     raise ValueError(f"insert: block {key.hex()[:16]} must live in at least one tier")
-        leaf = RadixNode(entries=[], parent=parent, last_access=self._clock)
-        if host is None and disk is None:  # a commit: three arguments per entry, the rest left at their defaults
-            leaf.entries = list(map(BlockEntry, keys, gpu, repeat(leaf)))
+        values: Iterable[BlockEntry | RadixNode]
+        if host is None and disk is None and None not in gpu:  # a commit: entries made on first read
+            leaf = RadixNode.deferred(keys, gpu, parent, self._clock, self._entries_made)  # type: ignore[arg-type]
+            values = repeat(leaf)
         else:
+            leaf = RadixNode(entries=[], parent=parent, last_access=self._clock)
             leaf.entries = list(map(BlockEntry, keys, gpu, repeat(leaf), host or repeat(None), disk or repeat(False)))
+            values = leaf.entries
         before = len(by_key)
-        by_key.update(zip(keys, leaf.entries))
+        by_key.update(zip(keys, values))
         if len(by_key) != before + len(keys):  # checked after the update (no disjointness pass): undo it
-            self._undo_keys(keys, leaf.entries)
+            self._undo_keys(keys, leaf)
             dup = next((k for k in keys if k in by_key), None)
             if dup is not None:
                 raise IntegrityError(f"key {dup.hex()[:16]} already indexed under another prefix")
@@ -298,14 +326,19 @@ class RadixIndex:
         parent.children[keys[0]] = leaf
         return leaf
 
-    def _undo_keys(self, keys: Sequence[bytes], entries: list[BlockEntry]) -> None:
-        """Take a failed insert's ``entries`` back out of the key map and restore the entries they replaced
-        (read off the tree, which the failed insert did not change). An error path: O(index)."""
+    def _undo_keys(self, keys: Sequence[bytes], leaf: RadixNode) -> None:
+        """Take a failed insert's ``leaf`` (not in the tree) back out of the key map and restore the entries it
+        replaced (read off the tree, which the failed insert did not change). An error path: O(index)."""
         by_key = self._by_key
-        for k, e in zip(keys, entries):
-            if by_key.get(k) is e:
+        mine = {id(leaf)} if leaf.is_deferred else {id(e) for e in leaf.entries}
+        for k in keys:
+            if id(by_key.get(k)) in mine:
                 del by_key[k]
         for node in self.nodes():
+            keys_of = node.deferred_keys()
+            if keys_of is not None:  # its keys may have been replaced by the failed leaf's: record the node again
+                by_key.update(zip(keys_of, repeat(node)))
+                continue
             for e in node.entries:
                 by_key.setdefault(e.key, e)
 
@@ -400,17 +433,28 @@ class RadixIndex:
         node.last_access = self._clock
 
     def remove_leaf(self, node: RadixNode) -> None:
-        """Delete an unpinned leaf and its entries from the index."""
+        """Delete an unpinned leaf and its entries from the index.
+
+        A deferred leaf goes without its entries ever being made (nobody is told): records of its blocks
+        elsewhere are the caller's to clear. The store's placement reads a node's entries before it removes
+        it, except for the leaf of a refused commit, whose GPU block records it has undone already.
+        """
         if node is self.root or node.children or node.pin_count:
             raise BlockStateError("only an unpinned leaf can be removed")
         assert node.parent is not None
-        del node.parent.children[node.entries[0].key]
+        keys = node.deferred_keys()
+        del node.parent.children[keys[0] if keys is not None else node.entries[0].key]
         if node.tok_key is not None:
             del node.parent.tok_children[node.tok_key]
+        node.parent = None
+        if keys is not None:
+            for k in keys:
+                del self._by_key[k]
+            node.drop_deferred()
+            return
         for e in node.entries:
             del self._by_key[e.key]
             e.node = None
-        node.parent = None
 
     def remove_tail(self, node: RadixNode, keep: int) -> list[BlockEntry]:
         """Drop the entries of a leaf after its first ``keep``; returns them (the leaf goes when ``keep`` is 0)."""

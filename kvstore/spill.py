@@ -93,7 +93,7 @@ class Spiller:
         moves: list[_Move] = []
         planned = 0
         while h.pool.num_free + planned < n:
-            entry = pl.gpu_lru.oldest()
+            entry = pl.oldest_gpu()
             if entry is None:
                 break
             b = entry.gpu_block
@@ -246,6 +246,11 @@ class Spiller:
         h.events.put(kind, key, tier)  # type: ignore[arg-type]
 
     # -------------------------------------------------------- write policy
+    @property
+    def takes_commits(self) -> bool:
+        """Whether :meth:`on_commit` does anything (write-through with a tier below the GPU). Changes nothing."""
+        return self.policy.write == "write_through" and (self.h.host is not None or self.h.disk is not None)
+
     def on_commit(self, entries: Sequence[BlockEntry]) -> None:
         """Apply the write policy to freshly committed blocks (call without the lock)."""
         if self.policy.write == "write_through":

@@ -435,12 +435,15 @@ class TieredStore:
         h = self.h
         with h.lock:
             res = h.placement.insert(keys, list(block_ids), tokens=tokens, salt=salt)
-            new = res.entries[res.num_existing :]
+            # The new entries are made only when a writer takes them (a GPU-only store defers them: see RadixNode).
+            takes = self.spiller.takes_commits or self.remote_writer is not None
+            new = res.new_entries if takes else []
             h.events.put_many("stored", keys[res.num_existing :], "gpu")
-        self.spiller.on_commit(new)
-        if self.remote_writer is not None:
-            self.remote_writer.on_commit(new)
-        return len(new)
+        if takes:
+            self.spiller.on_commit(new)
+            if self.remote_writer is not None:
+                self.remote_writer.on_commit(new)
+        return res.num_new
 
     def offload(self, tier: str) -> int:
         """Move every unused block out of ``tier`` (``"gpu"`` or ``"host"``) into the next tier down.

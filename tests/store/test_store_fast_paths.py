@@ -6,7 +6,7 @@ import pytest
 
 from kvstore.events import EventQueue, StoreEvent
 from kvstore.placement import GpuLru, PlacementError
-from kvstore.radix import BlockEntry, RadixIndex
+from kvstore.radix import RadixIndex
 
 from storelib import LAYOUT, make_store, prefill
 
@@ -48,7 +48,7 @@ def test_commit_publishes_one_stored_event_per_new_block_in_chain_order() -> Non
 def test_touch_all_moves_queued_blocks_in_order_and_skips_none_and_unqueued() -> None:
     lru = GpuLru()
     for b in (1, 2, 3, 4):
-        lru.push(b, BlockEntry(bytes([b])))
+        lru.push(b)
     lru.touch_all([3, None, 9, 1])
     assert lru.order() == [2, 4, 3, 1]
 
