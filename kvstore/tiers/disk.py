@@ -92,7 +92,7 @@ from kvstore.tiers.base import BlockReader, Buffer, PooledTier, TierStats, Victi
 from kvstore.tiers.datadir import FILE_MODE, DirLock, make_private_dir, narrow
 from kvstore.tiers.gate import ResizeGate
 from kvstore.tiers.lmdbcheck import check_environment, damaged, repair_hint
-from kvstore.tiers.eviction import make_order
+from kvstore.tiers.eviction import EvictionOrder, order_for
 from kvstore.tiers.victims import Handover
 
 log = logging.getLogger(__name__)
@@ -135,11 +135,13 @@ class DiskTier(PooledTier):
         map_step: int = 64 << 20,
         readahead: bool = True,
         eviction: str = "lru",
+        order: EvictionOrder | None = None,
     ) -> None:
         """Open (creating if needed) the environment and load the LRU order; starts the I/O and sync threads.
 
         ``readahead=False``: LMDB's ``MADV_RANDOM`` map, every cold page a separate read (module docstring).
         ``eviction``: ``lru``, ``s3fifo`` or ``gdsf`` (:mod:`kvstore.tiers.eviction`); see :meth:`_load_lru` for reopen.
+        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
         ``read_threads``: how many runs one large get is read in at once (:meth:`get`); 1 reads on the caller's thread.
         """
         if read_threads < 1:
@@ -174,7 +176,7 @@ class DiskTier(PooledTier):
         self._read_stats_lock = threading.Lock()  # get's counters, so a read never waits for a commit
         self._gate = ResizeGate()
         self._log = RateLimitedLog(log)  # corrupt values, unreadable pages: once per interval, not per block
-        self._lru = make_order(eviction)  # the eviction order; named `_lru` for the database it mirrors
+        self._lru = order_for(eviction, order)  # the eviction order; named `_lru` for the database it mirrors
         self._handover = Handover(self.name)  # the victim hook (set_victim_hook) and its pending sends
         self._touched: dict[bytes, int] = {}  # key -> access counter not yet written to `lru`
         self._clock = 0
@@ -196,12 +198,13 @@ class DiskTier(PooledTier):
         self._readers = ThreadPoolExecutor(max(1, read_threads - 1), thread_name_prefix="kvstore-lmdb-read")
 
     @classmethod
-    def from_config(cls, section: DiskConfig, layout: KVLayout) -> DiskTier:
-        """Build from the ``disk`` section of the config."""
+    def from_config(cls, section: DiskConfig, layout: KVLayout, *, order: EvictionOrder | None = None) -> DiskTier:
+        """Build from the ``disk`` section of the config (``order``: see :meth:`__init__`)."""
         return cls(
             layout, section.directory(), int(section.max_size), codec=section.codec, codec_level=section.codec_level,
             sync=section.sync, sync_interval_ms=section.sync_interval_ms, sync_bytes=int(section.sync_bytes),
             io_threads=section.io_threads, read_threads=section.read_threads, eviction=section.eviction,
+            order=order,
         )
 
     def _open_env(self, sync: str, readahead: bool) -> lmdb.Environment:

@@ -72,8 +72,8 @@ def test_memory_is_bounded_by_the_budget() -> None:
     for i in range(5000):
         _access(d, i % 700, 64)
         assert len(d) <= 64
-    minis = d._minis  # noqa: SLF001 - the miniatures' sizes are the bound being tested
-    assert all(m.used <= 64 // 4 for m in minis) and len(d._loaded) <= max(64, 4 * len(minis[0]))  # noqa: SLF001
+    minis = d.referee._minis  # noqa: SLF001 - the miniatures' sizes are the bound being tested
+    assert all(m.used <= 64 // 4 for m in minis) and len(d.referee._loaded) <= max(64, 4 * len(minis[0]))  # noqa: SLF001
 
 
 def test_bad_contenders_are_refused() -> None:
