@@ -262,3 +262,17 @@ def test_eviction_policy_by_name_and_error_names_field_and_file(tmp_path: Path) 
     with pytest.raises(ConfigError, match=r"disk\.eviction: Input should be 'lru', 's3fifo', 'gdsf' or 'duel'") as info:
         load_config(p, environ={})
     assert str(p) in str(info.value)
+
+
+def test_duel_scope_below_gpu_needs_host_and_disk_duels() -> None:
+    both = {"host": {"eviction": "duel"}, "disk": {"eviction": "duel"}}
+    assert parse_config({"policy": {"duel_scope": "below_gpu"}, **both}).policy.duel_scope == "below_gpu"
+    assert parse_config({}).policy.duel_scope == "tier"
+    with pytest.raises(ConfigError, match="below_gpu needs host.eviction: duel, not gdsf"):
+        parse_config({"policy": {"duel_scope": "below_gpu"}, "host": {"eviction": "gdsf"}, "disk": {"eviction": "duel"}})
+    with pytest.raises(ConfigError, match="below_gpu needs file.eviction: duel, not lru"):
+        parse_config({"policy": {"duel_scope": "below_gpu"}, "tiers": ["host", "file"], **both})
+    with pytest.raises(ConfigError, match="needs a host and a disk tier"):
+        parse_config({"policy": {"duel_scope": "below_gpu"}, "tiers": ["host"], **both})
+    with pytest.raises(ConfigError, match="duel_scope: Input should be 'tier' or 'below_gpu'"):
+        parse_config({"policy": {"duel_scope": "pair"}})
