@@ -141,11 +141,13 @@ class DiskTier(PooledTier):
 
         ``readahead=False``: LMDB's ``MADV_RANDOM`` map, every cold page a separate read (module docstring).
         ``eviction``: ``lru``, ``s3fifo`` or ``gdsf`` (:mod:`kvstore.tiers.eviction`); see :meth:`_load_lru` for reopen.
-        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
+        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared
+        duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
         ``read_threads``: how many runs one large get is read in at once (:meth:`get`); 1 reads on the caller's thread.
         """
         if read_threads < 1:
             raise ValueError(f"disk.read_threads must be at least 1, got {read_threads}")
+        chosen = order_for(eviction, order)  # refused before anything is opened
         super().__init__(layout)
         CODECS.get(codec)  # unknown names fail here, not on the first put
         self.path = os.fspath(path)
@@ -176,7 +178,7 @@ class DiskTier(PooledTier):
         self._read_stats_lock = threading.Lock()  # get's counters, so a read never waits for a commit
         self._gate = ResizeGate()
         self._log = RateLimitedLog(log)  # corrupt values, unreadable pages: once per interval, not per block
-        self._lru = order_for(eviction, order)  # the eviction order; named `_lru` for the database it mirrors
+        self._lru = chosen  # the eviction order; named `_lru` for the database it mirrors
         self._handover = Handover(self.name)  # the victim hook (set_victim_hook) and its pending sends
         self._touched: dict[bytes, int] = {}  # key -> access counter not yet written to `lru`
         self._clock = 0

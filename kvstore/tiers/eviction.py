@@ -102,7 +102,7 @@ def order_for(name: str, given: EvictionOrder | None) -> EvictionOrder:
     if given is None:
         return make_order(name)
     if type(given) is not type(make_order(name)):
-        raise ValueError(f"the order given is a {type(given).__name__}, not the {name!r} order the tier is configured for")
+        raise ValueError(f"the order given is a {type(given).__name__}, not the {name!r} order the tier is set to")
     if len(given):
         raise ValueError(f"the order given already holds {len(given)} keys")
     return given

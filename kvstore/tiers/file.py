@@ -85,7 +85,8 @@ class FileTier(PooledTier):
         """Scan ``path`` (creating it), delete leftover ``.tmp`` files, and start the event-loop thread.
 
         ``eviction``: ``lru``, ``s3fifo`` or ``gdsf`` (:mod:`kvstore.tiers.eviction`); see :meth:`_scan` for reopen.
-        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
+        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared
+        duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
         """
         super().__init__(layout)
         CODECS.get(codec)

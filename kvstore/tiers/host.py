@@ -57,7 +57,8 @@ class HostTier(Tier):
         ``auto_evict=False`` makes ``put``/``reserve`` fail instead of evicting,
         so the tiered store can spill the :meth:`victims` to disk first.
         ``eviction``: the order's name for :func:`~kvstore.tiers.eviction.make_order`.
-        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
+        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared
+        duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
         """
         super().__init__(layout)
         self.bpb = layout.bytes_per_block

@@ -94,7 +94,8 @@ class SlabTier(PooledTier):
     ) -> None:
         """Open (creating) the data file and index, rebuild the free slots and eviction order, start the threads.
 
-        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
+        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared
+        duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
         """
         if codec != "none":
             raise ValueError(f"slab.codec must be 'none' (fixed-size slots), got {codec!r}")
