@@ -273,3 +273,17 @@ def test_events_report_interval_is_bounded_and_named_with_its_file() -> None:
         parse_config({"events": {"report_interval_s": 7200}}, "f.yaml")
     with pytest.raises(ConfigError, match=r"KVSTORE_EVENTS__REPORT_INTERVAL_S"):
         parse_config({}, "f.yaml", {"KVSTORE_EVENTS__REPORT_INTERVAL_S": "soon"})
+
+
+def test_duel_scope_below_gpu_needs_host_and_disk_duels() -> None:
+    both = {"host": {"eviction": "duel"}, "disk": {"eviction": "duel"}}
+    assert parse_config({"policy": {"duel_scope": "below_gpu"}, **both}).policy.duel_scope == "below_gpu"
+    assert parse_config({}).policy.duel_scope == "tier"
+    with pytest.raises(ConfigError, match="below_gpu needs host.eviction: duel, not gdsf"):
+        parse_config({"policy": {"duel_scope": "below_gpu"}, "host": {"eviction": "gdsf"}, "disk": {"eviction": "duel"}})
+    with pytest.raises(ConfigError, match="below_gpu needs file.eviction: duel, not lru"):
+        parse_config({"policy": {"duel_scope": "below_gpu"}, "tiers": ["host", "file"], **both})
+    with pytest.raises(ConfigError, match="needs a host and a disk tier"):
+        parse_config({"policy": {"duel_scope": "below_gpu"}, "tiers": ["host"], **both})
+    with pytest.raises(ConfigError, match="duel_scope: Input should be 'tier' or 'below_gpu'"):
+        parse_config({"policy": {"duel_scope": "pair"}})

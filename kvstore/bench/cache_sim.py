@@ -33,7 +33,9 @@ The host and disk tiers evict through the real tiers' order classes
 (:mod:`kvstore.tiers.eviction`), so a policy is simulated by the code that
 runs it: the host tier whatever ``host_policy`` names (``host.eviction``,
 LRU by default), the disk tier whatever ``disk_policy`` names
-(``disk.eviction``).
+(``disk.eviction``). With ``duel_scope="below_gpu"`` (``policy.duel_scope``) both
+are ``duel`` orders of one shared referee, built by
+:func:`~kvstore.tiers.duel.shared_duel` as the store builds them.
 
 The index chooses no victims itself; replaying 12k requests needs millions
 of whole-leaf evictions, so :class:`_LeafHeap` keeps SGLang's order (least
@@ -51,6 +53,7 @@ from dataclasses import dataclass
 from kvstore.bench.workloads import Request
 from kvstore.layout import KVLayout
 from kvstore.radix import RadixIndex, RadixNode
+from kvstore.tiers.duel import shared_duel
 from kvstore.tiers.eviction import EvictionOrder, make_order
 from kvstore.use_memory import UseMemory
 
@@ -142,12 +145,15 @@ class TieredCacheSim:
 
     def __init__(self, gpu_blocks: int, host_blocks: int = 0, disk_blocks: int = 0, *,
                  disk_policy: str | EvictionOrder = "lru", host_policy: str | EvictionOrder = "lru",
-                 carry_uses: bool = False, exclusive: bool = False, use_memory: float = 0.0) -> None:
+                 carry_uses: bool = False, exclusive: bool = False, use_memory: float = 0.0,
+                 duel_scope: str = "tier") -> None:
         """``disk_policy`` / ``host_policy``: each tier's order (``lru``, ``s3fifo``, ``gdsf`` or an order object);
         ``carry_uses``: seed a tier's order with a block's use count when the block enters it (``policy.carry_uses``);
         ``exclusive``: a loaded block leaves host and disk (``policy.exclusive_tiers``);
         ``use_memory``: remember the counts of dropped blocks, this many x (host + disk) of them
-        (``policy.use_memory``, needs ``carry_uses``)."""
+        (``policy.use_memory``, needs ``carry_uses``);
+        ``duel_scope``: ``below_gpu`` makes host and disk one shared duel (``policy.duel_scope``; both policies
+        must be ``duel``)."""
         if gpu_blocks <= 0:
             raise ValueError("the GPU tier needs at least one block")
         if use_memory > 0 and not carry_uses:
@@ -155,6 +161,12 @@ class TieredCacheSim:
         self.memory = UseMemory(int(use_memory * (host_blocks + disk_blocks))) if use_memory > 0 else None
         self.index = RadixIndex(_LAYOUT)
         self.free_gpu = list(range(gpu_blocks))
+        if duel_scope == "below_gpu":
+            if host_policy != "duel" or disk_policy != "duel":
+                raise ValueError("duel_scope below_gpu needs host_policy and disk_policy 'duel'")
+            host_policy, disk_policy = shared_duel(2)
+        elif duel_scope != "tier":
+            raise ValueError(f"duel_scope must be 'tier' or 'below_gpu', got {duel_scope!r}")
         self.host = SimTier(host_blocks, host_policy)
         self.disk = SimTier(disk_blocks, disk_policy)
         self._leaves = _LeafHeap()

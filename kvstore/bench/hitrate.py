@@ -19,6 +19,9 @@ replay the same requests:
   disk blocks of them, and resumed when a block comes back);
 - ``tiered_exclusive_duel``: the same with ``disk.eviction: duel`` (GDSF or
   S3-FIFO chosen online, :class:`~kvstore.tiers.duel.DuelIndex`);
+- ``tiered_exclusive_duel_shared``: the same with ``host.eviction: duel`` and
+  ``policy.duel_scope: below_gpu`` (one duel for host and disk, scored on
+  the hits of both, :func:`~kvstore.tiers.duel.shared_duel`);
 - ``tiered_s3fifo_paper_ghost``: S3-FIFO with the paper's ghost size (as many
   keys as the main queue) instead of kvstore's 4 budgets, to show why;
 - ``gpu_lru``: the same ``G`` GPU blocks and no lower tiers;
@@ -65,9 +68,11 @@ USE_MEMORY = 4.0
 """``policy.use_memory`` of ``tiered_exclusive_gdsf_mem``."""
 
 
-def _gdsf_below(exclusive: bool, use_memory: float = 0.0, disk_policy: str = "gdsf") -> TieredFactory:
-    return lambda gpu, host, disk: TieredCacheSim(gpu, host, disk, disk_policy=disk_policy, host_policy="gdsf",
-                                                  carry_uses=True, exclusive=exclusive, use_memory=use_memory)
+def _gdsf_below(exclusive: bool, use_memory: float = 0.0, disk_policy: str = "gdsf", host_policy: str = "gdsf",
+                duel_scope: str = "tier") -> TieredFactory:
+    return lambda gpu, host, disk: TieredCacheSim(gpu, host, disk, disk_policy=disk_policy, host_policy=host_policy,
+                                                  carry_uses=True, exclusive=exclusive, use_memory=use_memory,
+                                                  duel_scope=duel_scope)
 
 
 VARIANTS: dict[str, TieredFactory] = {
@@ -79,6 +84,8 @@ VARIANTS: dict[str, TieredFactory] = {
     "tiered_exclusive_gdsf": _gdsf_below(exclusive=True),
     "tiered_exclusive_gdsf_mem": _gdsf_below(exclusive=True, use_memory=USE_MEMORY),
     "tiered_exclusive_duel": _gdsf_below(exclusive=True, use_memory=USE_MEMORY, disk_policy="duel"),
+    "tiered_exclusive_duel_shared": _gdsf_below(exclusive=True, use_memory=USE_MEMORY, disk_policy="duel",
+                                                host_policy="duel", duel_scope="below_gpu"),
 }
 """Tiered variants by result name -> a new simulator of ``(gpu, host, disk)`` blocks for one replay."""
 VARIANT_CONFIG = {
@@ -92,10 +99,13 @@ VARIANT_CONFIG = {
                                  f"policy.exclusive_tiers: true, policy.use_memory: {USE_MEMORY:g}",
     "tiered_exclusive_duel": "host.eviction: gdsf, disk.eviction: duel, policy.carry_uses: true, "
                              f"policy.exclusive_tiers: true, policy.use_memory: {USE_MEMORY:g}",
+    "tiered_exclusive_duel_shared": "host.eviction: duel, disk.eviction: duel, policy.duel_scope: below_gpu, "
+                                    "policy.carry_uses: true, policy.exclusive_tiers: true, "
+                                    f"policy.use_memory: {USE_MEMORY:g}",
 }
 """What each variant sets (the rest is the default config, ``write: write_back``)."""
 COMPARED = ("tiered_gdsf", "tiered_gdsf_host", "tiered_exclusive_gdsf", "tiered_exclusive_gdsf_mem",
-            "tiered_exclusive_duel")
+            "tiered_exclusive_duel", "tiered_exclusive_duel_shared")
 """Variants reported against tiered LRU and S3-FIFO."""
 
 
@@ -176,7 +186,7 @@ def plot(results: Results, path: Path) -> None:
                      "S3-FIFO or GDSF; GDSF on host too, inclusive or exclusive) vs GPU-only LRU (G) vs Belady (7G)")
     series = (("tiered_lru", "o-"), ("tiered_s3fifo", "D-"), ("tiered_s3fifo_paper_ghost", "x:"), ("tiered_gdsf", "v-"),
               ("tiered_gdsf_host", "<-"), ("tiered_exclusive_gdsf", "*-"), ("tiered_exclusive_gdsf_mem", "P-"),
-              ("tiered_exclusive_duel", "X-"),
+              ("tiered_exclusive_duel", "X-"), ("tiered_exclusive_duel_shared", "h-"),
               ("gpu_lru", "s--"), ("belady", "^:"))
     for ax, w in zip(axes, workloads):
         for name, style in series:

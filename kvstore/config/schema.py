@@ -248,6 +248,16 @@ class PolicyConfig(Section):
     about 100 bytes of RAM per block remembered). Needs ``carry_uses``; counts also feed
     ``write_through_selective``'s hit threshold."""
 
+    duel_scope: Literal["tier", "below_gpu"] = "tier"
+    """Who scores an ``eviction: duel`` tier's choice of policy. ``tier``: each duel tier its own miniatures,
+    fed its own hits. ``below_gpu``: the host tier and the disk tier (``tiers`` names both, each with
+    ``eviction: duel``) share one referee, whose miniatures model the two as one cache of their summed
+    capacity in blocks, fed the hits of both and the blocks entering them from the GPU, and whose leader
+    chooses the victims of both; a tier's own miniatures see only its own hits, so a host duel alone keeps
+    what helps the host even when the disk loses more. Its S3-FIFO orders remember a block loaded to the
+    GPU in their ghost (it returns to main), and it switches at a 1.1x lead instead of 1.25x
+    (:func:`kvstore.tiers.duel.shared_duel`; measured in docs/BENCHMARKS.md "hitrate")."""
+
     @model_validator(mode="after")
     def _check_dependencies(self) -> PolicyConfig:
         if self.exclusive_tiers and self.write != "write_back":
@@ -391,6 +401,20 @@ class KVStoreConfig(Section):
             raise ValueError(f"tiers: 'host' must come first (fastest first), got {t}")
         if "remote" in t and t[-1] != "remote":
             raise ValueError(f"tiers: 'remote' must come last (fastest first), got {t}")
+        return self
+
+    @model_validator(mode="after")
+    def _shared_duel(self) -> "KVStoreConfig":
+        if self.policy.duel_scope == "below_gpu":
+            disks = [name for name in self.tiers if name in DISK_TIERS]
+            if "host" not in self.tiers or not disks:
+                raise ValueError(f"policy.duel_scope: below_gpu needs a host and a disk tier in tiers, got {self.tiers}")
+            sections = {"host": self.host.eviction, "lmdb": self.disk.eviction, "file": self.file.eviction,
+                        "slab": self.slab.eviction}
+            section = {"lmdb": "disk"}.get(disks[0], disks[0])
+            for name, key in (("host", "host"), (disks[0], section)):
+                if sections[name] != "duel":
+                    raise ValueError(f"policy.duel_scope: below_gpu needs {key}.eviction: duel, not {sections[name]}")
         return self
 
     @model_validator(mode="after")

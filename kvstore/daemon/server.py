@@ -46,6 +46,8 @@ from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import NotDurable
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Tier
+from kvstore.tiers.build import below_gpu_orders
+from kvstore.tiers.eviction import EvictionOrder
 from kvstore.tiers.host import HostTier
 
 if TYPE_CHECKING:
@@ -109,10 +111,12 @@ class DaemonServer:
         shm_name = cfg.host.shm_name or default_shm_name(d.socket_path)
         if clear_stale(d.socket_path, shm_name):
             log.warning("removed a stale socket %s / segment %s left by a daemon that is gone", d.socket_path, shm_name)
+        orders = below_gpu_orders(cfg)  # policy.duel_scope: below_gpu: one duel for host and disk
         host = HostTier(self.layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory,
-                        shared_memory=True, shm_name=shm_name, auto_evict=True, eviction=cfg.host.eviction)
+                        shared_memory=True, shm_name=shm_name, auto_evict=True, eviction=cfg.host.eviction,
+                        order=orders.host)
         try:
-            lower = self._lower_tier()  # refused if another process holds its data directory
+            lower = self._lower_tier(orders.disk)  # refused if another process holds its data directory
         except BaseException:
             host.close()  # unlink our segment now, not at interpreter exit
             raise
@@ -181,14 +185,14 @@ class DaemonServer:
                  publisher.endpoint, publisher.replay_endpoint or "off")
         return publisher
 
-    def _lower_tier(self) -> Tier | None:
-        """The disk tier ``cfg.tiers`` names (``lmdb``, ``file`` or ``slab``), if any. The host tier always exists:
-        its shared-memory arena is the daemon's data plane."""
+    def _lower_tier(self, order: EvictionOrder | None) -> Tier | None:
+        """The disk tier ``cfg.tiers`` names (``lmdb``, ``file`` or ``slab``), if any, evicting through ``order``
+        when given. The host tier always exists: its shared-memory arena is the daemon's data plane."""
         from kvstore.tiers import build_tier
 
         sections = {"lmdb": self.cfg.disk, "file": self.cfg.file, "slab": self.cfg.slab}
         names = [t for t in self.cfg.tiers if t in sections]
-        return build_tier(names[0], sections[names[0]], self.layout) if names else None
+        return build_tier(names[0], sections[names[0]], self.layout, order=order) if names else None
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, transport: Transport,
                       ctx: SessionContext) -> None:

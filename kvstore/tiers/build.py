@@ -8,6 +8,8 @@ from kvstore.config.schema import KVStoreConfig
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
+from kvstore.tiers.duel import shared_duel
+from kvstore.tiers.eviction import EvictionOrder
 from kvstore.tiers.host import HostTier
 
 
@@ -18,6 +20,24 @@ class LowerTiers:
     host: HostTier | None = None
     disk: Tier | None = None
     remote: ChainTier | None = None
+
+
+@dataclass(frozen=True)
+class BelowGPUOrders:
+    """Eviction orders built for the host and the disk tier together (``None``: each tier builds its own)."""
+
+    host: EvictionOrder | None = None
+    disk: EvictionOrder | None = None
+
+
+def below_gpu_orders(cfg: KVStoreConfig) -> BelowGPUOrders:
+    """Under ``policy.duel_scope: below_gpu``, the two :class:`~kvstore.tiers.duel.DuelIndex` of one shared
+    referee (host level 0, disk level 1), for the host and the disk tier; otherwise none. The store and
+    the daemon pass them to the tiers they build."""
+    if cfg.policy.duel_scope != "below_gpu":
+        return BelowGPUOrders()
+    host, disk = shared_duel(2)  # the config checked that both tiers exist and name eviction: duel
+    return BelowGPUOrders(host, disk)
 
 
 def build_lower_tiers(cfg: KVStoreConfig, layout: KVLayout) -> LowerTiers:
@@ -32,9 +52,10 @@ def build_lower_tiers(cfg: KVStoreConfig, layout: KVLayout) -> LowerTiers:
     host: HostTier | None = None
     disk: Tier | None = None
     remote: ChainTier | None = None
+    orders = below_gpu_orders(cfg)
     for name in cfg.tiers:
         if name == "host":
-            built = build_tier(name, sections[name], layout, auto_evict=False)
+            built = build_tier(name, sections[name], layout, auto_evict=False, order=orders.host)
             assert isinstance(built, HostTier)  # the store reserves and pins its slots (the HostTier slot API)
             host = built
         elif name == "remote":
@@ -42,5 +63,5 @@ def build_lower_tiers(cfg: KVStoreConfig, layout: KVLayout) -> LowerTiers:
             assert isinstance(chained, ChainTier)  # loads and stores go by chain position
             remote = chained
         else:
-            disk = build_tier(name, sections[name], layout)
+            disk = build_tier(name, sections[name], layout, order=orders.disk)
     return LowerTiers(host, disk, remote)

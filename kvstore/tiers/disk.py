@@ -79,7 +79,7 @@ from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, VictimSend, check_buffers
 from kvstore.tiers.datadir import DirLock, make_private_dir
-from kvstore.tiers.eviction import make_order
+from kvstore.tiers.eviction import EvictionOrder, order_for
 from kvstore.tiers.lmdb_env import LRU_RECORD, LmdbEnv
 from kvstore.tiers.lmdb_reads import RunReader, split_runs, txn_reader
 from kvstore.tiers.lmdbcheck import damaged, repair_hint
@@ -110,15 +110,19 @@ class DiskTier(PooledTier):
         map_step: int = 64 << 20,
         readahead: bool = True,
         eviction: str = "lru",
+        order: EvictionOrder | None = None,
     ) -> None:
         """Open (creating if needed) the environment and load the LRU order; starts the I/O and sync threads.
 
         ``readahead=False``: LMDB's ``MADV_RANDOM`` map, every cold page a separate read (module docstring).
         ``eviction``: ``lru``, ``s3fifo`` or ``gdsf`` (:mod:`kvstore.tiers.eviction`); see :meth:`_load_lru` for reopen.
+        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared
+        duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
         ``read_threads``: how many runs one large get is read in at once (:meth:`get`); 1 reads on the caller's thread.
         """
         if read_threads < 1:
             raise ValueError(f"disk.read_threads must be at least 1, got {read_threads}")
+        chosen = order_for(eviction, order)  # refused before anything is opened
         super().__init__(layout)
         CODECS.get(codec)  # unknown names fail here, not on the first put
         self.path = os.fspath(path)
@@ -151,7 +155,7 @@ class DiskTier(PooledTier):
         self._read_stats_lock = threading.Lock()  # get's counters, so a read never waits for a commit
         self._gate = self._lmdb.gate
         self._log = RateLimitedLog(log)  # corrupt values, unreadable pages: once per interval, not per block
-        self._lru = make_order(eviction)  # the eviction order; named `_lru` for the database it mirrors
+        self._lru = chosen  # the eviction order; named `_lru` for the database it mirrors
         self._handover = Handover(self.name)  # the victim hook (set_victim_hook) and its pending sends
         self._touched: dict[bytes, int] = {}  # key -> access counter not yet written to `lru`
         self._clock = 0
@@ -174,12 +178,13 @@ class DiskTier(PooledTier):
             "corrupt", "dropped a corrupt value in %s/data.mdb: %s", self.path, exc))
 
     @classmethod
-    def from_config(cls, section: DiskConfig, layout: KVLayout) -> DiskTier:
-        """Build from the ``disk`` section of the config."""
+    def from_config(cls, section: DiskConfig, layout: KVLayout, *, order: EvictionOrder | None = None) -> DiskTier:
+        """Build from the ``disk`` section of the config (``order``: see :meth:`__init__`)."""
         return cls(
             layout, section.directory(), int(section.max_size), codec=section.codec, codec_level=section.codec_level,
             sync=section.sync, sync_interval_ms=section.sync_interval_ms, sync_bytes=int(section.sync_bytes),
             io_threads=section.io_threads, read_threads=section.read_threads, eviction=section.eviction,
+            order=order,
         )
 
     # ------------------------------------------------------------- queries

@@ -36,6 +36,12 @@ demoted again keeps its place in main), and plain ``s3fifo`` (seeds
 ignored, every block entering through the small queue: the variant that
 keeps a fixed subset of a cycle).
 
+The miniatures, their scores and the leader live in a
+:class:`~kvstore.tiers.duel_referee.DuelReferee`: private to the tier by
+default, or shared by the host and disk tiers (``policy.duel_scope:
+below_gpu``, :func:`shared_duel`), whose miniatures then model the two
+tiers as one cache and whose leader chooses victims in both.
+
 Memory: one entry per resident key per contender (three), plus the
 miniatures' ``3 / SAMPLE`` of that and their S3-FIFO ghosts: bounded by the
 tier's own size. Time: each call costs the sum of the contenders' calls.
@@ -44,76 +50,59 @@ Not thread-safe; the owning tier holds its lock around every call.
 
 from __future__ import annotations
 
-import zlib
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
+from kvstore.tiers.duel_referee import CONTENDERS, MARGIN, SAMPLE, SHARED_MARGIN, WINDOW, DuelReferee
 from kvstore.tiers.exclude import Exclude
-from kvstore.tiers.gdsf import GDSFIndex
-from kvstore.tiers.s3fifo import S3FIFOIndex
 
-SAMPLE = 16
-"""One key in this many (by CRC-32 of the key) feeds the miniatures."""
-WINDOW = 4096
-"""Sampled accesses between halvings of the scores."""
-MARGIN = 1.25
-"""The leader changes when another contender's score exceeds the leader's times this."""
-
-
-def _gdsf() -> GDSFIndex:
-    return GDSFIndex()
-
-
-def _s3fifo_seeded() -> S3FIFOIndex:
-    return S3FIFOIndex(seed_to_main=True)
-
-
-def _s3fifo() -> S3FIFOIndex:
-    return S3FIFOIndex()
-
-
-CONTENDERS: dict[str, Callable[[], GDSFIndex | S3FIFOIndex]] = {
-    "gdsf": _gdsf, "s3fifo_seeded": _s3fifo_seeded, "s3fifo": _s3fifo,
-}
-"""The policies a :class:`DuelIndex` chooses between, by name; the first leads until another scores higher."""
+__all__ = ["CONTENDERS", "MARGIN", "SAMPLE", "SHARED_MARGIN", "WINDOW", "DuelIndex", "DuelReferee", "shared_duel"]
 
 
 class DuelIndex:
     """Keys ordered by whichever contender's miniature scores most hits; each key with its accounted bytes."""
 
     def __init__(self, contenders: Iterable[str] = tuple(CONTENDERS), sample: int = SAMPLE,
-                 window: int = WINDOW, margin: float = MARGIN) -> None:
-        """``contenders``: names in :data:`CONTENDERS` (at least two); ``sample``: 1 key in ``sample`` feeds
-        the miniatures; ``window``: sampled accesses between halvings of the scores."""
-        names = list(contenders)
-        unknown = [n for n in names if n not in CONTENDERS]
-        if len(names) < 2 or unknown or len(set(names)) != len(names):
-            raise ValueError(f"DuelIndex needs two or more distinct contenders of {sorted(CONTENDERS)}, got {names}")
-        if sample < 1 or window < 1:
-            raise ValueError(f"need sample >= 1 and window >= 1, got {sample}, {window}")
-        self.names = names
-        self.sample = sample
-        self.window = window
-        self.margin = margin
-        self._orders = [CONTENDERS[n]() for n in names]
-        self._minis = [CONTENDERS[n]() for n in names]
-        self.scores = [0.0] * len(names)
-        """Miniature hits per contender, halved every ``window`` sampled accesses."""
-        self.leader = 0
-        """Index in :attr:`names` of the contender whose ``victims`` the tier gets."""
-        self._accesses = 0
-        self._mini_budget: int | None = None  # budget / sample, known once victims() was asked
-        self._loaded: OrderedDict[bytes, None] = OrderedDict()  # sampled keys touched, not yet back
-        self.switches = 0
-        """How many times the leader changed."""
+                 window: int = WINDOW, margin: float = MARGIN, *, referee: DuelReferee | None = None,
+                 level: int = 0) -> None:
+        """``contenders``, ``sample``, ``window``, ``margin``: a private :class:`DuelReferee`'s (see there);
+        ``referee``: a shared one instead (its contenders are used), this tier being its level ``level``
+        (0: the uppermost)."""
+        if referee is None:
+            referee = DuelReferee(contenders, sample, window, margin)
+        if not 0 <= level < referee.levels:
+            raise ValueError(f"level {level} outside the referee's {referee.levels} levels")
+        self.referee = referee
+        """Who scores the miniatures and names the leader (private, or shared with the tiers below the GPU)."""
+        self.level = level
+        self._orders = [referee.new_order(n) for n in referee.names]
         self.used = 0
         """Sum of the accounted sizes of the keys held (every contender's ``used``)."""
 
     # ------------------------------------------------------------- reading
     @property
+    def names(self) -> list[str]:
+        """The contenders' names, in the referee's order."""
+        return self.referee.names
+
+    @property
+    def leader(self) -> int:
+        """Index in :attr:`names` of the contender whose ``victims`` the tier gets."""
+        return self.referee.leader
+
+    @property
     def leader_name(self) -> str:
         """The name of the contender now choosing victims."""
-        return self.names[self.leader]
+        return self.referee.leader_name
+
+    @property
+    def scores(self) -> list[float]:
+        """The referee's miniature hits per contender."""
+        return self.referee.scores
+
+    @property
+    def switches(self) -> int:
+        """How many times the referee's leader changed."""
+        return self.referee.switches
 
     def __contains__(self, key: object) -> bool:
         return key in self._orders[0]
@@ -136,12 +125,9 @@ class DuelIndex:
     # ------------------------------------------------------------ changing
     def add(self, key: bytes, size: int) -> None:
         """Insert ``key`` in every contender (a block entering the tier: an access of the miniatures, unless it
-        is a block just loaded from here coming back)."""
-        if key not in self._orders[0] and self._sampled(key):
-            if key in self._loaded:
-                del self._loaded[key]
-            else:
-                self._access(key, size)
+        is a move, see :meth:`DuelReferee.added`)."""
+        if key not in self._orders[0] and self.referee.sampled(key):
+            self.referee.added(self.level, key, size)
         for order in self._orders:
             order.add(key, size)
         self.used = self._orders[0].used
@@ -156,14 +142,8 @@ class DuelIndex:
         """Record a hit of ``key`` in every contender and the miniatures; ``False`` if absent."""
         if key not in self._orders[0]:
             return False
-        if self._sampled(key):
-            size = self._orders[0].size_of(key) or 1
-            self._access(key, size)
-            self._loaded[key] = None
-            self._loaded.move_to_end(key)
-            bound = max(64, 4 * len(self._minis[0]))
-            while len(self._loaded) > bound:
-                self._loaded.popitem(last=False)
+        if self.referee.sampled(key):
+            self.referee.touched(key, self._orders[0].size_of(key) or 1)
         for order in self._orders:
             order.touch(key)
         return True
@@ -174,9 +154,8 @@ class DuelIndex:
             return False
         for order in self._orders:
             order.seed(key, uses)
-        if self._sampled(key):
-            for mini in self._minis:
-                mini.seed(key, uses)
+        if self.referee.sampled(key):
+            self.referee.seeded(key, uses)
         return True
 
     def remove(self, key: bytes) -> int | None:
@@ -185,33 +164,23 @@ class DuelIndex:
         for order in self._orders:
             size = order.remove(key)
         self.used = self._orders[0].used
+        if size is not None and self.referee.sampled(key):
+            self.referee.removed(self.level, key)
         return size
 
     def victims(self, need: int, budget: int, exclude: Exclude = ()) -> list[bytes]:
         """The leader's victims (its side effects: S3-FIFO reorders its queues, GDSF raises ``L``); the other
         contenders change nothing until the caller removes the keys."""
-        self._mini_budget = max(1, budget // self.sample)
+        self.referee.budget(self.level, budget, self.used, len(self))
         return self._orders[self.leader].victims(need, budget, exclude)
 
-    # ---------------------------------------------------------- miniatures
-    def _sampled(self, key: bytes) -> bool:
-        return zlib.crc32(key) % self.sample == 0
 
-    def _access(self, key: bytes, size: int) -> None:
-        """One request of sampled ``key`` reached this tier: score each miniature that holds it, insert it in
-        the others (evicting by their own rules once the budget is known)."""
-        for i, mini in enumerate(self._minis):
-            if mini.touch(key):
-                self.scores[i] += 1
-                continue
-            if self._mini_budget is not None:
-                for victim in mini.victims(size, self._mini_budget):
-                    mini.remove(victim)
-            mini.add(key, size)
-        self._accesses += 1
-        if self._accesses % self.window == 0:
-            self.scores = [s / 2 for s in self.scores]
-        best = max(range(len(self.scores)), key=self.scores.__getitem__)
-        if self.scores[best] > self.scores[self.leader] * self.margin:
-            self.leader = best
-            self.switches += 1
+def shared_duel(levels: int = 2) -> list[DuelIndex]:
+    """One :class:`DuelIndex` per tier below the GPU, uppermost first, sharing one :class:`DuelReferee`
+    (``policy.duel_scope: below_gpu``): one choice of policy, scored on the hits of all of them, with
+    :data:`SHARED_MARGIN` and S3-FIFO's ``ghost_loaded`` (the tiers form one cache: a block loaded from it
+    and demoted back is a returning block, not a new one)."""
+    if levels < 2:
+        raise ValueError(f"a shared duel needs two or more tiers, got {levels}")
+    referee = DuelReferee(levels=levels, margin=SHARED_MARGIN, ghost_loaded=True)
+    return [DuelIndex(referee=referee, level=i) for i in range(levels)]

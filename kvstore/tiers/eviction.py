@@ -97,6 +97,18 @@ ORDERS: dict[str, Callable[[], EvictionOrder]] = {"lru": LRUIndex, "s3fifo": S3F
 """Eviction orders by the name used in YAML."""
 
 
+def order_for(name: str, given: EvictionOrder | None) -> EvictionOrder:
+    """A tier's order: ``given`` (built by the caller, e.g. one of :func:`~kvstore.tiers.duel.shared_duel`'s;
+    ``ValueError`` unless empty and of policy ``name``) or else :func:`make_order` ``(name)``."""
+    if given is None:
+        return make_order(name)
+    if type(given) is not type(make_order(name)):
+        raise ValueError(f"the order given is a {type(given).__name__}, not the {name!r} order the tier is set to")
+    if len(given):
+        raise ValueError(f"the order given already holds {len(given)} keys")
+    return given
+
+
 def make_order(name: str) -> EvictionOrder:
     """A new, empty eviction order ``name`` (``lru``, ``s3fifo``, ``gdsf`` or ``duel``); ``ValueError`` for another name."""
     try:

@@ -47,7 +47,7 @@ from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, check_buffers
 from kvstore.tiers.datadir import DIR_MODE, FILE_MODE, DirLock, make_private_dir, narrow
-from kvstore.tiers.eviction import make_order
+from kvstore.tiers.eviction import EvictionOrder, order_for
 from kvstore.tiers.victims import Handover
 
 log = logging.getLogger(__name__)
@@ -80,10 +80,13 @@ class FileTier(PooledTier):
         codec_level: int = 1,
         io_threads: int = 2,
         eviction: str = "lru",
+        order: EvictionOrder | None = None,
     ) -> None:
         """Scan ``path`` (creating it), delete leftover ``.tmp`` files, and start the event-loop thread.
 
         ``eviction``: ``lru``, ``s3fifo`` or ``gdsf`` (:mod:`kvstore.tiers.eviction`); see :meth:`_scan` for reopen.
+        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared
+        duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
         """
         super().__init__(layout)
         CODECS.get(codec)
@@ -93,7 +96,7 @@ class FileTier(PooledTier):
         self._fp, self._itemsize = layout.fingerprint, layout.itemsize
         self._lock = threading.Lock()
         self._log = RateLimitedLog(log)  # corrupt files: once per interval, not per block
-        self._lru = make_order(eviction)
+        self._lru = order_for(eviction, order)
         self._handover = Handover(self.name)  # the victim hook (set_victim_hook) and its pending sends
         make_private_dir(self.root)
         self._dirlock = DirLock(self.root, "file.path")
@@ -110,11 +113,11 @@ class FileTier(PooledTier):
         self._closed = False
 
     @classmethod
-    def from_config(cls, section: FileConfig, layout: KVLayout) -> FileTier:
-        """Build from the ``file`` section of the config."""
+    def from_config(cls, section: FileConfig, layout: KVLayout, *, order: EvictionOrder | None = None) -> FileTier:
+        """Build from the ``file`` section of the config (``order``: see :meth:`__init__`)."""
         return cls(
             layout, section.directory(), int(section.max_size), codec=section.codec, codec_level=section.codec_level,
-            eviction=section.eviction,
+            eviction=section.eviction, order=order,
         )
 
     def path_of(self, key: bytes) -> str:

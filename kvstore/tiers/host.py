@@ -32,7 +32,7 @@ from kvstore.errors import BlockStateError, IntegrityError, TierError, short_key
 from kvstore.layout import KVLayout
 from kvstore.tiers.arena import HostArena, PinMode, SlotCopy, copy_split, resolve_pin
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
-from kvstore.tiers.eviction import EvictionOrder, make_order
+from kvstore.tiers.eviction import EvictionOrder, make_order, order_for
 from kvstore.tiers.exclude import KeyFilter
 
 
@@ -64,12 +64,15 @@ class HostTier(Tier):
         shm_name: str | None = None,
         auto_evict: bool = True,
         eviction: str = "lru",
+        order: EvictionOrder | None = None,
     ) -> None:
         """Allocate ``capacity_bytes // bytes_per_block`` slots now.
 
         ``auto_evict=False`` makes ``put``/``reserve`` fail instead of evicting,
         so the tiered store can spill the :meth:`victims` to disk first.
         ``eviction``: the order's name for :func:`~kvstore.tiers.eviction.make_order`.
+        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared
+        duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
         """
         super().__init__(layout)
         self.bpb = layout.bytes_per_block
@@ -82,7 +85,7 @@ class HostTier(Tier):
         self._keys: dict[int, bytes] = {}  # its inverse, changed with it
         self.eviction = eviction
         """The eviction order's name (``host.eviction``)."""
-        self._order: EvictionOrder = make_order(eviction)  # the published keys, 1 unit each
+        self._order: EvictionOrder = order_for(eviction, order)  # the published keys, 1 unit each
         self._reserved: dict[bytes, int] = {}
         self._refs: dict[int, int] = {}  # slot -> reference count, only while > 0
         self._pinned = _Pinned(self._slots, self._refs)  # what victims skip (reads the two maps above)
@@ -91,8 +94,9 @@ class HostTier(Tier):
         self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-host-copy")
 
     @classmethod
-    def from_config(cls, section: HostConfig, layout: KVLayout, *, auto_evict: bool = True) -> HostTier:
-        """Build from the ``host`` section of the config."""
+    def from_config(cls, section: HostConfig, layout: KVLayout, *, auto_evict: bool = True,
+                    order: EvictionOrder | None = None) -> HostTier:
+        """Build from the ``host`` section of the config (``order``: see :meth:`__init__`)."""
         return cls(
             layout,
             int(section.capacity),
@@ -101,6 +105,7 @@ class HostTier(Tier):
             shm_name=section.shm_name,
             auto_evict=auto_evict,
             eviction=section.eviction,
+            order=order,
         )
 
     # ------------------------------------------------------------- slots

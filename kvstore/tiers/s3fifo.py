@@ -53,15 +53,20 @@ class S3FIFOIndex:
     """Keys in S3-FIFO order (small, main and ghost queues), each with the bytes it is accounted for."""
 
     def __init__(self, small_fraction: float = SMALL_FRACTION, ghost_budgets: float = GHOST_BUDGETS,
-                 seed_to_main: bool = False) -> None:
+                 seed_to_main: bool = False, ghost_loaded: bool = False) -> None:
         """``ghost_budgets``: how many budgets of evicted keys the ghost remembers (the paper: main's share);
         ``seed_to_main``: :meth:`seed` with two or more uses moves a small-queue key to main (a block with a
-        history from another tier skips the filter, as a ghost hit does); default: seeds are ignored."""
+        history from another tier skips the filter, as a ghost hit does); default: seeds are ignored;
+        ``ghost_loaded``: :meth:`remove` of a key used since it was added (frequency >= 1: under
+        ``policy.exclusive_tiers``, a block loaded into the GPU) records it in the ghost, so when it comes
+        back it enters main, where a tier that had kept it would have had it; default: a removed key is
+        forgotten."""
         if not 0 < small_fraction < 1 or ghost_budgets < 0:
             raise ValueError(f"need 0 < small_fraction < 1 and ghost_budgets >= 0, got {small_fraction}, {ghost_budgets}")
         self.small_fraction = small_fraction
         self.ghost_budgets = ghost_budgets
         self.seed_to_main = seed_to_main
+        self.ghost_loaded = ghost_loaded
         self._small: OrderedDict[bytes, int] = OrderedDict()
         self._main: OrderedDict[bytes, int] = OrderedDict()
         self._ghost: OrderedDict[bytes, int] = OrderedDict()  # evicted from small: key -> its size
@@ -142,7 +147,9 @@ class S3FIFOIndex:
         return key in self
 
     def remove(self, key: bytes) -> int | None:
-        """Forget resident ``key``; returns its size, or ``None`` if absent. The ghost set is left as is."""
+        """Forget resident ``key``; returns its size, or ``None`` if absent. The ghost set is left as is, unless
+        ``ghost_loaded`` and ``key`` was used since added: then it is remembered there (trimmed at the next
+        :meth:`victims`)."""
         size = self._small.pop(key, None)
         if size is not None:
             self._small_used -= size
@@ -150,7 +157,8 @@ class S3FIFOIndex:
             size = self._main.pop(key, None)
             if size is None:
                 return None
-        del self._freq[key]
+        if self._freq.pop(key) >= 1 and self.ghost_loaded:
+            self._remember_ghost(key, size)
         self.used -= size
         return size
 

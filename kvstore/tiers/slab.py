@@ -52,7 +52,7 @@ from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, check_buffers
 from kvstore.tiers.datadir import DirLock, make_private_dir
-from kvstore.tiers.eviction import make_order
+from kvstore.tiers.eviction import EvictionOrder, order_for
 from kvstore.tiers.slab_file import Run, SlotFile, runs, slot_bytes
 from kvstore.tiers.slab_index import SlabIndex
 from kvstore.tiers.sync_loop import SyncLoop
@@ -89,9 +89,14 @@ class SlabTier(PooledTier):
         read_threads: int = 4,
         grow_step: int = 256 << 20,
         eviction: str = "lru",
+        order: EvictionOrder | None = None,
         direct_io: bool = True,
     ) -> None:
-        """Open (creating) the data file and index, rebuild the free slots and eviction order, start the threads."""
+        """Open (creating) the data file and index, rebuild the free slots and eviction order, start the threads.
+
+        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared
+        duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
+        """
         if codec != "none":
             raise ValueError(f"slab.codec must be 'none' (fixed-size slots), got {codec!r}")
         super().__init__(layout)
@@ -103,7 +108,7 @@ class SlabTier(PooledTier):
         if self.capacity < 1:
             raise TierError(f"slab.max_size {max_size} bytes cannot hold one slot of {self.slot_size} bytes")
         self._lock = threading.RLock()  # the one writer; guards the order, `_slots`, `_free`, `_touched`
-        self._order = make_order(eviction)
+        self._order = order_for(eviction, order)
         self._slots: dict[bytes, int] = {}
         self._free: list[int] = []  # a heap: the lowest free slot first, so batches land in consecutive slots
         self._touched: dict[bytes, int] = {}
@@ -137,12 +142,12 @@ class SlabTier(PooledTier):
         self._syncer = SyncLoop(self._background, sync_interval_ms / 1000, "kvstore-slab-sync")
 
     @classmethod
-    def from_config(cls, section: SlabConfig, layout: KVLayout) -> SlabTier:
-        """Build from the ``slab`` section of the config."""
+    def from_config(cls, section: SlabConfig, layout: KVLayout, *, order: EvictionOrder | None = None) -> SlabTier:
+        """Build from the ``slab`` section of the config (``order``: see :meth:`__init__`)."""
         return cls(layout, section.directory(), int(section.max_size), codec=section.codec, sync=section.sync,
                    sync_interval_ms=section.sync_interval_ms, io_threads=section.io_threads,
                    read_threads=section.read_threads, grow_step=int(section.grow_step), eviction=section.eviction,
-                   direct_io=section.direct_io)
+                   order=order, direct_io=section.direct_io)
 
     # ------------------------------------------------------------- queries
     def contains_prefix(self, keys: Sequence[bytes]) -> int:

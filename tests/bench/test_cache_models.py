@@ -13,6 +13,7 @@ from kvstore.bench.belady import belady_hits
 from kvstore.bench.cache_sim import HitCounts, SimTier, TieredCacheSim
 from kvstore.bench.workloads import Request, synthetic
 from kvstore.layout import KVLayout
+from kvstore.tiers.duel import DuelIndex
 from kvstore.tiers.gdsf import GDSFIndex
 from kvstore.tiers.host import HostTier
 from kvstore.tiers.lru import LRUIndex
@@ -195,3 +196,23 @@ def test_use_memory_resumes_the_count_of_a_block_dropped_from_every_tier() -> No
     assert _counts(sim.host, [1, 2]) == [4, 4]
     with pytest.raises(ValueError, match="use_memory needs carry_uses"):
         TieredCacheSim(2, 2, 0, use_memory=2)
+
+
+def test_shared_duel_below_the_gpu_is_one_referee_scoring_host_and_disk_hits() -> None:
+    """``policy.duel_scope: below_gpu`` in the replay: ``shared_duel``'s two orders, one referee, fed the hits of
+    both tiers (the tier-scope duel on disk sees only disk hits)."""
+    shared = TieredCacheSim(1, 2, 2, host_policy="duel", disk_policy="duel", duel_scope="below_gpu",
+                            carry_uses=True, exclusive=True)
+    alone = TieredCacheSim(1, 2, 2, disk_policy="duel", carry_uses=True, exclusive=True)
+    assert isinstance(shared.host.order, DuelIndex) and isinstance(shared.disk.order, DuelIndex)
+    assert shared.host.order.referee is shared.disk.order.referee and shared.host.order.referee.levels == 2
+    sampled = [i for i in range(200) if shared.host.order.referee.sampled(i.to_bytes(8, "little"))][:2]
+    a, b = sampled
+    for sim in (shared, alone):  # the GPU holds one block: the other is found on host
+        assert [sim.request(r) for r in _reqs([a], [b], [a], [b])] == [HitCounts(0, 0, 0)] * 2 + [HitCounts(0, 1, 0)] * 2
+    assert shared.host.order.scores == [2.0, 2.0, 2.0]  # the two host hits, in every miniature
+    assert isinstance(alone.disk.order, DuelIndex) and sum(alone.disk.order.scores) == 0  # no disk hit: no score
+    with pytest.raises(ValueError, match="needs host_policy and disk_policy 'duel'"):
+        TieredCacheSim(1, 2, 2, disk_policy="duel", duel_scope="below_gpu")
+    with pytest.raises(ValueError, match="duel_scope must be"):
+        TieredCacheSim(1, 2, 2, duel_scope="pair")

@@ -1,11 +1,19 @@
 """``DuelIndex`` (``eviction: duel``): contenders over the same keys, victims from the one whose miniature hits
-more; and S3-FIFO's ``seed_to_main``, the contender that honours carried counts."""
+more; a referee shared by the host and disk duels (``policy.duel_scope: below_gpu``); and S3-FIFO's
+``seed_to_main`` and ``ghost_loaded``, the contenders' options."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from kvstore.tiers.duel import DuelIndex
+from kvstore.config import parse_config
+from kvstore.layout import KVLayout
+from kvstore.tiers.build import build_lower_tiers
+from kvstore.tiers.disk import DiskTier
+from kvstore.tiers.duel import MARGIN, SHARED_MARGIN, DuelIndex, DuelReferee, shared_duel
+from kvstore.tiers.eviction import order_for
 from kvstore.tiers.gdsf import GDSFIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
 
@@ -72,8 +80,8 @@ def test_memory_is_bounded_by_the_budget() -> None:
     for i in range(5000):
         _access(d, i % 700, 64)
         assert len(d) <= 64
-    minis = d._minis  # noqa: SLF001 - the miniatures' sizes are the bound being tested
-    assert all(m.used <= 64 // 4 for m in minis) and len(d._loaded) <= max(64, 4 * len(minis[0]))  # noqa: SLF001
+    minis = d.referee._minis  # noqa: SLF001 - the miniatures' sizes are the bound being tested
+    assert all(m.used <= 64 // 4 for m in minis) and len(d.referee._loaded) <= max(64, 4 * len(minis[0]))  # noqa: SLF001
 
 
 def test_bad_contenders_are_refused() -> None:
@@ -94,3 +102,120 @@ def test_s3fifo_seed_to_main_skips_the_small_queue(seed_to_main: bool) -> None:
     assert order.seed(_k(1), 2) and order.seed(_k(2), 1) and not order.seed(_k(3), 2)
     assert order.queue_of(_k(1)) == ("main" if seed_to_main else "small")
     assert order.queue_of(_k(2)) == "small" and order.used == 2  # one use: no history, stays in small
+
+
+def _pair(margin: float = 1.0) -> tuple[DuelIndex, DuelIndex]:
+    """Host (level 0) and disk (level 1) duels of one referee that samples every key."""
+    referee = DuelReferee(("gdsf", "s3fifo"), sample=1, window=1000, margin=margin, levels=2)
+    return DuelIndex(referee=referee, level=0), DuelIndex(referee=referee, level=1)
+
+
+def test_a_shared_referee_scores_hits_of_both_tiers_and_no_moves_between_them() -> None:
+    host, disk = _pair()
+    assert host.referee is disk.referee
+    host.add(_k(1), 1)  # from the GPU: an access, both miniatures insert it
+    host.remove(_k(1))
+    disk.add(_k(1), 1)  # the host's victim spilled to disk: a move inside the pair, not an access
+    assert host.scores == [0.0, 0.0]
+    assert disk.touch(_k(1))  # a disk hit scores
+    assert host.scores == [1.0, 1.0]
+    disk.remove(_k(1))  # loaded into the GPU (exclusive tiers) ...
+    host.add(_k(1), 1)  # ... and demoted back: not a new request
+    assert host.scores == [1.0, 1.0]
+    assert host.touch(_k(1))  # a host hit scores the same miniatures as the disk hit did
+    assert disk.scores == [2.0, 2.0]
+    disk.add(_k(2), 1)
+    disk.remove(_k(2))  # dropped from the lowest tier: gone from the pair
+    host.add(_k(2), 1)  # recomputed and demoted: a request the miniatures would have served
+    assert host.scores == [3.0, 3.0]
+
+
+def test_a_shared_referee_budgets_the_pair_in_blocks() -> None:
+    host, disk = _pair()
+    for i in range(4):
+        host.add(_k(i), 1)
+    for i in range(4, 6):
+        disk.add(_k(i), 100)  # the disk tier accounts bytes
+    assert host.victims(1, 4) == [_k(0)] and host.referee.mini_budget is None  # the disk's budget not known yet
+    assert disk.victims(100, 200) == [_k(4)]  # 200 bytes of 100-byte blocks: 2 blocks
+    assert host.referee.mini_budget == 4 + 2
+
+
+def test_both_tiers_of_a_shared_duel_follow_one_leader() -> None:
+    """The cycle of the first test, reaching the pair through the host tier: its lead moves the disk tier too."""
+    host, disk = _pair()
+    disk.victims(0, 0)  # an empty disk: the pair's budget is the host's
+    for i in [0, 1, 2, 3, 4, 5] * 3:
+        assert not _access(host, i, 4)
+    assert host.leader_name == disk.leader_name == "s3fifo" and host.switches == disk.switches == 1
+    for i in range(6, 9):
+        disk.add(_k(i), 1)
+    assert disk.victims(1, 3) == [_k(6)]  # the leader's: S3-FIFO's small-queue head
+    assert disk.oldest(3) == [_k(6), _k(7), _k(8)]
+
+
+def test_a_shared_duel_remembers_loaded_blocks_in_its_s3fifo_ghosts() -> None:
+    host, _ = shared_duel(2)
+    private = DuelIndex()
+    for d in (host, private):
+        d.add(_k(1), 1)
+        d.touch(_k(1))
+        d.remove(_k(1))  # loaded into the GPU
+        d.add(_k(1), 1)  # demoted back
+    queues = [o.queue_of(_k(1)) for o in host._orders[1:]]  # noqa: SLF001 - the contenders' queues are the point
+    assert queues == ["main", "main"]
+    assert [o.queue_of(_k(1)) for o in private._orders[1:]] == ["small", "small"]  # noqa: SLF001
+    assert host.referee.margin == SHARED_MARGIN and private.referee.margin == MARGIN
+
+
+def test_shared_duel_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="two or more tiers"):
+        shared_duel(1)
+    with pytest.raises(ValueError, match="level 2 outside"):
+        DuelIndex(referee=DuelReferee(levels=2), level=2)
+    with pytest.raises(ValueError, match="levels >= 1"):
+        DuelReferee(levels=0)
+
+
+def test_a_tier_takes_only_an_empty_order_of_its_policy() -> None:
+    host, _ = shared_duel(2)
+    assert order_for("duel", host) is host and isinstance(order_for("gdsf", None), GDSFIndex)
+    with pytest.raises(ValueError, match="not the 'gdsf' order"):
+        order_for("gdsf", host)
+    host.add(_k(1), 1)
+    with pytest.raises(ValueError, match="already holds 1 keys"):
+        order_for("duel", host)
+
+
+@pytest.mark.parametrize("ghost_loaded", [False, True])
+def test_s3fifo_ghost_loaded_sends_a_returning_block_to_main(ghost_loaded: bool) -> None:
+    order = S3FIFOIndex(ghost_loaded=ghost_loaded)
+    order.add(_k(1), 1)
+    order.add(_k(2), 1)
+    order.touch(_k(1))
+    assert order.remove(_k(1)) == 1 and order.remove(_k(2)) == 1 and order.used == 0
+    assert order.queue_of(_k(1)) == ("ghost" if ghost_loaded else None)
+    assert order.queue_of(_k(2)) is None  # never used while here: forgotten either way
+    order.add(_k(1), 1)
+    order.add(_k(2), 1)
+    assert order.queue_of(_k(1)) == ("main" if ghost_loaded else "small") and order.queue_of(_k(2)) == "small"
+
+
+def test_the_store_builds_host_and_disk_on_one_referee(tmp_path: Path) -> None:
+    """``policy.duel_scope: below_gpu``: the tiers the store builds evict through the two duels of one referee;
+    ``tier`` (the default): each duel tier has its own."""
+    layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4, model_id="duel-scope")
+    for scope in ("below_gpu", "tier"):
+        cfg = parse_config({"tiers": ["host", "lmdb"], "host": {"eviction": "duel", "capacity": "64KiB"},
+                            "disk": {"eviction": "duel", "path": str(tmp_path / scope), "max_size": "1MiB"},
+                            "policy": {"duel_scope": scope}})
+        tiers = build_lower_tiers(cfg, layout)
+        assert tiers.host is not None and isinstance(tiers.disk, DiskTier)
+        try:
+            host_order, disk_order = tiers.host._order, tiers.disk._lru  # noqa: SLF001 - the orders are the point
+            assert isinstance(host_order, DuelIndex) and isinstance(disk_order, DuelIndex)
+            assert (host_order.referee is disk_order.referee) == (scope == "below_gpu")
+            assert (host_order.level, disk_order.level) == ((0, 1) if scope == "below_gpu" else (0, 0))
+        finally:
+            tiers.host.close()
+            tiers.disk.close()
