@@ -45,7 +45,7 @@ def test_corrupt_block_in_kvstore_is_a_load_failure_and_recomputed(tmp_path: Pat
         value[len(value) // 2] ^= 0x01
         txn.put(keys[1], bytes(value), db=disk._blocks)
 
-    disk._txn(flip_one_byte)  # the tier's own write path (its LMDB environment is open in this process)
+    disk._lmdb.txn(flip_one_byte)  # the tier's own write path (its LMDB environment is open in this process)
 
     assert w.scheduler.reset_prefix_cache(reset_connector=True)
     w.scheduler.add_request(h.make_request("b", PROMPT))
