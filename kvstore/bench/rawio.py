@@ -132,14 +132,7 @@ def direct_io_gbps(directory: Path, nbytes: int, parallel_request: int | None = 
     buf.write(os.urandom(CHUNK))
     try:
         fd, direct = _open_direct(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            t0 = time.perf_counter()
-            for _ in range(chunks):
-                os.write(fd, buf)
-            os.fsync(fd)
-            t_write = time.perf_counter() - t0
-        finally:
-            os.close(fd)
+        t_write = _timed_write(fd, buf, chunks)
         if not direct:
             evict_file(path)
         fd, direct_read = _open_direct(path, os.O_RDONLY)
@@ -170,17 +163,20 @@ def buffered_write_gbps(path: Path, nbytes: int) -> float:
     page-cache page can cost a host fault (guest memory the balloon's free page reporting gave back), so
     this runs 0.1-1.5 GB/s depending on what the guest freed just before, while ``O_DIRECT`` does not vary."""
     chunks = max(1, -(-nbytes // CHUNK))
-    data = os.urandom(CHUNK)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    return chunks * CHUNK / _timed_write(fd, os.urandom(CHUNK), chunks) / 1e9
+
+
+def _timed_write(fd: int, data: bytes | mmap.mmap, chunks: int) -> float:
+    """Seconds to write ``data`` ``chunks`` times to ``fd`` and ``fsync`` it; closes ``fd``."""
     try:
         t0 = time.perf_counter()
         for _ in range(chunks):
             os.write(fd, data)
         os.fsync(fd)
-        elapsed = time.perf_counter() - t0
+        return time.perf_counter() - t0
     finally:
         os.close(fd)
-    return chunks * CHUNK / elapsed / 1e9
 
 
 def _pages(nbytes: int) -> int:

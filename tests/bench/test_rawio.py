@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.bench.rawio import direct_io_gbps, parallel_read_gbps
+from kvstore.bench.rawio import RAW_FILE, buffered_write_gbps, direct_io_gbps, parallel_read_gbps
 
 
 def test_parallel_read_reads_every_request_and_refuses_a_short_file(tmp_path: Path) -> None:
@@ -25,3 +25,13 @@ def test_direct_io_reports_the_best_parallel_read_and_its_shape(tmp_path: Path) 
     assert list(tmp_path.iterdir()) == []  # the probe file is removed
     plain = direct_io_gbps(tmp_path, 1 << 20)
     assert (plain.parallel_read_gbps, plain.parallel_threads, plain.parallel_request) == (None, None, None)
+
+
+def test_buffered_write_keeps_its_file_whole_and_direct_io_keeps_its_file_only_when_asked(tmp_path: Path) -> None:
+    path = tmp_path / "buffered.bench"
+    assert buffered_write_gbps(path, 1 << 20) > 0
+    assert path.stat().st_size == 16 << 20  # rounded up to one CHUNK, kept (its pages stay in the page cache)
+    direct_io_gbps(tmp_path, 1 << 20)
+    assert not (tmp_path / RAW_FILE).exists()
+    direct_io_gbps(tmp_path, 1 << 20, keep=True)
+    assert (tmp_path / RAW_FILE).stat().st_size == 16 << 20
