@@ -8,12 +8,15 @@ For 1, 2 and 8 concurrent clients (by default) each client stores its own
 - **daemon**: a ``kvstore serve`` subprocess and N client *processes* (engines
   are separate processes), each with a ``DaemonTier`` over shared memory.
   put = PUT_SHM_RESERVE, copy, PUT_SHM_COMMIT per batch, then FLUSH (the
-  daemon's write-behind to LMDB drained and synced); get = GET_SHM, copy, then the release
-  deferred into the next GET_SHM's frame (GET_SHM_RELEASE, protocol 4).
+  daemon's write-behind to LMDB drained and synced); get = the slot directory's lookup, copy
+  and seqlock check, no request (protocol 5; the reads are reported with TOUCH_QUIET, no reply).
+- **daemon, held** (the baseline: protocol 4's get, ``read_directory=False``): get = GET_SHM,
+  copy, then the release deferred into the next GET_SHM's frame (GET_SHM_RELEASE).
 
 Both put figures therefore cover "in host RAM and durable on disk". Each
 setting runs ``--rounds`` rounds on fresh keys (the first warms up). Reported:
-the best round's aggregate GB/s per side and ``ratio = daemon / embedded``.
+the best round's aggregate GB/s per side, ``ratio = daemon / embedded`` and
+``held_ratio = daemon held / embedded``.
 ``--full-host`` sizes both host tiers for one round (x1.25), so every round
 after the first evicts the previous one's blocks as it puts (a host tier's
 steady state), and reports the best of those rounds only. Writes JSON to
@@ -148,12 +151,13 @@ def run_embedded(clients: int, n: int, batch: int, layout: KVLayout, root: Path,
 
 
 # -------------------------------------------------------------------- daemon
-def _daemon_client(socket_path: str, c: int, n: int, batch: int, rounds: int, barrier: Any, results: Any) -> None:
+def _daemon_client(socket_path: str, c: int, n: int, batch: int, rounds: int, barrier: Any, results: Any,
+                   read_directory: bool) -> None:
     from kvstore.daemon.client import DaemonClient
     from kvstore.daemon.tier import DaemonTier
 
     layout = KVLayout(**MODEL)
-    client = DaemonClient(layout, socket_path=socket_path, client_name=f"bench {c}")
+    client = DaemonClient(layout, socket_path=socket_path, client_name=f"bench {c}", read_directory=read_directory)
     client.connect(30)
     tier = DaemonTier(layout, client)
     try:
@@ -166,7 +170,9 @@ def _daemon_client(socket_path: str, c: int, n: int, batch: int, rounds: int, ba
 
 
 def run_daemon(clients: int, n: int, batch: int, layout: KVLayout, root: Path, rounds: int,
-               full_host: bool = False) -> dict[str, float]:
+               full_host: bool = False, read_directory: bool = True) -> dict[str, float]:
+    """One daemon and ``clients`` client processes (``read_directory=False``: gets through GET_SHM)."""
+    shutil.rmtree(root / f"lmdb-{clients}", ignore_errors=True)  # each run starts on an empty disk tier
     capacity = host_capacity(clients, n, layout, rounds, full_host)
     cfg = root / f"daemon-{clients}.yaml"
     cfg.write_text(yaml.safe_dump({
@@ -184,7 +190,8 @@ def run_daemon(clients: int, n: int, batch: int, layout: KVLayout, root: Path, r
             raise RuntimeError(f"daemon did not start: {line!r}")
         ctx = mp.get_context("spawn")
         barrier, results = ctx.Barrier(clients), ctx.Queue()
-        procs = [ctx.Process(target=_daemon_client, args=(str(root / f"d{clients}.sock"), c, n, batch, rounds, barrier, results))
+        procs = [ctx.Process(target=_daemon_client, args=(str(root / f"d{clients}.sock"), c, n, batch, rounds, barrier, results,
+                                                                   read_directory))
                  for c in range(clients)]
         for p in procs:
             p.start()
@@ -209,7 +216,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         mine = [r for r in rows if r["op"] == op]
         groups = [f"{r['clients']} client(s)\nratio {r['ratio']:.2f}" for r in mine]
         grouped_bars(ax, groups, {"embedded": [r["embedded_gbps"] for r in mine],
-                                  "daemon": [r["daemon_gbps"] for r in mine]}, "GB/s",
+                                  "daemon": [r["daemon_gbps"] for r in mine],
+                                  "daemon, held (GET_SHM)": [r["daemon_held_gbps"] for r in mine]}, "GB/s",
                      title=f"{op} ({'host RAM + durable on disk' if op == 'put' else 'from host RAM'})")
     save(fig, path)
 
@@ -234,22 +242,26 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("--full-host needs --rounds 2 or more (the first round only fills the host tier)")
             emb = run_embedded(clients, args.blocks, args.batch, layout, root, args.rounds, args.full_host)
             dmn = run_daemon(clients, args.blocks, args.batch, layout, root, args.rounds, args.full_host)
+            held = run_daemon(clients, args.blocks, args.batch, layout, root, args.rounds, args.full_host,
+                              read_directory=False)
             for op in ("put", "get"):
-                e, d = emb[f"{op}_gbps"], dmn[f"{op}_gbps"]
+                e, d, h = emb[f"{op}_gbps"], dmn[f"{op}_gbps"], held[f"{op}_gbps"]
                 rows.append({"clients": clients, "op": op, "embedded_gbps": round(e, 3), "daemon_gbps": round(d, 3),
-                             "ratio": round(d / e, 3)})
+                             "ratio": round(d / e, 3), "daemon_held_gbps": round(h, 3), "held_ratio": round(h / e, 3)})
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    result = {"schema": "kvstore-bench-daemon/1", "bytes_per_block": layout.bytes_per_block, "blocks_per_client":
+    result = {"schema": "kvstore-bench-daemon/2", "bytes_per_block": layout.bytes_per_block, "blocks_per_client":
               args.blocks, "batch": args.batch, "rounds": args.rounds, "full_host": args.full_host, "cpus": os.cpu_count(), "results": rows}
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
         plot(rows, out.with_suffix(".png"))
-    print("| clients | op | embedded GB/s | daemon GB/s | daemon / embedded |\n|---|---|---|---|---|")
+    print("| clients | op | embedded GB/s | daemon GB/s | daemon / embedded | daemon held GB/s | held / embedded |\n"
+          "|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['clients']} | {r['op']} | {r['embedded_gbps']} | {r['daemon_gbps']} | {r['ratio']} |")
+        print(f"| {r['clients']} | {r['op']} | {r['embedded_gbps']} | {r['daemon_gbps']} | {r['ratio']} | "
+              f"{r['daemon_held_gbps']} | {r['held_ratio']} |")
     return 0
 
 

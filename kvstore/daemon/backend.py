@@ -132,6 +132,15 @@ class DaemonBackend:
         self.holds.grant(owner, "read", [k for k, s in zip(keys, slots) if s is not None], time.monotonic())
         return slots
 
+    def touched(self, keys: Sequence[bytes]) -> int:
+        """A client read ``keys`` out of the host tier through the slot directory, without a hold: count the
+        hits and mark the blocks still published as used, as :meth:`hold_in_host` would have. Returns how
+        many are still published (the rest were evicted since; their reads were proven whole or not used)."""
+        with self._mu:
+            n = self.host.touch(keys)
+            self._count_reads(n, [0] * n, n)
+        return n
+
     def read_inline(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """Copies of the found blocks (loading disk hits into host like :meth:`hold_for_read`)."""
         slots = self._lock_found(keys)

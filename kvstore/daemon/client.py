@@ -35,6 +35,7 @@ from kvstore.layout import KVLayout
 
 if TYPE_CHECKING:  # imported where a shared arena is attached: it needs torch, which `kvstore stats` must not load
     from kvstore.tiers.arena import HostArena
+    from kvstore.tiers.slot_directory import DirectoryReader
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class DaemonClient:
         token: str | None = None,
         client_name: str = "",
         use_shm: bool = True,
+        read_directory: bool = True,
         timeout_s: float = 60.0,
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 2.0,
@@ -71,11 +73,17 @@ class DaemonClient:
         client_name = client_name.encode()[:MAX_NAME_BYTES].decode("utf-8", "ignore")
         self.socket_path, self.tcp, self.token, self.client_name = socket_path, tcp, token, client_name
         self.use_shm = use_shm and socket_path is not None
+        self.read_directory = read_directory
+        """Look up host-resident keys in the daemon's slot directory and copy them without a GET_SHM
+        (:attr:`directory`); ``False``: every get asks the daemon."""
         self.timeout_s = timeout_s
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self.lock = threading.RLock()
         self.hello: m.HelloReply | None = None
         self.arena: HostArena | None = None
+        self.directory: DirectoryReader | None = None
+        """The daemon's slot directory in the shared segment (``None``: none offered, not wanted, or a machine
+        whose memory order does not make its seqlock read sound)."""
         self.generation = 0
         self._sock: socket.socket | None = None
         self._next_id = 0
@@ -84,6 +92,8 @@ class DaemonClient:
         self._last_used = 0.0
         self._quiet: list[bytes] = []
         """Keys whose read holds :meth:`defer_release` deferred: released ahead of the next request on this connection."""
+        self._touched: list[bytes] = []
+        """Keys read through the directory that :meth:`defer_touch` has not reported yet (TOUCH_QUIET)."""
         self._quiet_since = 0.0
         self._quiet_wake = threading.Event()
         self._flusher: tuple[threading.Thread, threading.Event] | None = None
@@ -130,9 +140,7 @@ class DaemonClient:
         with self.lock:
             self.send_deferred()
             self._drop()
-            if self.arena is not None:
-                self.arena.close()
-                self.arena = None
+            self._detach()
             flusher, self._flusher = self._flusher, None
         if flusher is not None:
             flusher[1].set()
@@ -167,18 +175,32 @@ class DaemonClient:
             self._next_attempt = time.monotonic() + self._backoff  # unreachable, or refused for now (a cap)
             self._backoff = min(self._backoff * 2, self.backoff_max_s)
             raise DaemonUnavailable(f"cannot reach the daemon at {self.address}: {exc}") from None
-        if self.arena is not None:
-            self.arena.close()
-            self.arena = None
+        self._detach()
         if hello.shm_name is not None:
-            from kvstore.tiers.arena import HostArena
-
-            self.arena = HostArena.attach(hello.shm_name, hello.bytes_per_block)
+            self._attach(hello)
         self.hello = hello
         self.generation += 1
         self._backoff = self.backoff_initial_s
         log.info("connected to the daemon at %s (generation %d, shm %s)", self.address, self.generation, hello.shm_name)
         return hello
+
+    def _attach(self, hello: m.HelloReply) -> None:
+        """Map the daemon's shared segment, and its slot directory where one is there and usable."""
+        from kvstore.tiers.arena import HostArena
+        from kvstore.tiers.slot_directory import DirectoryReader, reads_supported
+
+        assert hello.shm_name is not None
+        self.arena = HostArena.attach(hello.shm_name, hello.bytes_per_block, num_slots=hello.num_slots)
+        if self.read_directory and reads_supported() and self.arena.tail is not None:
+            self.directory = DirectoryReader.attach(self.arena.tail.numpy(), hello.num_slots)
+            if self.directory is None:
+                log.info("the daemon's shared segment carries no usable slot directory: every get asks the daemon")
+
+    def _detach(self) -> None:
+        self.directory = None  # its arrays map the segment: dropped before the arena unmaps it
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
 
     def _refusal(self, exc: DaemonError) -> DaemonError:
         """What a refused login raises: a refused layout becomes a :class:`LayoutMismatch` naming each field."""
@@ -223,6 +245,7 @@ class DaemonClient:
         self._sock = None
         self.hello = None
         self._quiet.clear()  # they were for this connection: its holds end with it (deadline or process exit)
+        self._touched.clear()  # uses of blocks of a daemon that may be gone: not worth a reconnect
 
     # ----------------------------------------------------------- requests
     def request(self, op: Op, payload: bytes = b"") -> bytes:
@@ -257,17 +280,31 @@ class DaemonClient:
         get saves a syscall here, and a frame and a wake-up of the daemon's loop (on a few shared cores each
         costs about as much as the request's work). Raises :class:`DaemonUnavailable` when not connected.
         """
+        self._defer(keys, touch=False)
+
+    def _defer(self, keys: Sequence[bytes], *, touch: bool) -> None:
+        """Queue ``keys`` for a RELEASE_QUIET (or, ``touch``, a TOUCH_QUIET) and wake the flusher."""
         with self.lock:
             self._ensure()
-            if not self._quiet:
+            if not self._quiet and not self._touched:
                 self._quiet_since = time.monotonic()
-            self._quiet.extend(keys)
-            if self._flusher is None:
-                stop = threading.Event()
-                thread = threading.Thread(target=self._flush_later, args=(stop,), name="kvstore-client-release", daemon=True)
-                self._flusher = (thread, stop)
-                thread.start()
-            self._quiet_wake.set()
+            (self._touched if touch else self._quiet).extend(keys)
+            self._start_flusher()
+
+    def _start_flusher(self) -> None:
+        """Wake (starting it the first time) the thread that sends what waited :data:`QUIET_DELAY_S` (lock held)."""
+        if self._flusher is None:
+            stop = threading.Event()
+            thread = threading.Thread(target=self._flush_later, args=(stop,), name="kvstore-client-release", daemon=True)
+            self._flusher = (thread, stop)
+            thread.start()
+        self._quiet_wake.set()
+
+    def defer_touch(self, keys: Sequence[bytes]) -> None:
+        """Report that ``keys`` were read through the slot directory (the daemon counts the hits and marks the
+        blocks used), as TOUCH_QUIET frames in the next request's ``send``, or alone :data:`QUIET_DELAY_S`
+        later, like :meth:`defer_release`. Raises :class:`DaemonUnavailable` when not connected."""
+        self._defer(keys, touch=True)
 
     def get_shm(self, keys: Sequence[bytes]) -> bytes:
         """GET_SHM of ``keys`` (at most :attr:`max_keys`), carrying the deferred releases when they fit one
@@ -283,26 +320,29 @@ class DaemonClient:
             return self.request(Op.GET_SHM, m.encode_keys(keys))  # deferred releases go as frames ahead of it
 
     def send_deferred(self) -> None:
-        """Send the releases :meth:`defer_release` deferred, now (nothing when there are none or no connection)."""
+        """Send the releases and uses :meth:`defer_release` and :meth:`defer_touch` deferred, now (nothing when
+        there are none or no connection)."""
         with self.lock:
-            if self._quiet and self._sock is not None:
+            if (self._quiet or self._touched) and self._sock is not None:
                 try:
                     self._send_frames(Op.RELEASE_QUIET, [])
                 except DaemonUnavailable as exc:
                     log.debug("deferred releases not sent: %s", exc)  # the daemon ends those holds at their deadline
 
     def _deferred_frames(self) -> list[bytes]:
-        """The deferred releases as RELEASE_QUIET frames (lock held), and none left deferred."""
-        keys, self._quiet = self._quiet, []
-        step = self.max_keys
-        return [encode_frame(Op.RELEASE_QUIET, self._new_id(), m.encode_keys(keys[i : i + step]))
-                for i in range(0, len(keys), step)]
+        """The deferred releases as RELEASE_QUIET frames and uses as TOUCH_QUIET frames (lock held), and none
+        left deferred."""
+        step, frames = self.max_keys, []
+        for op, keys in ((Op.RELEASE_QUIET, self._quiet), (Op.TOUCH_QUIET, self._touched)):
+            frames += [encode_frame(op, self._new_id(), m.encode_keys(keys[i : i + step])) for i in range(0, len(keys), step)]
+        self._quiet, self._touched = [], []
+        return frames
 
     def _send_frames(self, op: Op, frames: list[bytes]) -> None:
         """The deferred releases, then ``frames``, in one ``sendall`` (lock held, connected)."""
         try:
             assert self._sock is not None
-            if self._quiet:
+            if self._quiet or self._touched:
                 frames = [*self._deferred_frames(), *frames]
             self._sock.sendall(b"".join(frames))
             self._last_used = time.monotonic()
@@ -321,9 +361,9 @@ class DaemonClient:
             if not self.lock.acquire(blocking=False):
                 continue  # a request is under way on this connection: it carries them
             try:
-                if self._quiet and time.monotonic() - self._quiet_since >= QUIET_DELAY_S:
+                if (self._quiet or self._touched) and time.monotonic() - self._quiet_since >= QUIET_DELAY_S:
                     self.send_deferred()
-                if not self._quiet:
+                if not self._quiet and not self._touched:
                     self._quiet_wake.clear()
             finally:
                 self.lock.release()
@@ -337,7 +377,7 @@ class DaemonClient:
         self._last_used = time.monotonic()
         rid = self._new_id()
         frame = encode_frame(op, rid, payload)
-        if self._quiet:  # deferred releases go first, in the same send
+        if self._quiet or self._touched:  # deferred releases and uses go first, in the same send
             frame = b"".join([*self._deferred_frames(), frame])
         self._sock.sendall(frame)
         header, body = self._read_reply(rid, op)

@@ -24,9 +24,10 @@ from enum import IntEnum
 from kvstore.errors import KVStoreError
 
 MAGIC = b"KVSD"
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """2: challenge-response login (CHALLENGE, HELLO carries an HMAC proof, not the token); HELLO reply has max_keys.
-3: RELEASE_QUIET. 4: GET_SHM_RELEASE (a get that first ends the holds of the previous one)."""
+3: RELEASE_QUIET. 4: GET_SHM_RELEASE (a get that first ends the holds of the previous one). 5: TOUCH_QUIET, and the
+slot directory after the arena's slots (gets of host-resident blocks without a round trip)."""
 HEADER = struct.Struct("<4sHHII")
 HEADER_SIZE = HEADER.size
 REPLY_BIT = 0x8000
@@ -65,6 +66,9 @@ class Op(IntEnum):
     GET_SHM_RELEASE = 14
     """GET_SHM that first releases keys like RELEASE_QUIET (protocol 4): a get's RELEASE rides in the next get's
     frame, so a get costs the daemon one frame, not two. The reply is GET_SHM's."""
+    TOUCH_QUIET = 15
+    """Keys a client read through the slot directory (protocol 5; :mod:`kvstore.tiers.slot_directory`): the daemon
+    counts the hits and marks the blocks used, as a GET_SHM would have. No reply, like RELEASE_QUIET."""
     ERROR = 0x7FFF
     """Reply-only: the request failed; payload is an :class:`ErrorCode` and a message."""
 

@@ -15,6 +15,7 @@ Payloads (little-endian; ``keys`` = ``u32 count`` then ``count`` 32-byte keys)::
     PUT_INLINE       keys block*count           reply  count:u32 ok:u8*count
     RELEASE, DELETE  keys                       reply  count:u32
     RELEASE_QUIET    keys                       (no reply, not even an error unless the connection closes)
+    TOUCH_QUIET      keys                       (no reply, like RELEASE_QUIET: blocks read through the slot directory)
     GET_SHM_RELEASE  keys(release) keys(get)    reply  as GET_SHM (the release runs first; a frame
                      refused as malformed or too large changes nothing)
     FLUSH, STATS     (empty)                    reply  (empty) / UTF-8 JSON
@@ -47,7 +48,7 @@ _HELLO = struct.Struct("<16sBH")
 _HELLO_TAIL = struct.Struct("<IIIII")
 KEY_OPS = frozenset(
     {Op.EXISTS_PREFIX, Op.GET_SHM, Op.GET_INLINE, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT, Op.RELEASE, Op.RELEASE_QUIET,
-     Op.DELETE}
+     Op.TOUCH_QUIET, Op.DELETE}
 )
 EMPTY_OPS = frozenset({Op.FLUSH, Op.STATS, Op.CHALLENGE})
 

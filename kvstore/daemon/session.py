@@ -48,7 +48,9 @@ from kvstore.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SHM_OPS = frozenset({Op.GET_SHM, Op.GET_SHM_RELEASE, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT})
+SHM_OPS = frozenset({Op.GET_SHM, Op.GET_SHM_RELEASE, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT, Op.TOUCH_QUIET})
+QUIET_OPS = frozenset({Op.RELEASE_QUIET, Op.TOUCH_QUIET})
+"""Requests never answered, not even with an error: their client reads no reply."""
 
 
 class SessionTimeout(Exception):
@@ -188,7 +190,7 @@ class Session:
         self.ctx.metrics.bytes_in += HEADER_SIZE + header.length
         start = time.perf_counter()
         self.busy = True
-        quiet = header.op == Op.RELEASE_QUIET and self.hello is not None  # its client reads no reply
+        quiet = header.op in QUIET_OPS and self.hello is not None  # its client reads no reply
         try:
             reply = await self._handle(header.op, payload)
         except ProtocolError as exc:
@@ -201,7 +203,7 @@ class Session:
         finally:
             self.busy = False
         if quiet:
-            self.ctx.metrics.observe(Op.RELEASE_QUIET.name, time.perf_counter() - start)
+            self.ctx.metrics.observe(Op(header.op).name, time.perf_counter() - start)
             return True
         await self._send(writer, encode_frame(header.op | REPLY_BIT, header.request_id, reply))
         self.ctx.metrics.observe(Op(header.op).name, time.perf_counter() - start)
@@ -309,7 +311,7 @@ class Session:
         thread wake-ups, more than such a request's work, and with several engine processes on few cores
         each wake-up can wait a scheduler slice."""
         b = self.ctx.backend
-        if msg.op in (Op.RELEASE, Op.RELEASE_QUIET):
+        if msg.op in (Op.RELEASE, Op.RELEASE_QUIET, Op.TOUCH_QUIET):
             return True
         if msg.op == Op.PUT_SHM_COMMIT:
             return not b.durable_puts  # durable: waits for the disk write
@@ -362,6 +364,8 @@ class Session:
             return m.encode_flags(b.commit(me, keys))
         if op in (Op.RELEASE, Op.RELEASE_QUIET):
             return m.encode_count(b.release(me, keys))
+        if op == Op.TOUCH_QUIET:
+            return m.encode_count(b.touched(keys))
         if op != Op.DELETE:  # every keys op is handled above: reaching here is a bug, never a delete
             raise ProtocolError(ErrorCode.INTERNAL, f"{op.name}: no handler")
         n = b.delete(keys)
@@ -377,11 +381,11 @@ class Session:
         return [got[k] for k in keys]
 
     async def _error(self, writer: asyncio.StreamWriter, request_id: int, exc: ProtocolError, answer: bool = True) -> None:
-        """Count and log ``exc``; send it as an ERROR reply unless ``answer`` is false (a RELEASE_QUIET, whose
-        client reads no reply: an unasked reply would be taken for the next request's)."""
+        """Count and log ``exc``; send it as an ERROR reply unless ``answer`` is false (a RELEASE_QUIET or
+        TOUCH_QUIET, whose client reads no reply: an unasked reply would be taken for the next request's)."""
         self.ctx.metrics.error(exc.code.name)
         self.ctx.events.warning(f"error:{exc.code.name}", "client %d (%s): %s%s", self.conn_id, self.peer.ident, exc,
-                                " (closing)" if exc.fatal else "" if answer else " (not answered: RELEASE_QUIET)")
+                                " (closing)" if exc.fatal else "" if answer else " (not answered: a quiet request)")
         if not answer:
             return
         try:

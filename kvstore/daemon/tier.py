@@ -6,7 +6,11 @@ radix index and GPU pool stay in the engine process.
 
 Data path for a local client (Unix socket, shared memory)::
 
-    get:  GET_SHM (daemon locks slots) ─► copy slot → dest ─► release deferred: inside the next
+    get:  keys the slot directory lists: copy slot → dest, proven whole by the slot's seqlock
+          (kvstore.tiers.slot_directory), no request; the reads are reported later (TOUCH_QUIET, no
+          reply, with the next request or after QUIET_DELAY_S). The rest (on disk only, or a slot
+          reused during the copy):
+          GET_SHM (daemon locks slots) ─► copy slot → dest ─► release deferred: inside the next
           GET_SHM (GET_SHM_RELEASE), or a RELEASE_QUIET (no reply) with any other request or after
           QUIET_DELAY_S
     put:  PUT_SHM_RESERVE (daemon reserves slots) ─► copy src → slot ─► PUT_SHM_COMMIT
@@ -202,21 +206,54 @@ class DaemonTier(Tier):
                     if block is not None:
                         dest.numpy()[:] = memoryview(block)
                 return [b is not None for b in blocks]
-            slots = m.decode_slots(c.get_shm(keys), Op.GET_SHM)
-            arena = c.arena
-            if arena is None:
-                raise DaemonUnavailable("the daemon did not offer shared memory for GET_SHM")
-            found = [slot for _, slot in slots]
-            hit = [(slot, addr) for slot, addr in zip(found, addrs) if slot is not None]
-            self._copy(arena.read_slots, [s for s, _ in hit], [a for _, a in hit])
-            fresh = self._fresh(t0)
-            held = [k for k, s in zip(keys, found) if s is not None]
-            if held:
-                try:
-                    c.defer_release(held)  # rides in the next request's frame or send
-                except DaemonUnavailable:
-                    pass  # the daemon ends the holds at their deadline
-            return [s is not None and fresh for s in found]
+            direct = self._get_direct(keys, addrs) if c.directory is not None else None
+            if direct is not None:
+                if all(direct):
+                    return direct
+                rest = [i for i, ok in enumerate(direct) if not ok]
+                for i, ok in zip(rest, self._get_held([keys[i] for i in rest], [addrs[i] for i in rest], t0)):
+                    direct[i] = ok
+                return direct
+            return self._get_held(keys, addrs, t0)
+
+    def _get_direct(self, keys: list[bytes], addrs: list[int]) -> list[bool] | None:
+        """Copy the keys the slot directory lists straight out of the arena, with no request (client lock held);
+        ``True`` where the copy is proven whole (see :mod:`kvstore.tiers.slot_directory`), and those reads are
+        reported to the daemon with the next request (TOUCH_QUIET). ``None``: the directory lists none of them."""
+        c = self.client
+        assert c.directory is not None and c.arena is not None
+        ticket = c.directory.begin(keys)
+        if not ticket.index:
+            return None
+        index = ticket.index
+        self._copy(c.arena.read_slots, ticket.slots, [addrs[i] for i in index])
+        out = [False] * len(keys)
+        for i, ok in zip(index, c.directory.confirm(ticket)):
+            out[i] = ok  # False: the slot was reused during the copy; the daemon is asked for it
+        try:
+            c.defer_touch([keys[i] for i in index if out[i]])
+        except DaemonUnavailable:
+            pass  # the reads are whole; only the daemon's count of them is lost
+        return out
+
+    def _get_held(self, keys: list[bytes], addrs: list[int], t0: float) -> list[bool]:
+        """GET_SHM (the daemon holds the slots), copy, deferred release (client lock held)."""
+        c = self.client
+        slots = m.decode_slots(c.get_shm(keys), Op.GET_SHM)
+        arena = c.arena
+        if arena is None:
+            raise DaemonUnavailable("the daemon did not offer shared memory for GET_SHM")
+        found = [slot for _, slot in slots]
+        hit = [(slot, addr) for slot, addr in zip(found, addrs) if slot is not None]
+        self._copy(arena.read_slots, [s for s, _ in hit], [a for _, a in hit])
+        fresh = self._fresh(t0)
+        held = [k for k, s in zip(keys, found) if s is not None]
+        if held:
+            try:
+                c.defer_release(held)  # rides in the next request's frame or send
+            except DaemonUnavailable:
+                pass  # the daemon ends the holds at their deadline
+        return [s is not None and fresh for s in found]
 
     def _copy(self, copy: SlotCopy, slots: list[int], addrs: list[int]) -> None:
         """``copy(slots, addrs)`` (an arena read or write), split over two threads when large, like the embedded

@@ -87,10 +87,15 @@ class HostArena:
     :meth:`attach` (another process's shared memory).
     """
 
-    def __init__(self, tensor: torch.Tensor, bytes_per_block: int, shm: SharedMemory | None, owner: bool) -> None:
+    def __init__(self, tensor: torch.Tensor, bytes_per_block: int, shm: SharedMemory | None, owner: bool,
+                 num_slots: int | None = None) -> None:
         self.bytes_per_block = bytes_per_block
-        self.num_slots = tensor.numel() // bytes_per_block
+        self.num_slots = tensor.numel() // bytes_per_block if num_slots is None else num_slots
         self.tensor: torch.Tensor | None = tensor[: self.num_slots * bytes_per_block]
+        self.tail: torch.Tensor | None = None
+        """A shared segment's bytes after the slots (the slot directory, :mod:`kvstore.tiers.slot_directory`)."""
+        if shm is not None and num_slots is not None:
+            self.tail = tensor[num_slots * bytes_per_block :]
         self._shm = shm
         self._owner = owner
         self.pinned = False
@@ -98,9 +103,11 @@ class HostArena:
     # ------------------------------------------------------------ building
     @classmethod
     def allocate(
-        cls, num_slots: int, bytes_per_block: int, *, pin: bool, shm_name: str | None = None, shared: bool = False
+        cls, num_slots: int, bytes_per_block: int, *, pin: bool, shm_name: str | None = None, shared: bool = False,
+        tail_bytes: int = 0,
     ) -> HostArena:
-        """New memory for ``num_slots`` slots; ``shared`` creates the segment ``shm_name`` (random name if None).
+        """New memory for ``num_slots`` slots; ``shared`` creates the segment ``shm_name`` (random name if None)
+        with ``tail_bytes`` more after the slots (:attr:`tail`).
 
         Raises :class:`TierError` if the segment already exists or pinning fails.
         """
@@ -110,14 +117,14 @@ class HostArena:
         shm = None
         if shared:
             try:
-                shm = SharedMemory(name=shm_name, create=True, size=nbytes)
+                shm = SharedMemory(name=shm_name, create=True, size=nbytes + tail_bytes)
             except FileExistsError:
                 raise TierError(f"shared memory segment {shm_name!r} already exists (another daemon, or a stale one)") from None
             _own(shm)
             tensor = torch.frombuffer(shm.buf, dtype=torch.uint8)
         else:
             tensor = torch.empty(nbytes, dtype=torch.uint8)
-        arena = cls(tensor, bytes_per_block, shm, owner=True)
+        arena = cls(tensor, bytes_per_block, shm, owner=True, num_slots=num_slots)
         if pin:
             arena._pin()
         return arena
@@ -149,8 +156,11 @@ class HostArena:
             os.close(fd)
 
     @classmethod
-    def attach(cls, name: str, bytes_per_block: int, *, pin: bool = False) -> HostArena:
-        """Map the existing segment ``name`` read-write; closing it never unlinks the segment."""
+    def attach(cls, name: str, bytes_per_block: int, *, pin: bool = False, num_slots: int | None = None) -> HostArena:
+        """Map the existing segment ``name`` read-write; closing it never unlinks the segment.
+
+        ``num_slots``: how many slots the owner made (what its daemon said at login); the bytes after them are
+        :attr:`tail`. ``None``: as many as fit. Raises :class:`TierError` when the segment is smaller."""
         try:
             if sys.version_info >= (3, 13):
                 shm = SharedMemory(name=name, track=False)  # type: ignore[call-arg]
@@ -159,7 +169,12 @@ class HostArena:
                 resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
         except FileNotFoundError:
             raise TierError(f"no shared memory segment named {name!r}; is the daemon running?") from None
-        arena = cls(torch.frombuffer(shm.buf, dtype=torch.uint8), bytes_per_block, shm, owner=False)
+        if num_slots is not None and shm.size < num_slots * bytes_per_block:
+            size = shm.size
+            shm.close()
+            raise TierError(f"shared memory segment {name!r} has {size} bytes, too few for {num_slots} slots of "
+                            f"{bytes_per_block} bytes")
+        arena = cls(torch.frombuffer(shm.buf, dtype=torch.uint8), bytes_per_block, shm, owner=False, num_slots=num_slots)
         if pin:
             arena._pin()
         return arena
@@ -223,6 +238,7 @@ class HostArena:
             torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
             self.pinned = False
         self.tensor = None
+        self.tail = None
         if self._shm is not None:
             if self._owner:
                 self._shm.unlink()

@@ -34,6 +34,7 @@ from kvstore.tiers.arena import HostArena, PinMode, SlotCopy, copy_split, resolv
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
 from kvstore.tiers.eviction import EvictionOrder, make_order, order_for
 from kvstore.tiers.exclude import KeyFilter
+from kvstore.tiers.slot_directory import DirectoryWriter, directory_bytes
 
 
 class _Pinned(KeyFilter):
@@ -76,9 +77,15 @@ class HostTier(Tier):
         """
         super().__init__(layout)
         self.bpb = layout.bytes_per_block
+        num_slots = capacity_bytes // self.bpb
         self.arena = HostArena.allocate(
-            capacity_bytes // self.bpb, self.bpb, pin=resolve_pin(pin_memory), shm_name=shm_name, shared=shared_memory
+            num_slots, self.bpb, pin=resolve_pin(pin_memory), shm_name=shm_name, shared=shared_memory,
+            tail_bytes=directory_bytes(num_slots) if shared_memory and num_slots > 0 else 0,
         )
+        self.directory: DirectoryWriter | None = (
+            DirectoryWriter(self.arena.tail.numpy(), num_slots) if self.arena.tail is not None else None)
+        """The published keys' slots in the shared segment, for clients that read without a round trip
+        (:mod:`kvstore.tiers.slot_directory`); ``None`` for private memory."""
         self.auto_evict = auto_evict
         self._lock = threading.Lock()
         self._slots: dict[bytes, int] = {}  # published key -> slot
@@ -150,6 +157,14 @@ class HostTier(Tier):
             self._touch(keys)
             return out
 
+    def touch(self, keys: Sequence[bytes]) -> int:
+        """Count a use of each published key (deepest first, as :meth:`get` does) without reading it; returns
+        how many are published. For reads made elsewhere (the daemon's clients, through the slot directory)."""
+        with self._lock:
+            found = [k for k in keys if k in self._slots]
+            self._touch(found)
+            return len(found)
+
     def unpin(self, keys: Sequence[bytes]) -> None:
         """Drop one reference per key; raises :class:`BlockStateError` (changing nothing) if one is not pinned."""
         with self._lock:
@@ -217,8 +232,11 @@ class HostTier(Tier):
                 if key not in reserved:
                     raise BlockStateError(f"publish of host block {short_key(key)} that is not reserved")
             published, inverse, order, refs = self._slots, self._keys, self._order, self._refs
-            for key in keys:
-                slot = reserved.pop(key)
+            slots = [reserved[key] for key in keys]
+            if self.directory is not None:
+                self.directory.published(keys, slots)
+            for key, slot in zip(keys, slots):
+                del reserved[key]
                 published[key] = slot
                 inverse[slot] = key
                 order.add(key, 1)
@@ -325,13 +343,9 @@ class HostTier(Tier):
                 slot = self._slots.get(key)
                 if key in self._reserved or (slot is not None and slot in self._refs):
                     raise BlockStateError(f"delete of host block {short_key(key)} while it is pinned")
-            removed = 0
-            for key in dict.fromkeys(keys):
-                slot = self._unpublish(key)
-                if slot is not None:
-                    self._free.append(slot)
-                    removed += 1
-            return removed
+            freed = self._unpublish_many([k for k in dict.fromkeys(keys) if k in self._slots])
+            self._free.extend(freed)
+            return len(freed)
 
     def stats(self) -> TierStats:
         """Counters, with ``used_bytes``/``capacity_bytes``/``num_blocks`` filled from the arena."""
@@ -344,6 +358,7 @@ class HostTier(Tier):
     def close(self) -> None:
         """Release the arena (unpin, unmap, unlink the owned segment). Later calls raise :class:`TierError`."""
         with self._lock:
+            self.directory = None  # its arrays map the segment: dropped before the arena unmaps it
             self.arena.close()
             self._slots.clear()
             self._keys.clear()
@@ -364,6 +379,9 @@ class HostTier(Tier):
                 raise IntegrityError("host reference count on a free slot, or a non-positive count")
             if any(slot not in self._refs for slot in self._reserved.values()):
                 raise IntegrityError("a reserved host slot lost its reservation reference")
+            wrong = self.directory.check(self._slots) if self.directory is not None else None
+            if wrong is not None:
+                raise IntegrityError(f"host slot directory disagrees with the published slots: {wrong}")
 
     # ------------------------------------------------------------- private
     def _slot_any(self, key: bytes) -> int | None:
@@ -400,10 +418,7 @@ class HostTier(Tier):
         if short <= 0 or not self.auto_evict:
             return
         victims = self._victims(short)
-        for key in victims:
-            slot = self._unpublish(key)
-            assert slot is not None
-            self._free.append(slot)
+        self._free.extend(self._unpublish_many(victims))
         self._stats.evictions += len(victims)
         self._emit_many("evicted", victims)
 
@@ -412,13 +427,17 @@ class HostTier(Tier):
         call costs the keys it visits, not one pass over every pin and reservation."""
         return self._order.victims(n, len(self._order), exclude=self._pinned)
 
-    def _unpublish(self, key: bytes) -> int | None:
-        """Forget published ``key`` (slot map, inverse, order); its slot, or ``None``. Hold the lock."""
-        slot = self._slots.pop(key, None)
-        if slot is not None:
-            del self._keys[slot]
-            self._order.remove(key)
-        return slot
+    def _unpublish_many(self, keys: Sequence[bytes]) -> list[int]:
+        """Forget published, distinct ``keys`` (slot map, inverse, order, directory); their slots, in order.
+        Hold the lock."""
+        slots = [self._slots.pop(key) for key in keys]
+        if self.directory is not None:
+            self.directory.unpublished(slots)  # readers stop trusting them before anyone can reuse them
+        inverse, order = self._keys, self._order
+        for key, slot in zip(keys, slots):
+            del inverse[slot]
+            order.remove(key)
+        return slots
 
     def _copy(self, copy: SlotCopy, slots: list[int], addrs: list[int]) -> None:
         """``copy(slots, addrs)`` (an arena read or write), split over two threads when large (:func:`copy_split`)."""

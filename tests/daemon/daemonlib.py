@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ import yaml
 from kvstore.config import load_config
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.frames import HEADER, HEADER_SIZE, ErrorCode, Op
+from kvstore.daemon.frames import HEADER, HEADER_SIZE, REPLY_BIT, ErrorCode, Op, encode_frame
 from kvstore.daemon.tier import DaemonTier
 from kvstore.layout import KVLayout
 
@@ -192,6 +193,21 @@ def read_reply(s: socket.socket) -> tuple[int, bytes] | None:
     _, _, op, _, length = HEADER.unpack(head)
     body = recv_exactly(s, length)
     return None if body is None else (op, body)
+
+
+def raw_login(s: socket.socket, want_shm: bool = True) -> None:
+    """Log a raw socket in without a token (a local client), asking for shared memory or not."""
+    s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, None, "raw", want_shm))))
+    reply = read_reply(s)
+    assert reply is not None and reply[0] == Op.HELLO | REPLY_BIT
+
+
+def raw_stats(s: socket.socket, rid: int) -> dict[str, Any]:
+    """STATS on a raw socket; asserts the next frame is its reply (so nothing unasked came before it)."""
+    s.sendall(encode_frame(Op.STATS, rid))
+    reply = read_reply(s)
+    assert reply is not None and reply[0] == Op.STATS | REPLY_BIT, reply
+    return json.loads(reply[1])
 
 
 def expect_error(s: socket.socket, code: ErrorCode, closed: bool) -> str:

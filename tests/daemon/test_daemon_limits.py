@@ -26,6 +26,7 @@ from kvstore.config import load_config
 from kvstore.daemon import messages as m
 from kvstore.daemon.frames import HEADER, MAGIC, PROTOCOL_VERSION, ErrorCode, Op, encode_frame
 from kvstore.daemon.server import DaemonServer
+from kvstore.daemon.session import QUIET_OPS
 
 BPB = LAYOUT.bytes_per_block  # 512
 MAX_FRAME = 1 << 20
@@ -84,7 +85,7 @@ def test_repeated_key_is_read_once_and_the_reply_is_bounded(daemon: Daemon) -> N
     tier.close()
 
 
-@pytest.mark.parametrize("op", sorted(m.KEY_OPS - {Op.RELEASE_QUIET}))  # never answered: test_release_quiet.py
+@pytest.mark.parametrize("op", sorted(m.KEY_OPS - QUIET_OPS))  # never answered: test_release_quiet.py, test_slot_directory_daemon.py
 def test_every_keys_request_is_bounded_by_max_keys_per_request(daemon: Daemon, op: Op) -> None:
     with raw_unix(daemon) as s:
         login(s, want_shm=True)

@@ -182,6 +182,7 @@ def test_prefix_cache_metrics_count_tokens_as_vllm_does(daemon: Daemon) -> None:
     # What an engine does for a prompt of 100 blocks whose first 49 are cached: probe it all, load the 49.
     assert tier.contains_prefix(keys) == 49
     assert tier.get(keys[:49], empty_blocks(49)) == [True] * 49
+    tier.client.stats()  # reads through the slot directory are reported ahead of the next request: now
     after = _scrape(daemon)
     tier.client.close()
 

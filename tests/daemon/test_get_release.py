@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 
 from daemonlib import (
-    LAYOUT, Daemon, block_for, cleanup, empty_blocks, expect_error, keys_for, raw_unix, read_reply, recv_exactly,
-    short_tmpdir, start_daemon, write_config,
+    LAYOUT, Daemon, block_for, cleanup, empty_blocks, expect_error, keys_for, raw_login, raw_unix, read_reply,
+    recv_exactly, short_tmpdir, start_daemon, write_config,
 )
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient
@@ -37,12 +37,6 @@ def daemon() -> Iterator[Daemon]:
         yield d
     finally:
         cleanup(d, root)
-
-
-def _login(s: socket.socket, want_shm: bool = True) -> None:
-    s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, None, "raw", want_shm))))
-    reply = read_reply(s)
-    assert reply is not None and reply[0] == Op.HELLO | REPLY_BIT
 
 
 def _ask(s: socket.socket, op: Op, payload: bytes, rid: int = 7) -> tuple[int, bytes]:
@@ -69,12 +63,12 @@ def _holds(s: socket.socket) -> int:
 @pytest.fixture
 def held(daemon: Daemon) -> Iterator[tuple[socket.socket, list[bytes]]]:
     """A raw shm connection holding read holds on two stored keys (one GET_SHM)."""
-    tier = daemon.tier()
+    tier = daemon.tier(read_directory=False)  # the held path: GET_SHM, copy, release
     keys = keys_for(2, seed=61)
     assert tier.put(keys, [block_for(k) for k in keys]) == [True, True]
     tier.close()
     with raw_unix(daemon) as s:
-        _login(s)
+        raw_login(s)
         op, body = _ask(s, Op.GET_SHM, m.encode_keys(keys))
         assert op == Op.GET_SHM | REPLY_BIT and [st for st, _ in m.decode_slots(body, Op.GET_SHM)] == [1, 1]
         yield s, keys
@@ -83,7 +77,7 @@ def held(daemon: Daemon) -> Iterator[tuple[socket.socket, list[bytes]]]:
 
 
 def test_a_get_carries_the_previous_gets_release(daemon: Daemon) -> None:
-    tier = daemon.tier()
+    tier = daemon.tier(read_directory=False)  # the held path: GET_SHM, copy, release
     try:
         keys = keys_for(4, seed=60)
         assert tier.put(keys, [block_for(k) for k in keys]) == [True] * 4
@@ -153,7 +147,7 @@ def test_before_login_it_is_refused_and_the_connection_closed(daemon: Daemon) ->
 
 def test_without_shared_memory_it_is_not_allowed(daemon: Daemon) -> None:
     with raw_unix(daemon) as s:
-        _login(s, want_shm=False)
+        raw_login(s, want_shm=False)
         message = _refused(s, m.encode_get_release([], keys_for(1, seed=64)), ErrorCode.NOT_ALLOWED)
         assert message.startswith("GET_SHM_RELEASE: shared memory is only for"), message
         assert _holds(s) == 0
@@ -195,7 +189,7 @@ def test_a_client_facing_a_daemon_on_another_version_gets_a_refusal_not_retries(
         with pytest.raises(DaemonError) as info:
             client.connect(wait_s=5.0)
         assert info.value.code == ErrorCode.BAD_VERSION
-        assert "speaks another protocol" in str(info.value) and "uses protocol version 3; this side speaks 4" in str(info.value)
+        assert "speaks another protocol" in str(info.value) and f"uses protocol version 3; this side speaks {PROTOCOL_VERSION}" in str(info.value)
         assert time.monotonic() - t0 < 2.0 and len(accepted) == 1  # refused at once: no reconnect loop
     finally:
         client.close()

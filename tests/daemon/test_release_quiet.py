@@ -8,18 +8,17 @@ like any other request.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from daemonlib import (
-    LAYOUT, Daemon, block_for, cleanup, empty_blocks, expect_error, keys_for, raw_unix, read_reply, short_tmpdir,
+    Daemon, block_for, cleanup, empty_blocks, expect_error, keys_for, raw_login, raw_stats, raw_unix, short_tmpdir,
     start_daemon, write_config,
 )
 from kvstore.daemon import messages as m
-from kvstore.daemon.frames import REPLY_BIT, ErrorCode, Op, encode_frame
+from kvstore.daemon.frames import ErrorCode, Op, encode_frame
 
 
 @pytest.fixture(scope="module")
@@ -33,21 +32,8 @@ def daemon() -> Iterator[Daemon]:
         cleanup(d, root)
 
 
-def _login(s) -> None:  # noqa: ANN001 - a socket
-    s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, None, "raw", True))))
-    reply = read_reply(s)
-    assert reply is not None and reply[0] == Op.HELLO | REPLY_BIT
-
-
-def _stats(s, rid: int) -> dict:  # noqa: ANN001 - a socket
-    s.sendall(encode_frame(Op.STATS, rid))
-    reply = read_reply(s)
-    assert reply is not None and reply[0] == Op.STATS | REPLY_BIT, reply  # the next frame is this reply
-    return json.loads(reply[1])
-
-
 def test_a_get_releases_its_holds_with_no_reply(daemon: Daemon) -> None:
-    tier = daemon.tier()
+    tier = daemon.tier(read_directory=False)  # the held path: GET_SHM, copy, release
     try:
         keys = keys_for(4, seed=41)
         assert tier.put(keys, [block_for(k) for k in keys]) == [True] * 4
@@ -69,13 +55,13 @@ def test_a_get_releases_its_holds_with_no_reply(daemon: Daemon) -> None:
 
 def test_a_malformed_release_quiet_is_counted_never_answered_and_the_connection_stays_in_step(daemon: Daemon) -> None:
     with raw_unix(daemon) as s:
-        _login(s)
-        errors_before = _stats(s, 2)["daemon"]["errors"].get("BAD_FRAME", 0)
+        raw_login(s)
+        errors_before = raw_stats(s, 2)["daemon"]["errors"].get("BAD_FRAME", 0)
         s.sendall(encode_frame(Op.RELEASE_QUIET, 3, b"\x05\x00\x00\x00" + b"k" * 32))  # says 5 keys, carries 1
         s.sendall(encode_frame(Op.RELEASE_QUIET, 4, m.encode_keys(keys_for(2, seed=42))))  # keys it never held
-        too_many = _stats(s, 5)["daemon"]["errors"].get("TOO_LARGE", 0)
+        too_many = raw_stats(s, 5)["daemon"]["errors"].get("TOO_LARGE", 0)
         s.sendall(encode_frame(Op.RELEASE_QUIET, 6, m.encode_keys(keys_for(16385, seed=44))))  # over max_keys
-        after = _stats(s, 7)  # no reply came for any of them: the next frame is STATS's
+        after = raw_stats(s, 7)  # no reply came for any of them: the next frame is STATS's
         assert after["daemon"]["errors"].get("BAD_FRAME", 0) == errors_before + 1
         assert after["daemon"]["errors"].get("TOO_LARGE", 0) == too_many + 1
 
@@ -89,7 +75,7 @@ def test_release_quiet_before_login_is_refused_and_the_connection_closed(daemon:
 def test_a_deferred_release_goes_out_alone_when_no_request_follows(daemon: Daemon) -> None:
     """The get's RELEASE_QUIET waits for the next request to travel with; with none, the client's flusher
     sends it within about QUIET_DELAY_S, so an idle engine pins no host slots until the hold deadline."""
-    tier, watcher = daemon.tier(), daemon.tier()
+    tier, watcher = daemon.tier(read_directory=False), daemon.tier()
     try:
         keys = keys_for(4, seed=45)
         assert tier.put(keys, [block_for(k) for k in keys]) == [True] * 4
@@ -104,7 +90,7 @@ def test_a_deferred_release_goes_out_alone_when_no_request_follows(daemon: Daemo
 
 
 def test_close_sends_a_deferred_release_first(daemon: Daemon) -> None:
-    tier, watcher = daemon.tier(), daemon.tier()
+    tier, watcher = daemon.tier(read_directory=False), daemon.tier()
     keys = keys_for(3, seed=46)
     assert tier.put(keys, [block_for(k) for k in keys]) == [True] * 3
     with tier.client.lock:  # the flusher cannot send it while the lock is held
