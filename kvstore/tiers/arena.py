@@ -199,15 +199,15 @@ class HostArena:
         :func:`~kvstore.tiers.base.buffer_addresses`, whose tensors the caller holds meanwhile)."""
         memory, bpb = self._memory(slots), self.bytes_per_block  # held until the copies are done
         base = memory.data_ptr()
-        for slot, src in zip(slots, src_addrs):
-            _memmove(base + slot * bpb, src, bpb)
+        for slot, src, n in copy_runs(slots, src_addrs, bpb):
+            _memmove(base + slot * bpb, src, n * bpb)
 
     def read_slots(self, slots: Sequence[int], dest_addrs: Sequence[int]) -> None:
         """Copy each slot into the ``bytes_per_block`` bytes at its destination address (see :meth:`write_slots`)."""
         memory, bpb = self._memory(slots), self.bytes_per_block  # held until the copies are done
         base = memory.data_ptr()
-        for slot, dest in zip(slots, dest_addrs):
-            _memmove(dest, base + slot * bpb, bpb)
+        for slot, dest, n in copy_runs(slots, dest_addrs, bpb):
+            _memmove(dest, base + slot * bpb, n * bpb)
 
     def _memory(self, slots: Sequence[int]) -> torch.Tensor:
         """The arena's tensor, after checking every slot is in range. The copies run on raw addresses
@@ -249,6 +249,24 @@ class HostArena:
                 # garbage collected (the view keeps the mmap alive); the name is already unlinked.
                 pass
             self._shm = None
+
+
+def copy_runs(slots: Sequence[int], addrs: Sequence[int], bytes_per_block: int) -> list[tuple[int, int, int]]:
+    """``(first slot, first address, blocks)`` per run of consecutive slots whose addresses are consecutive too,
+    so one ``memmove`` copies a whole run: a fresh tier hands out consecutive slots, and an engine's staging
+    buffer is one contiguous range, so a batch is then a few large copies instead of one call per block."""
+    runs: list[tuple[int, int, int]] = []
+    if not slots:
+        return runs
+    start_slot, start_addr, n = slots[0], addrs[0], 1
+    for slot, addr in zip(slots[1:], addrs[1:]):
+        if slot == start_slot + n and addr == start_addr + n * bytes_per_block:
+            n += 1
+        else:
+            runs.append((start_slot, start_addr, n))
+            start_slot, start_addr, n = slot, addr, 1
+    runs.append((start_slot, start_addr, n))
+    return runs
 
 
 _memmove = ctypes.memmove

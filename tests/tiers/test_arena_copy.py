@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvstore.errors import TierError
-from kvstore.tiers.arena import HostArena
+from kvstore.tiers.arena import HostArena, copy_runs
 from kvstore.tiers.base import buffer_addresses, check_buffers
 
 BPB = 4096
@@ -29,6 +29,29 @@ def test_write_then_read_slots_exact_bytes_and_nothing_else_touched() -> None:
     dests = [torch.zeros(BPB, dtype=torch.uint8) for _ in range(3)]
     arena.read_slots([3, 5, 0], buffer_addresses([b"x"] * 3, dests, BPB, "host"))
     assert [torch.equal(d, s) for d, s in zip(dests, [srcs[2], srcs[0], srcs[1]])] == [True, True, True]
+    arena.close()
+
+
+def test_runs_of_consecutive_slots_and_addresses_are_one_copy_each() -> None:
+    a = 1000
+    assert copy_runs([], [], BPB) == []
+    assert copy_runs([3, 4, 5, 9, 10, 2], [a, a + BPB, a + 2 * BPB, a + 3 * BPB, a + 5 * BPB, a + 6 * BPB], BPB) == [
+        (3, a, 3), (9, a + 3 * BPB, 1), (10, a + 5 * BPB, 1), (2, a + 6 * BPB, 1)]  # a gap in either breaks a run
+    assert copy_runs([7, 6], [a, a + BPB], BPB) == [(7, a, 1), (6, a + BPB, 1)]  # descending slots: no run
+
+
+def test_a_staging_buffer_copied_in_runs_lands_block_by_block() -> None:
+    arena = HostArena.allocate(12, BPB, pin=False)
+    arena.tensor.fill_(7)
+    staging = torch.stack(_blocks(8, 2))  # one contiguous range, as an engine's offload buffer is
+    slots = [2, 3, 4, 5, 9, 0, 1, 11]  # runs of 4, 1, 2, 1
+    arena.write_slots(slots, buffer_addresses([b"k"] * 8, list(staging), BPB, "host"))
+    for i, slot in enumerate(slots):
+        assert torch.equal(arena.slot_view(slot), staging[i])
+    assert all(bool((arena.slot_view(s) == 7).all()) for s in (6, 7, 8, 10))
+    back = torch.zeros_like(staging)
+    arena.read_slots(slots, buffer_addresses([b"k"] * 8, list(back), BPB, "host"))
+    assert torch.equal(back, staging)
     arena.close()
 
 
