@@ -33,7 +33,8 @@ for i, _ in enumerate(sys.stdin):
         {"name": "lmcache.disk.buffered.put", "block_bytes": 1048576, "gbps": 0.5 + i},
         {"name": "lmcache.lookup", "prompt_tokens": 1024, "ms": 2.0}]}), flush=True)
 """
-DISK_ROWS = ("kvstore.lmdb.put", "kvstore.lmdb.get_cold", "raw.write", "raw.read", "raw.read_parallel")
+DISK_ROWS = ("kvstore.lmdb.put", "kvstore.lmdb.get_cold", "kvstore.slab.put", "kvstore.slab.get_cold", "raw.write", "raw.read",
+             "raw.read_parallel")
 HOST_ROWS = ("kvstore.host.put", "kvstore.host.get", "memcpy", "memcpy.per_block")
 LMCACHE_PYTHON = suite.ROOT / ".venv-lmcache" / "bin" / "python"
 

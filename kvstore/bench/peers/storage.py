@@ -7,7 +7,8 @@ Every round, per block size, on the same KV-like blocks
 - disk (256 KiB, 1 MiB): ``kvstore.lmdb.put`` = ``DiskTier.put`` of every
   block + ``flush()`` (durable), ``kvstore.lmdb.get_cold`` = its get after the
   page cache is dropped (:func:`kvstore.bench.tier_runs.run_tier`, in a fresh
-  directory each round); then the raw limits in the same directory
+  directory each round); ``kvstore.slab.put`` / ``.get_cold`` the same through the
+  opt-in ``SlabTier`` (``disk.backend: slab``: ``O_DIRECT`` slots); then the raw limits in the same directory
   (:func:`kvstore.bench.rawio.direct_io_gbps`): ``raw.write`` (sequential
   ``O_DIRECT`` + ``fsync``), ``raw.read`` and ``raw.read_parallel`` (requests
   of the block size from several threads, the best of them);
@@ -54,6 +55,10 @@ PAIRS: tuple[tuple[str, str, str, float | None], ...] = (
     ("kvstore.lmdb.put/lmcache.disk.buffered.put", "kvstore.lmdb.put", "lmcache.disk.buffered.put", None),
     ("kvstore.lmdb.get_cold/raw.read_parallel", "kvstore.lmdb.get_cold", "raw.read_parallel", TARGET_OF_PARALLEL_READ),
     ("kvstore.lmdb.get_cold/lmcache.disk.best.get", "kvstore.lmdb.get_cold", "lmcache.disk.best.get", 1.0),
+    ("kvstore.slab.put/raw.write", "kvstore.slab.put", "raw.write", TARGET_OF_LIMIT),
+    ("kvstore.slab.put/lmcache.disk.best.put", "kvstore.slab.put", "lmcache.disk.best.put", 1.0),
+    ("kvstore.slab.get_cold/raw.read_parallel", "kvstore.slab.get_cold", "raw.read_parallel", TARGET_OF_PARALLEL_READ),
+    ("kvstore.slab.get_cold/lmcache.disk.best.get", "kvstore.slab.get_cold", "lmcache.disk.best.get", 1.0),
     ("kvstore.host.put/memcpy.per_block", "kvstore.host.put", "memcpy.per_block", HOST_TARGET),
     ("kvstore.host.get/memcpy.per_block", "kvstore.host.get", "memcpy.per_block", HOST_TARGET),
     ("kvstore.host.put/memcpy", "kvstore.host.put", "memcpy", HOST_TARGET),
@@ -101,12 +106,14 @@ def kvstore_round(bench: StorageBench, results: Results, r: int) -> dict[tuple[s
     for bpb in DISK_SIZES:
         n = bench.total // bpb
         with scratch_dir(bench.options) as root:
-            opener = tier_openers(block_layout(bpb), root, n * bpb, "none", results).get("lmdb")
-            if opener is not None:
-                t = run_tier(opener, bench.pools[bpb], n, f"peers/lmdb/{bpb}/{r}", root / "lmdb")
-                if t.hit_fraction != 1.0:
-                    raise SuiteError(f"LMDB cold get found {t.hit_fraction:.3f} of the blocks it stored ({bpb} B)")
-                out[("kvstore.lmdb.put", bpb)], out[("kvstore.lmdb.get_cold", bpb)] = t.put_gbps, t.get_gbps
+            openers = tier_openers(block_layout(bpb), root, n * bpb, "none", results)
+            for tier in ("lmdb", "slab"):
+                opener = openers.get(tier)
+                if opener is not None:
+                    t = run_tier(opener, bench.pools[bpb], n, f"peers/{tier}/{bpb}/{r}", root / tier)
+                    if t.hit_fraction != 1.0:
+                        raise SuiteError(f"{tier} cold get found {t.hit_fraction:.3f} of the blocks it stored ({bpb} B)")
+                    out[(f"kvstore.{tier}.put", bpb)], out[(f"kvstore.{tier}.get_cold", bpb)] = t.put_gbps, t.get_gbps
             raw = direct_io_gbps(root, n * bpb, parallel_request=bpb, parallel_threads=READ_THREADS)
         out[("raw.write", bpb)], out[("raw.read", bpb)] = raw.write_gbps, raw.read_gbps
         out[("raw.read_parallel", bpb)] = raw.parallel_read_gbps or 0.0
@@ -142,8 +149,9 @@ def report(results: Results, samples: Samples, total: int) -> None:
 
 def plot(results: Results, disk_ax: Axes, host_ax: Axes) -> None:
     """GB/s of the disk rows and of the host rows per block size, kvstore beside LMCache and the limits."""
-    panels = ((disk_ax, DISK_SIZES, ("kvstore.lmdb.put", "lmcache.disk.best.put", "raw.write", "kvstore.lmdb.get_cold",
-                                     "lmcache.disk.best.get", "raw.read_parallel"), "disk: durable put, cold get"),
+    panels = ((disk_ax, DISK_SIZES, ("kvstore.lmdb.put", "kvstore.slab.put", "lmcache.disk.best.put", "raw.write",
+                                     "kvstore.lmdb.get_cold", "kvstore.slab.get_cold", "lmcache.disk.best.get",
+                                     "raw.read_parallel"), "disk: durable put, cold get"),
               (host_ax, HOST_SIZES, ("kvstore.host.put", "lmcache.cpu.put", "kvstore.host.get", "lmcache.cpu.get",
                                      "memcpy.per_block"), "host: put / get"))
     for ax, sizes, names, title in panels:
