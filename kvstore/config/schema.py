@@ -255,7 +255,8 @@ class PolicyConfig(Section):
     capacity in blocks, fed the hits of both and the blocks entering them from the GPU, and whose leader
     chooses the victims of both; a tier's own miniatures see only its own hits, so a host duel alone keeps
     what helps the host even when the disk loses more. Its S3-FIFO orders remember a block loaded to the
-    GPU in their ghost (it returns to main), and it switches at a 1.1x lead instead of 1.25x
+    GPU in their ghost (it returns to main), a trailing one the leader's victims too, and it switches at a
+    1.1x lead instead of 1.25x
     (:func:`kvstore.tiers.duel.shared_duel`; measured in docs/BENCHMARKS.md "hitrate")."""
 
     @model_validator(mode="after")

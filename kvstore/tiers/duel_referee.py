@@ -87,12 +87,15 @@ class DuelReferee:
     """Miniatures, scores and the leader of a duel over ``levels`` stacked tiers (1: a private referee)."""
 
     def __init__(self, contenders: Iterable[str] = tuple(CONTENDERS), sample: int = SAMPLE,
-                 window: int = WINDOW, margin: float = MARGIN, levels: int = 1, ghost_loaded: bool = False) -> None:
+                 window: int = WINDOW, margin: float = MARGIN, levels: int = 1, ghost_loaded: bool = False,
+                 ghost_victims: bool = False) -> None:
         """``contenders``: names in :data:`CONTENDERS` (at least two); ``sample``: 1 key in ``sample`` feeds
         the miniatures; ``window``: sampled accesses between halvings of the scores; ``levels``: how many
         tiers share the referee, 0 the uppermost (the host tier); ``ghost_loaded``: the tiers' S3-FIFO
         contenders remember a loaded block in their ghost (:class:`~kvstore.tiers.s3fifo.S3FIFOIndex`), so a
-        block that went up to the GPU and came back returns to main."""
+        block that went up to the GPU and came back returns to main; ``ghost_victims``: the tiers' S3-FIFO
+        contenders that do not lead put the leader's victims from their small queue in their ghost
+        (:meth:`~kvstore.tiers.duel.DuelIndex.remove`)."""
         names = list(contenders)
         unknown = [n for n in names if n not in CONTENDERS]
         if len(names) < 2 or unknown or len(set(names)) != len(names):
@@ -105,6 +108,7 @@ class DuelReferee:
         self.margin = margin
         self.levels = levels
         self.ghost_loaded = ghost_loaded
+        self.ghost_victims = ghost_victims
         self._minis = [CONTENDERS[n](False) for n in names]  # a miniature sees no loads, only accesses
         self.scores = [0.0] * len(names)
         """Miniature hits per contender, halved every ``window`` sampled accesses."""

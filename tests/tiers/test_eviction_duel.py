@@ -1,6 +1,6 @@
 """``DuelIndex`` (``eviction: duel``): contenders over the same keys, victims from the one whose miniature hits
 more; a referee shared by the host and disk duels (``policy.duel_scope: below_gpu``); and S3-FIFO's
-``seed_to_main`` and ``ghost_loaded``, the contenders' options."""
+``seed_to_main`` and ``ghost_loaded``, the contenders' options; a trailing S3-FIFO contender's ghost."""
 
 from __future__ import annotations
 
@@ -219,3 +219,38 @@ def test_the_store_builds_host_and_disk_on_one_referee(tmp_path: Path) -> None:
         finally:
             tiers.host.close()
             tiers.disk.close()
+
+
+@pytest.mark.parametrize("ghost_victims", [False, True])
+def test_an_s3fifo_contender_not_leading_ghosts_the_leader_s_small_queue_victims(ghost_victims: bool) -> None:
+    """``ghost_victims`` (a shared duel's referee): the leader's victim leaves a trailing S3-FIFO contender's small
+    queue into its ghost (as its own victim would), so the block enters its main queue when it comes back; a
+    block removed otherwise (a load) is only forgotten. Without it (a private referee) the victim is forgotten."""
+    referee = DuelReferee(("gdsf", "s3fifo"), sample=1 << 30, ghost_victims=ghost_victims)  # nothing sampled
+    d = DuelIndex(referee=referee)
+    s3 = d._orders[1]  # noqa: SLF001 - the trailing contender is the point
+    assert isinstance(s3, S3FIFOIndex)
+    for i in range(3):
+        d.add(_k(i), 1)
+    d.touch(_k(0))
+    d.touch(_k(2))
+    assert d.victims(1, 3) == [_k(1)] and d.leader_name == "gdsf"
+    assert d.remove(_k(1)) == 1 and s3.queue_of(_k(1)) == ("ghost" if ghost_victims else None)
+    assert d.remove(_k(2)) == 1 and s3.queue_of(_k(2)) is None  # not a victim: a load
+    d.add(_k(1), 1)
+    assert s3.queue_of(_k(1)) == ("main" if ghost_victims else "small")
+    assert shared_duel(2)[0].referee.ghost_victims and not DuelIndex().referee.ghost_victims
+
+
+def test_s3fifo_remove_evicted_ghosts_small_queue_keys_only() -> None:
+    order = S3FIFOIndex(ghost_budgets=1)
+    for i in range(4):
+        order.add(_k(i), 1)
+    order.touch(_k(0))
+    assert order.victims(1, 4) == [_k(1)]  # 0 (used) moves to main on the way
+    order.remove(_k(1))
+    assert order.queue_of(_k(0)) == "main" and order.queue_of(_k(1)) == "ghost"
+    assert order.remove_evicted(_k(0), 4) == 1 and order.queue_of(_k(0)) is None  # main: forgotten
+    assert order.remove_evicted(_k(2), 1) == 1 and order.queue_of(_k(2)) == "ghost"
+    assert order.queue_of(_k(1)) is None  # the ghost trimmed to 1 x the budget of 1: key 1, the oldest, goes
+    assert order.remove_evicted(_k(9), 4) is None and order.used == 1
