@@ -259,6 +259,13 @@ class PolicyConfig(Section):
     1.1x lead instead of 1.25x
     (:func:`kvstore.tiers.duel.shared_duel`; measured in docs/BENCHMARKS.md "hitrate")."""
 
+    gdsf_weight: Literal["linear", "damped"] = "linear"
+    """How a use count enters the priority of the host and disk tiers' GDSF orders (``eviction: gdsf``, and
+    ``duel``'s GDSF contender): ``linear``, ``L + count`` (GDSF's own); ``damped``, ``L + min(count, 8) **
+    0.8``, a count worth less than in proportion and nothing beyond 8 uses, so a block used often long ago
+    ages out sooner (:data:`kvstore.tiers.gdsf.DAMPED`; measured in docs/BENCHMARKS.md "hitrate"). No effect
+    on LRU or S3-FIFO tiers."""
+
     @model_validator(mode="after")
     def _check_dependencies(self) -> PolicyConfig:
         if self.exclusive_tiers and self.write != "write_back":

@@ -61,6 +61,7 @@ from collections.abc import Iterable, Iterator
 
 from kvstore.tiers.duel_referee import CONTENDERS, MARGIN, SAMPLE, SHARED_MARGIN, WINDOW, DuelReferee
 from kvstore.tiers.exclude import Exclude
+from kvstore.tiers.gdsf import LINEAR, CountWeight
 from kvstore.tiers.s3fifo import S3FIFOIndex
 
 __all__ = ["CONTENDERS", "MARGIN", "SAMPLE", "SHARED_MARGIN", "WINDOW", "DuelIndex", "DuelReferee", "shared_duel"]
@@ -71,12 +72,12 @@ class DuelIndex:
 
     def __init__(self, contenders: Iterable[str] = tuple(CONTENDERS), sample: int = SAMPLE,
                  window: int = WINDOW, margin: float = MARGIN, *, referee: DuelReferee | None = None,
-                 level: int = 0) -> None:
-        """``contenders``, ``sample``, ``window``, ``margin``: a private :class:`DuelReferee`'s (see there);
-        ``referee``: a shared one instead (its contenders are used), this tier being its level ``level``
-        (0: the uppermost)."""
+                 level: int = 0, weight: CountWeight = LINEAR) -> None:
+        """``contenders``, ``sample``, ``window``, ``margin``, ``weight`` (GDSF's count weight): a private
+        :class:`DuelReferee`'s (see there); ``referee``: a shared one instead (its contenders and weight are
+        used), this tier being its level ``level`` (0: the uppermost)."""
         if referee is None:
-            referee = DuelReferee(contenders, sample, window, margin)
+            referee = DuelReferee(contenders, sample, window, margin, weight=weight)
         if not 0 <= level < referee.levels:
             raise ValueError(f"level {level} outside the referee's {referee.levels} levels")
         self.referee = referee
@@ -199,13 +200,13 @@ class DuelIndex:
         return out
 
 
-def shared_duel(levels: int = 2) -> list[DuelIndex]:
+def shared_duel(levels: int = 2, weight: CountWeight = LINEAR) -> list[DuelIndex]:
     """One :class:`DuelIndex` per tier below the GPU, uppermost first, sharing one :class:`DuelReferee`
     (``policy.duel_scope: below_gpu``): one choice of policy, scored on the hits of all of them, with
     :data:`SHARED_MARGIN`, S3-FIFO's ``ghost_loaded`` (the tiers form one cache: a block loaded from it
     and demoted back is a returning block, not a new one) and ``ghost_victims`` (a trailing S3-FIFO contender
-    remembers the leader's victims)."""
+    remembers the leader's victims); ``weight``: GDSF's count weight (``policy.gdsf_weight``)."""
     if levels < 2:
         raise ValueError(f"a shared duel needs two or more tiers, got {levels}")
-    referee = DuelReferee(levels=levels, margin=SHARED_MARGIN, ghost_loaded=True, ghost_victims=True)
+    referee = DuelReferee(levels=levels, margin=SHARED_MARGIN, ghost_loaded=True, ghost_victims=True, weight=weight)
     return [DuelIndex(referee=referee, level=i) for i in range(levels)]

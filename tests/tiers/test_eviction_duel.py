@@ -1,6 +1,6 @@
 """``DuelIndex`` (``eviction: duel``): contenders over the same keys, victims from the one whose miniature hits
 more; a referee shared by the host and disk duels (``policy.duel_scope: below_gpu``); and S3-FIFO's
-``seed_to_main`` and ``ghost_loaded``, the contenders' options; a trailing S3-FIFO contender's ghost."""
+``seed_to_main`` and ``ghost_loaded``, the contenders' options; a trailing S3-FIFO contender's ghost; GDSF's count weight (``policy.gdsf_weight``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 
 from kvstore.config import parse_config
 from kvstore.layout import KVLayout
-from kvstore.tiers.build import build_lower_tiers
+from kvstore.tiers.build import BelowGPUOrders, below_gpu_orders, build_lower_tiers
 from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.duel import MARGIN, SHARED_MARGIN, DuelIndex, DuelReferee, shared_duel
-from kvstore.tiers.eviction import order_for
-from kvstore.tiers.gdsf import GDSFIndex
+from kvstore.tiers.eviction import make_order, order_for
+from kvstore.tiers.gdsf import DAMPED, LINEAR, GDSFIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
 
 
@@ -254,3 +254,34 @@ def test_s3fifo_remove_evicted_ghosts_small_queue_keys_only() -> None:
     assert order.remove_evicted(_k(2), 1) == 1 and order.queue_of(_k(2)) == "ghost"
     assert order.queue_of(_k(1)) is None  # the ghost trimmed to 1 x the budget of 1: key 1, the oldest, goes
     assert order.remove_evicted(_k(9), 4) is None and order.used == 1
+
+
+def test_the_gdsf_count_weight_reaches_every_gdsf_order_and_miniature() -> None:
+    """``policy.gdsf_weight``: a duel's GDSF contender (full order and miniature) weighs counts as told, private
+    or shared; the S3-FIFO contenders have no weight."""
+    private = DuelIndex(weight=DAMPED)
+    host, disk = shared_duel(2, DAMPED)
+    for d in (private, host, disk):
+        gdsf = [o for o in d._orders if isinstance(o, GDSFIndex)]  # noqa: SLF001 - the contenders are the point
+        minis = [m for m in d.referee._minis if isinstance(m, GDSFIndex)]  # noqa: SLF001
+        assert [o.weight for o in gdsf + minis] == [DAMPED, DAMPED] and d.referee.weight == DAMPED
+    assert isinstance(make_order("duel", DAMPED), DuelIndex) and make_order("duel").referee.weight == LINEAR  # type: ignore[attr-defined]
+
+
+def test_the_store_builds_host_and_disk_with_the_gdsf_weight(tmp_path: Path) -> None:
+    """``policy.gdsf_weight: damped`` reaches the orders the store builds, with a shared duel or without."""
+    layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4, model_id="gdsf-weight")
+    for scope, eviction in (("below_gpu", "duel"), ("tier", "gdsf")):
+        cfg = parse_config({"tiers": ["host", "lmdb"], "host": {"eviction": eviction, "capacity": "64KiB"},
+                            "disk": {"eviction": eviction, "path": str(tmp_path / scope), "max_size": "1MiB"},
+                            "policy": {"duel_scope": scope, "gdsf_weight": "damped"}})
+        tiers = build_lower_tiers(cfg, layout)
+        assert tiers.host is not None and isinstance(tiers.disk, DiskTier)
+        try:
+            for order in (tiers.host._order, tiers.disk._lru):  # noqa: SLF001 - the orders are the point
+                weight = order.referee.weight if isinstance(order, DuelIndex) else order.weight  # type: ignore[attr-defined]
+                assert weight == DAMPED
+        finally:
+            tiers.host.close()
+            tiers.disk.close()
+    assert below_gpu_orders(parse_config({})) == BelowGPUOrders()  # linear, tier scope: each tier builds its own
