@@ -287,3 +287,10 @@ def test_duel_scope_below_gpu_needs_host_and_disk_duels() -> None:
         parse_config({"policy": {"duel_scope": "below_gpu"}, "tiers": ["host"], **both})
     with pytest.raises(ConfigError, match="duel_scope: Input should be 'tier' or 'below_gpu'"):
         parse_config({"policy": {"duel_scope": "pair"}})
+
+
+def test_gdsf_weight_is_linear_or_damped() -> None:
+    assert parse_config({}).policy.gdsf_weight == "linear"
+    assert parse_config({"policy": {"gdsf_weight": "damped"}}).policy.gdsf_weight == "damped"
+    with pytest.raises(ConfigError, match="gdsf_weight: Input should be 'linear' or 'damped'"):
+        parse_config({"policy": {"gdsf_weight": "log"}})

@@ -35,7 +35,8 @@ runs it: the host tier whatever ``host_policy`` names (``host.eviction``,
 LRU by default), the disk tier whatever ``disk_policy`` names
 (``disk.eviction``). With ``duel_scope="below_gpu"`` (``policy.duel_scope``) both
 are ``duel`` orders of one shared referee, built by
-:func:`~kvstore.tiers.duel.shared_duel` as the store builds them.
+:func:`~kvstore.tiers.duel.shared_duel` as the store builds them. ``gdsf_weight``
+(``policy.gdsf_weight``) is the count weight their GDSF orders are built with.
 
 The index chooses no victims itself; replaying 12k requests needs millions
 of whole-leaf evictions, so :class:`_LeafHeap` keeps SGLang's order (least
@@ -55,6 +56,7 @@ from kvstore.layout import KVLayout
 from kvstore.radix import RadixIndex, RadixNode
 from kvstore.tiers.duel import shared_duel
 from kvstore.tiers.eviction import EvictionOrder, make_order
+from kvstore.tiers.gdsf import LINEAR, WEIGHTS, CountWeight
 from kvstore.use_memory import UseMemory
 
 _LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, block_size=1, model_id="bench-sim")
@@ -113,10 +115,11 @@ class SimTier:
     ``DiskTier.put``: ``victims`` for the incoming block, ``remove`` each, then ``add``.
     """
 
-    def __init__(self, capacity: int, order: str | EvictionOrder = "lru") -> None:
-        """``order``: a policy name for :func:`make_order`, or an order object (for variants YAML cannot name)."""
+    def __init__(self, capacity: int, order: str | EvictionOrder = "lru", weight: CountWeight = LINEAR) -> None:
+        """``order``: a policy name for :func:`make_order` (built with GDSF's count ``weight``), or an order
+        object (for variants YAML cannot name)."""
         self.capacity = capacity
-        self.order: EvictionOrder = make_order(order) if isinstance(order, str) else order
+        self.order: EvictionOrder = make_order(order, weight) if isinstance(order, str) else order
 
     def __contains__(self, block: bytes) -> bool:
         return block in self.order
@@ -146,14 +149,16 @@ class TieredCacheSim:
     def __init__(self, gpu_blocks: int, host_blocks: int = 0, disk_blocks: int = 0, *,
                  disk_policy: str | EvictionOrder = "lru", host_policy: str | EvictionOrder = "lru",
                  carry_uses: bool = False, exclusive: bool = False, use_memory: float = 0.0,
-                 duel_scope: str = "tier") -> None:
+                 duel_scope: str = "tier", gdsf_weight: str = "linear") -> None:
         """``disk_policy`` / ``host_policy``: each tier's order (``lru``, ``s3fifo``, ``gdsf`` or an order object);
         ``carry_uses``: seed a tier's order with a block's use count when the block enters it (``policy.carry_uses``);
         ``exclusive``: a loaded block leaves host and disk (``policy.exclusive_tiers``);
         ``use_memory``: remember the counts of dropped blocks, this many x (host + disk) of them
         (``policy.use_memory``, needs ``carry_uses``);
         ``duel_scope``: ``below_gpu`` makes host and disk one shared duel (``policy.duel_scope``; both policies
-        must be ``duel``)."""
+        must be ``duel``);
+        ``gdsf_weight``: the count weight of the GDSF orders named by ``host_policy`` / ``disk_policy``
+        (``policy.gdsf_weight``: ``linear`` or ``damped``)."""
         if gpu_blocks <= 0:
             raise ValueError("the GPU tier needs at least one block")
         if use_memory > 0 and not carry_uses:
@@ -161,14 +166,17 @@ class TieredCacheSim:
         self.memory = UseMemory(int(use_memory * (host_blocks + disk_blocks))) if use_memory > 0 else None
         self.index = RadixIndex(_LAYOUT)
         self.free_gpu = list(range(gpu_blocks))
+        if gdsf_weight not in WEIGHTS:
+            raise ValueError(f"gdsf_weight must be one of {sorted(WEIGHTS)}, got {gdsf_weight!r}")
+        weight = WEIGHTS[gdsf_weight]
         if duel_scope == "below_gpu":
             if host_policy != "duel" or disk_policy != "duel":
                 raise ValueError("duel_scope below_gpu needs host_policy and disk_policy 'duel'")
-            host_policy, disk_policy = shared_duel(2)
+            host_policy, disk_policy = shared_duel(2, weight)
         elif duel_scope != "tier":
             raise ValueError(f"duel_scope must be 'tier' or 'below_gpu', got {duel_scope!r}")
-        self.host = SimTier(host_blocks, host_policy)
-        self.disk = SimTier(disk_blocks, disk_policy)
+        self.host = SimTier(host_blocks, host_policy, weight)
+        self.disk = SimTier(disk_blocks, disk_policy, weight)
         self._leaves = _LeafHeap()
         self.carry_uses = carry_uses
         self.uses: dict[bytes, int] = {}

@@ -22,6 +22,9 @@ replay the same requests:
 - ``tiered_exclusive_duel_shared``: the same with ``host.eviction: duel`` and
   ``policy.duel_scope: below_gpu`` (one duel for host and disk, scored on
   the hits of both, :func:`~kvstore.tiers.duel.shared_duel`);
+- ``tiered_exclusive_duel_damped``: the same with ``policy.gdsf_weight:
+  damped`` (GDSF priority ``L + min(count, 8) ** 0.8``,
+  :data:`~kvstore.tiers.gdsf.DAMPED`);
 - ``tiered_s3fifo_paper_ghost``: S3-FIFO with the paper's ghost size (as many
   keys as the main queue) instead of kvstore's 4 budgets, to show why;
 - ``gpu_lru``: the same ``G`` GPU blocks and no lower tiers;
@@ -69,10 +72,10 @@ USE_MEMORY = 4.0
 
 
 def _gdsf_below(exclusive: bool, use_memory: float = 0.0, disk_policy: str = "gdsf", host_policy: str = "gdsf",
-                duel_scope: str = "tier") -> TieredFactory:
+                duel_scope: str = "tier", gdsf_weight: str = "linear") -> TieredFactory:
     return lambda gpu, host, disk: TieredCacheSim(gpu, host, disk, disk_policy=disk_policy, host_policy=host_policy,
                                                   carry_uses=True, exclusive=exclusive, use_memory=use_memory,
-                                                  duel_scope=duel_scope)
+                                                  duel_scope=duel_scope, gdsf_weight=gdsf_weight)
 
 
 VARIANTS: dict[str, TieredFactory] = {
@@ -86,6 +89,8 @@ VARIANTS: dict[str, TieredFactory] = {
     "tiered_exclusive_duel": _gdsf_below(exclusive=True, use_memory=USE_MEMORY, disk_policy="duel"),
     "tiered_exclusive_duel_shared": _gdsf_below(exclusive=True, use_memory=USE_MEMORY, disk_policy="duel",
                                                 host_policy="duel", duel_scope="below_gpu"),
+    "tiered_exclusive_duel_damped": _gdsf_below(exclusive=True, use_memory=USE_MEMORY, disk_policy="duel",
+                                                host_policy="duel", duel_scope="below_gpu", gdsf_weight="damped"),
 }
 """Tiered variants by result name -> a new simulator of ``(gpu, host, disk)`` blocks for one replay."""
 VARIANT_CONFIG = {
@@ -102,10 +107,13 @@ VARIANT_CONFIG = {
     "tiered_exclusive_duel_shared": "host.eviction: duel, disk.eviction: duel, policy.duel_scope: below_gpu, "
                                     "policy.carry_uses: true, policy.exclusive_tiers: true, "
                                     f"policy.use_memory: {USE_MEMORY:g}",
+    "tiered_exclusive_duel_damped": "host.eviction: duel, disk.eviction: duel, policy.duel_scope: below_gpu, "
+                                    "policy.gdsf_weight: damped, policy.carry_uses: true, "
+                                    f"policy.exclusive_tiers: true, policy.use_memory: {USE_MEMORY:g}",
 }
 """What each variant sets (the rest is the default config, ``write: write_back``)."""
 COMPARED = ("tiered_gdsf", "tiered_gdsf_host", "tiered_exclusive_gdsf", "tiered_exclusive_gdsf_mem",
-            "tiered_exclusive_duel", "tiered_exclusive_duel_shared")
+            "tiered_exclusive_duel", "tiered_exclusive_duel_shared", "tiered_exclusive_duel_damped")
 """Variants reported against tiered LRU and S3-FIFO."""
 
 
@@ -187,6 +195,7 @@ def plot(results: Results, path: Path) -> None:
     series = (("tiered_lru", "o-"), ("tiered_s3fifo", "D-"), ("tiered_s3fifo_paper_ghost", "x:"), ("tiered_gdsf", "v-"),
               ("tiered_gdsf_host", "<-"), ("tiered_exclusive_gdsf", "*-"), ("tiered_exclusive_gdsf_mem", "P-"),
               ("tiered_exclusive_duel", "X-"), ("tiered_exclusive_duel_shared", "h-"),
+              ("tiered_exclusive_duel_damped", "d-"),
               ("gpu_lru", "s--"), ("belady", "^:"))
     for ax, w in zip(axes, workloads):
         for name, style in series:

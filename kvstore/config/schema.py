@@ -255,8 +255,16 @@ class PolicyConfig(Section):
     capacity in blocks, fed the hits of both and the blocks entering them from the GPU, and whose leader
     chooses the victims of both; a tier's own miniatures see only its own hits, so a host duel alone keeps
     what helps the host even when the disk loses more. Its S3-FIFO orders remember a block loaded to the
-    GPU in their ghost (it returns to main), and it switches at a 1.1x lead instead of 1.25x
+    GPU in their ghost (it returns to main), a trailing one the leader's victims too, and it switches at a
+    1.1x lead instead of 1.25x
     (:func:`kvstore.tiers.duel.shared_duel`; measured in docs/BENCHMARKS.md "hitrate")."""
+
+    gdsf_weight: Literal["linear", "damped"] = "linear"
+    """How a use count enters the priority of the host and disk tiers' GDSF orders (``eviction: gdsf``, and
+    ``duel``'s GDSF contender): ``linear``, ``L + count`` (GDSF's own); ``damped``, ``L + min(count, 8) **
+    0.8``, a count worth less than in proportion and nothing beyond 8 uses, so a block used often long ago
+    ages out sooner (:data:`kvstore.tiers.gdsf.DAMPED`; measured in docs/BENCHMARKS.md "hitrate"). No effect
+    on LRU or S3-FIFO tiers."""
 
     @model_validator(mode="after")
     def _check_dependencies(self) -> PolicyConfig:

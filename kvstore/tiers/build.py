@@ -9,7 +9,8 @@ from kvstore.layout import KVLayout
 from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
 from kvstore.tiers.duel import shared_duel
-from kvstore.tiers.eviction import EvictionOrder
+from kvstore.tiers.eviction import EvictionOrder, make_order
+from kvstore.tiers.gdsf import LINEAR, WEIGHTS
 from kvstore.tiers.host import HostTier
 
 
@@ -24,20 +25,27 @@ class LowerTiers:
 
 @dataclass(frozen=True)
 class BelowGPUOrders:
-    """Eviction orders built for the host and the disk tier together (``None``: each tier builds its own)."""
+    """Eviction orders built for the host and the disk tier by the config (``None``: the tier builds its own)."""
 
     host: EvictionOrder | None = None
     disk: EvictionOrder | None = None
 
 
 def below_gpu_orders(cfg: KVStoreConfig) -> BelowGPUOrders:
-    """Under ``policy.duel_scope: below_gpu``, the two :class:`~kvstore.tiers.duel.DuelIndex` of one shared
-    referee (host level 0, disk level 1), for the host and the disk tier; otherwise none. The store and
-    the daemon pass them to the tiers they build."""
-    if cfg.policy.duel_scope != "below_gpu":
+    """The host and the disk tier's eviction orders where the policy section shapes them: under
+    ``policy.duel_scope: below_gpu`` the two :class:`~kvstore.tiers.duel.DuelIndex` of one shared referee
+    (host level 0, disk level 1); under a ``policy.gdsf_weight`` other than ``linear`` each tier's order
+    built with that weight (:func:`~kvstore.tiers.eviction.make_order`); otherwise none. The store and the
+    daemon pass them to the tiers they build."""
+    weight = WEIGHTS[cfg.policy.gdsf_weight]
+    if cfg.policy.duel_scope == "below_gpu":
+        host, disk = shared_duel(2, weight)  # the config checked that both tiers exist and name eviction: duel
+        return BelowGPUOrders(host, disk)
+    if weight == LINEAR:
         return BelowGPUOrders()
-    host, disk = shared_duel(2)  # the config checked that both tiers exist and name eviction: duel
-    return BelowGPUOrders(host, disk)
+    disks = {"lmdb": cfg.disk.eviction, "file": cfg.file.eviction, "slab": cfg.slab.eviction}
+    named = [disks[t] for t in cfg.tiers if t in disks]
+    return BelowGPUOrders(make_order(cfg.host.eviction, weight), make_order(named[0], weight) if named else None)
 
 
 def build_lower_tiers(cfg: KVStoreConfig, layout: KVLayout) -> LowerTiers:

@@ -11,6 +11,13 @@ with the miniature-simulation idea of Waldspurger et al. (ATC'17):
   ``add`` / ``touch`` / ``seed`` / ``remove`` reach each), and ``victims``
   asks the current :attr:`leader` only, so switching costs nothing and
   never moves a block;
+- under a shared referee (:func:`shared_duel`) the leader's victims are
+  every contender's: an S3-FIFO contender that does not lead puts a victim
+  from its small queue in its ghost, as its own walk would have, so when it
+  takes the lead it knows which blocks came back (without it, a document
+  cycle's blocks re-entered its small queue once more after the switch; a
+  private referee's tier keeps the old rule, under which docqa-random did
+  better: docs/BENCHMARKS.md "hitrate");
 - each contender also runs a *miniature*: the same policy over the keys of a
   fixed hash sample (1 in :data:`SAMPLE`), with ``1 / SAMPLE`` of the
   budget, fed the tier's accesses to those keys. An access is a hit in the
@@ -54,6 +61,8 @@ from collections.abc import Iterable, Iterator
 
 from kvstore.tiers.duel_referee import CONTENDERS, MARGIN, SAMPLE, SHARED_MARGIN, WINDOW, DuelReferee
 from kvstore.tiers.exclude import Exclude
+from kvstore.tiers.gdsf import LINEAR, CountWeight
+from kvstore.tiers.s3fifo import S3FIFOIndex
 
 __all__ = ["CONTENDERS", "MARGIN", "SAMPLE", "SHARED_MARGIN", "WINDOW", "DuelIndex", "DuelReferee", "shared_duel"]
 
@@ -63,18 +72,20 @@ class DuelIndex:
 
     def __init__(self, contenders: Iterable[str] = tuple(CONTENDERS), sample: int = SAMPLE,
                  window: int = WINDOW, margin: float = MARGIN, *, referee: DuelReferee | None = None,
-                 level: int = 0) -> None:
-        """``contenders``, ``sample``, ``window``, ``margin``: a private :class:`DuelReferee`'s (see there);
-        ``referee``: a shared one instead (its contenders are used), this tier being its level ``level``
-        (0: the uppermost)."""
+                 level: int = 0, weight: CountWeight = LINEAR) -> None:
+        """``contenders``, ``sample``, ``window``, ``margin``, ``weight`` (GDSF's count weight): a private
+        :class:`DuelReferee`'s (see there); ``referee``: a shared one instead (its contenders and weight are
+        used), this tier being its level ``level`` (0: the uppermost)."""
         if referee is None:
-            referee = DuelReferee(contenders, sample, window, margin)
+            referee = DuelReferee(contenders, sample, window, margin, weight=weight)
         if not 0 <= level < referee.levels:
             raise ValueError(f"level {level} outside the referee's {referee.levels} levels")
         self.referee = referee
         """Who scores the miniatures and names the leader (private, or shared with the tiers below the GPU)."""
         self.level = level
         self._orders = [referee.new_order(n) for n in referee.names]
+        self._victims: set[bytes] = set()  # the leader's last victims, not removed yet (kept under ghost_victims)
+        self._budget = 0  # the budget of the last victims call
         self.used = 0
         """Sum of the accounted sizes of the keys held (every contender's ``used``)."""
 
@@ -159,10 +170,20 @@ class DuelIndex:
         return True
 
     def remove(self, key: bytes) -> int | None:
-        """Forget ``key`` in every contender (the miniatures keep their own membership); its size or ``None``."""
+        """Forget ``key`` in every contender (the miniatures keep their own membership); its size or ``None``.
+        Under a referee with ``ghost_victims`` (:func:`shared_duel`) a victim the leader chose is, for an S3-FIFO
+        contender that does not lead, a victim too (:meth:`~kvstore.tiers.s3fifo.S3FIFOIndex.remove_evicted`:
+        from its small queue into its ghost), so the contender that takes the lead later knows which blocks
+        came back, as if it had chosen all along."""
+        evicted = key in self._victims
+        if evicted:
+            self._victims.discard(key)
         size = None
-        for order in self._orders:
-            size = order.remove(key)
+        for i, order in enumerate(self._orders):
+            if evicted and i != self.leader and isinstance(order, S3FIFOIndex):
+                size = order.remove_evicted(key, self._budget)
+            else:
+                size = order.remove(key)
         self.used = self._orders[0].used
         if size is not None and self.referee.sampled(key):
             self.referee.removed(self.level, key)
@@ -172,15 +193,20 @@ class DuelIndex:
         """The leader's victims (its side effects: S3-FIFO reorders its queues, GDSF raises ``L``); the other
         contenders change nothing until the caller removes the keys."""
         self.referee.budget(self.level, budget, self.used, len(self))
-        return self._orders[self.leader].victims(need, budget, exclude)
+        out = self._orders[self.leader].victims(need, budget, exclude)
+        if self.referee.ghost_victims:
+            self._victims = set(out)
+            self._budget = budget
+        return out
 
 
-def shared_duel(levels: int = 2) -> list[DuelIndex]:
+def shared_duel(levels: int = 2, weight: CountWeight = LINEAR) -> list[DuelIndex]:
     """One :class:`DuelIndex` per tier below the GPU, uppermost first, sharing one :class:`DuelReferee`
     (``policy.duel_scope: below_gpu``): one choice of policy, scored on the hits of all of them, with
-    :data:`SHARED_MARGIN` and S3-FIFO's ``ghost_loaded`` (the tiers form one cache: a block loaded from it
-    and demoted back is a returning block, not a new one)."""
+    :data:`SHARED_MARGIN`, S3-FIFO's ``ghost_loaded`` (the tiers form one cache: a block loaded from it
+    and demoted back is a returning block, not a new one) and ``ghost_victims`` (a trailing S3-FIFO contender
+    remembers the leader's victims); ``weight``: GDSF's count weight (``policy.gdsf_weight``)."""
     if levels < 2:
         raise ValueError(f"a shared duel needs two or more tiers, got {levels}")
-    referee = DuelReferee(levels=levels, margin=SHARED_MARGIN, ghost_loaded=True)
+    referee = DuelReferee(levels=levels, margin=SHARED_MARGIN, ghost_loaded=True, ghost_victims=True, weight=weight)
     return [DuelIndex(referee=referee, level=i) for i in range(levels)]

@@ -48,7 +48,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from kvstore.tiers.gdsf import GDSFIndex
+from kvstore.tiers.gdsf import LINEAR, CountWeight, GDSFIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
 
 SAMPLE = 16
@@ -64,35 +64,41 @@ SHARED_MARGIN = 1.1
 miniatures score the hits of host and disk together, where a policy's lead is smaller than in one tier's."""
 
 
-def _gdsf(ghost_loaded: bool) -> GDSFIndex:
-    return GDSFIndex()
+def _gdsf(ghost_loaded: bool, weight: CountWeight) -> GDSFIndex:
+    return GDSFIndex(weight)
 
 
-def _s3fifo_seeded(ghost_loaded: bool) -> S3FIFOIndex:
+def _s3fifo_seeded(ghost_loaded: bool, weight: CountWeight) -> S3FIFOIndex:
     return S3FIFOIndex(seed_to_main=True, ghost_loaded=ghost_loaded)
 
 
-def _s3fifo(ghost_loaded: bool) -> S3FIFOIndex:
+def _s3fifo(ghost_loaded: bool, weight: CountWeight) -> S3FIFOIndex:
     return S3FIFOIndex(ghost_loaded=ghost_loaded)
 
 
-CONTENDERS: dict[str, Callable[[bool], GDSFIndex | S3FIFOIndex]] = {
+CONTENDERS: dict[str, Callable[[bool, CountWeight], GDSFIndex | S3FIFOIndex]] = {
     "gdsf": _gdsf, "s3fifo_seeded": _s3fifo_seeded, "s3fifo": _s3fifo,
 }
 """The policies a duel chooses between, by name, each built with or without S3-FIFO's ``ghost_loaded``
-(:attr:`DuelReferee.ghost_loaded`); the first leads until another scores higher."""
+(:attr:`DuelReferee.ghost_loaded`) and with GDSF's count weight (:attr:`DuelReferee.weight`); the first
+leads until another scores higher."""
 
 
 class DuelReferee:
     """Miniatures, scores and the leader of a duel over ``levels`` stacked tiers (1: a private referee)."""
 
     def __init__(self, contenders: Iterable[str] = tuple(CONTENDERS), sample: int = SAMPLE,
-                 window: int = WINDOW, margin: float = MARGIN, levels: int = 1, ghost_loaded: bool = False) -> None:
+                 window: int = WINDOW, margin: float = MARGIN, levels: int = 1, ghost_loaded: bool = False,
+                 ghost_victims: bool = False, weight: CountWeight = LINEAR) -> None:
         """``contenders``: names in :data:`CONTENDERS` (at least two); ``sample``: 1 key in ``sample`` feeds
         the miniatures; ``window``: sampled accesses between halvings of the scores; ``levels``: how many
         tiers share the referee, 0 the uppermost (the host tier); ``ghost_loaded``: the tiers' S3-FIFO
         contenders remember a loaded block in their ghost (:class:`~kvstore.tiers.s3fifo.S3FIFOIndex`), so a
-        block that went up to the GPU and came back returns to main."""
+        block that went up to the GPU and came back returns to main; ``ghost_victims``: the tiers' S3-FIFO
+        contenders that do not lead put the leader's victims from their small queue in their ghost
+        (:meth:`~kvstore.tiers.duel.DuelIndex.remove`); ``weight``: the GDSF contender's count weight
+        (:class:`~kvstore.tiers.gdsf.CountWeight`, ``policy.gdsf_weight``), in the tiers' orders and the
+        miniature alike."""
         names = list(contenders)
         unknown = [n for n in names if n not in CONTENDERS]
         if len(names) < 2 or unknown or len(set(names)) != len(names):
@@ -105,7 +111,9 @@ class DuelReferee:
         self.margin = margin
         self.levels = levels
         self.ghost_loaded = ghost_loaded
-        self._minis = [CONTENDERS[n](False) for n in names]  # a miniature sees no loads, only accesses
+        self.ghost_victims = ghost_victims
+        self.weight = weight
+        self._minis = [CONTENDERS[n](False, weight) for n in names]  # a miniature sees no loads, only accesses
         self.scores = [0.0] * len(names)
         """Miniature hits per contender, halved every ``window`` sampled accesses."""
         self.leader = 0
@@ -132,7 +140,7 @@ class DuelReferee:
 
     def new_order(self, name: str) -> GDSFIndex | S3FIFOIndex:
         """A new, empty full order of contender ``name`` for a tier this referee scores."""
-        return CONTENDERS[name](self.ghost_loaded)
+        return CONTENDERS[name](self.ghost_loaded, self.weight)
 
     def sampled(self, key: bytes) -> bool:
         """Whether ``key`` feeds the miniatures (a fixed hash sample). Changes nothing."""

@@ -9,7 +9,10 @@ owns the data and the lock; the order only decides. Three exist:
   ghost FIFO queues; resists scans and reuse distances longer than the cache,
   which defeat LRU.
 - ``gdsf`` (:class:`~kvstore.tiers.gdsf.GDSFIndex`): lowest ``L + use
-  count`` first, ``L`` the last victim's priority (frequency with aging).
+  count`` first, ``L`` the last victim's priority (frequency with aging);
+  ``make_order(name, weight)`` weighs the count otherwise
+  (:data:`~kvstore.tiers.gdsf.DAMPED`, ``policy.gdsf_weight``), for
+  ``gdsf`` and the GDSF contender of ``duel``.
 - ``duel`` (:class:`~kvstore.tiers.duel.DuelIndex`): GDSF or S3-FIFO (with
   or without carried counts), chosen online by which one's miniature, on a
   hash sample of the keys, hits more.
@@ -39,7 +42,7 @@ from typing import Protocol
 
 from kvstore.tiers.duel import DuelIndex
 from kvstore.tiers.exclude import Exclude
-from kvstore.tiers.gdsf import GDSFIndex
+from kvstore.tiers.gdsf import LINEAR, CountWeight, GDSFIndex
 from kvstore.tiers.lru import LRUIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
 
@@ -92,9 +95,11 @@ class EvictionOrder(Protocol):
         ...
 
 
-ORDERS: dict[str, Callable[[], EvictionOrder]] = {"lru": LRUIndex, "s3fifo": S3FIFOIndex, "gdsf": GDSFIndex,
-                                                  "duel": DuelIndex}
-"""Eviction orders by the name used in YAML."""
+ORDERS: dict[str, Callable[[CountWeight], EvictionOrder]] = {
+    "lru": lambda weight: LRUIndex(), "s3fifo": lambda weight: S3FIFOIndex(), "gdsf": GDSFIndex,
+    "duel": lambda weight: DuelIndex(weight=weight),
+}
+"""Eviction orders by the name used in YAML, each built from GDSF's count weight (unused by LRU and S3-FIFO)."""
 
 
 def order_for(name: str, given: EvictionOrder | None) -> EvictionOrder:
@@ -109,10 +114,11 @@ def order_for(name: str, given: EvictionOrder | None) -> EvictionOrder:
     return given
 
 
-def make_order(name: str) -> EvictionOrder:
-    """A new, empty eviction order ``name`` (``lru``, ``s3fifo``, ``gdsf`` or ``duel``); ``ValueError`` for another name."""
+def make_order(name: str, weight: CountWeight = LINEAR) -> EvictionOrder:
+    """A new, empty eviction order ``name`` (``lru``, ``s3fifo``, ``gdsf`` or ``duel``); ``ValueError`` for another name.
+    ``weight``: GDSF's count weight, for ``gdsf`` and ``duel``'s GDSF contender (``policy.gdsf_weight``)."""
     try:
         factory = ORDERS[name]
     except KeyError:
         raise ValueError(f"unknown eviction policy {name!r}; known: {', '.join(sorted(ORDERS))}") from None
-    return factory()
+    return factory(weight)

@@ -1,13 +1,22 @@
 """GDSF eviction order (Greedy-Dual-Size-Frequency, Cherkasova 1998) with accounted sizes.
 
-Each resident key has a priority ``L + count``: ``count`` is the number of
-uses the order has seen of it (1 when added), and ``L`` is the cache's
+Each resident key has a priority ``L + w(count)``: ``count`` is the number of
+uses the order has seen of it (1 when added), ``w`` the order's
+:class:`CountWeight` (``count`` itself by default), and ``L`` is the cache's
 *inflation*, the priority of the last key given up as a victim. The victim is
 always the key of lowest priority, the oldest use first among equal ones.
 Because ``L`` only grows, a key that is not used again sinks below newly
 added ones after about ``count`` evictions' worth of inflation: frequency
 with aging, so a block used many times long ago does not stay forever and a
 block used once (a scan) leaves before one used twice.
+
+:data:`DAMPED` (``policy.gdsf_weight: damped``) weighs a count as
+``min(count, 8) ** 0.8``: a block's chance of another use rises with its
+count, but less than in proportion (the Mooncake trace: 0.26 after one
+use, 0.42 after two, 0.58 after four, 0.84 after eight), so a block used
+often long ago ages out sooner than under ``count`` itself, and beyond 8
+uses more uses buy no more time (measured in docs/BENCHMARKS.md "hitrate").
+The weight only orders keys: ``count`` itself is kept whole (:meth:`GDSFIndex.count_of`).
 
 Size does not enter the priority (GDSF's ``cost / size`` factor is 1): the
 cost of a KV block, the prefill it saves, is proportional to its bytes.
@@ -35,6 +44,32 @@ from dataclasses import dataclass
 from kvstore.tiers.exclude import Exclude, skip_set
 
 
+@dataclass(frozen=True)
+class CountWeight:
+    """How a use count enters a GDSF priority: ``min(count, cap) ** power`` (``cap`` 0: no cap)."""
+
+    power: float = 1.0
+    cap: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.power <= 1 or self.cap < 0:
+            raise ValueError(f"need 0 < power <= 1 and cap >= 0, got {self.power}, {self.cap}")
+
+    def __call__(self, count: int) -> float:
+        """The weight of ``count`` uses (``count`` itself for :data:`LINEAR`)."""
+        if self.cap:
+            count = min(count, self.cap)
+        return float(count) if self.power == 1 else count ** self.power
+
+
+LINEAR = CountWeight()
+"""``L + count``: GDSF's own priority (``policy.gdsf_weight: linear``, the default)."""
+DAMPED = CountWeight(power=0.8, cap=8)
+"""``L + min(count, 8) ** 0.8`` (``policy.gdsf_weight: damped``)."""
+WEIGHTS: dict[str, CountWeight] = {"linear": LINEAR, "damped": DAMPED}
+"""Count weights by the name ``policy.gdsf_weight`` uses."""
+
+
 @dataclass(slots=True)
 class _Slot:
     size: int
@@ -44,9 +79,12 @@ class _Slot:
 
 
 class GDSFIndex:
-    """Keys in GDSF order (lowest ``L + count`` first), each with the bytes it is accounted for."""
+    """Keys in GDSF order (lowest ``L + w(count)`` first), each with the bytes it is accounted for."""
 
-    def __init__(self) -> None:
+    def __init__(self, weight: CountWeight = LINEAR) -> None:
+        """``weight``: how a count enters the priority (:data:`LINEAR`: ``L + count``)."""
+        self.weight = weight
+        """The order's :class:`CountWeight`."""
         self._keys: dict[bytes, _Slot] = {}
         self._heap: list[tuple[float, int, bytes]] = []
         self._seq = itertools.count(1)
@@ -67,7 +105,7 @@ class GDSFIndex:
         return iter(sorted(self._keys, key=lambda k: (self._keys[k].priority, self._keys[k].seq)))
 
     def priority_of(self, key: bytes) -> float | None:
-        """``L + count`` of resident ``key`` as of its last use, or ``None``. Changes nothing."""
+        """``L + w(count)`` of resident ``key`` as of its last use, or ``None``. Changes nothing."""
         slot = self._keys.get(key)
         return None if slot is None else slot.priority
 
@@ -77,13 +115,13 @@ class GDSFIndex:
         return None if slot is None else slot.count
 
     def add(self, key: bytes, size: int) -> None:
-        """Insert ``key`` with count 1 (priority ``L + 1``); a resident ``key`` only gets its size replaced."""
+        """Insert ``key`` with count 1 (priority ``L + w(1)``); a resident ``key`` only gets its size replaced."""
         slot = self._keys.get(key)
         if slot is not None:
             self.used += size - slot.size
             slot.size = size
             return
-        self._insert(key, _Slot(size, 1, self.inflation + 1, next(self._seq)))
+        self._insert(key, _Slot(size, 1, self.inflation + self.weight(1), next(self._seq)))
 
     def add_oldest(self, key: bytes, size: int) -> None:
         """Insert ``key`` with count 1 and priority ``L``, the next victim (replacing it if resident).
@@ -92,18 +130,18 @@ class GDSFIndex:
         self._insert(key, _Slot(size, 1, self.inflation, next(self._oldest_seq)))
 
     def touch(self, key: bytes) -> bool:
-        """Count a use of ``key``: count + 1, priority ``L + count`` with today's ``L``. ``False`` if absent."""
+        """Count a use of ``key``: count + 1, priority ``L + w(count)`` with today's ``L``. ``False`` if absent."""
         slot = self._keys.get(key)
         if slot is None:
             return False
         slot.count += 1
-        slot.priority = self.inflation + slot.count
+        slot.priority = self.inflation + self.weight(slot.count)
         slot.seq = next(self._seq)
         self._push(key, slot)
         return True
 
     def seed(self, key: bytes, uses: int) -> bool:
-        """Set resident ``key``'s count to ``uses`` (its uses before it entered this tier), priority ``L + uses``.
+        """Set resident ``key``'s count to ``uses`` (its uses before it entered this tier), priority ``L + w(uses)``.
 
         For a count kept outside the tier (the block's index entry), so a block
         demoted from a faster tier keeps its frequency. ``False`` if absent.
@@ -112,7 +150,7 @@ class GDSFIndex:
         if slot is None:
             return False
         slot.count = max(1, uses)
-        slot.priority = self.inflation + slot.count
+        slot.priority = self.inflation + self.weight(slot.count)
         slot.seq = next(self._seq)
         self._push(key, slot)
         return True

@@ -162,6 +162,18 @@ class S3FIFOIndex:
         self.used -= size
         return size
 
+    def remove_evicted(self, key: bytes, budget: int) -> int | None:
+        """:meth:`remove` ``key`` as a victim another order chose under ``budget`` (a duel's leader): a key in
+        the small queue enters the ghost set, as it would had :meth:`victims` returned it, and the ghost is
+        trimmed to ``ghost_budgets * budget``; a main key is forgotten (unless ``ghost_loaded``, as by
+        :meth:`remove`). Returns its size, or ``None`` if absent."""
+        in_small = key in self._small
+        size = self.remove(key)
+        if size is not None and in_small:
+            self._remember_ghost(key, size)
+            self._trim_ghost(budget)
+        return size
+
     def size_of(self, key: bytes) -> int | None:
         """Accounted size of resident ``key``, or ``None``."""
         size = self._small.get(key)
@@ -221,8 +233,7 @@ class S3FIFOIndex:
             for key, size in reversed(held):
                 queue[key] = size
                 queue.move_to_end(key, last=False)
-        while self._ghost and self._ghost_used > budget * self.ghost_budgets:
-            self._ghost_used -= self._ghost.popitem(last=False)[1]
+        self._trim_ghost(budget)
         return out
 
     def oldest(self, n: int, exclude: Exclude = ()) -> list[bytes]:
@@ -236,6 +247,10 @@ class S3FIFOIndex:
             if key not in skip:
                 out.append(key)
         return out
+
+    def _trim_ghost(self, budget: int) -> None:
+        while self._ghost and self._ghost_used > budget * self.ghost_budgets:
+            self._ghost_used -= self._ghost.popitem(last=False)[1]
 
     def _remember_ghost(self, key: bytes, size: int) -> None:
         self._forget_ghost(key)

@@ -14,7 +14,8 @@ from kvstore.bench.cache_sim import HitCounts, SimTier, TieredCacheSim
 from kvstore.bench.workloads import Request, synthetic
 from kvstore.layout import KVLayout
 from kvstore.tiers.duel import DuelIndex
-from kvstore.tiers.gdsf import GDSFIndex
+from kvstore.tiers.eviction import make_order
+from kvstore.tiers.gdsf import DAMPED, WEIGHTS, GDSFIndex
 from kvstore.tiers.host import HostTier
 from kvstore.tiers.lru import LRUIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
@@ -151,15 +152,18 @@ def test_inclusive_tiers_keep_the_lower_copies() -> None:
 
 
 @settings(max_examples=30, deadline=None)
-@given(policy=st.sampled_from(["lru", "s3fifo", "gdsf"]),
-       ops=st.lists(st.tuples(st.sampled_from(["put", "get", "seed"]), st.integers(0, 11), st.integers(1, 6)),
+@given(policy=st.sampled_from(["lru", "s3fifo", "gdsf"]), weight=st.sampled_from(sorted(WEIGHTS)),
+       ops=st.lists(st.tuples(st.sampled_from(["put", "get", "seed"]), st.integers(0, 11), st.integers(1, 12)),
                     min_size=1, max_size=60))
-def test_simulated_host_keeps_what_the_real_host_tier_keeps(policy: str, ops: list[tuple[str, int, int]]) -> None:
-    """The simulator's host (``SimTier``) and a real ``HostTier`` under one order, fed the same puts, hits and
-    seeded counts, hold the same blocks after every step and give up the same victims."""
+def test_simulated_host_keeps_what_the_real_host_tier_keeps(policy: str, weight: str,
+                                                            ops: list[tuple[str, int, int]]) -> None:
+    """The simulator's host (``SimTier``) and a real ``HostTier`` under one order (GDSF with either count weight,
+    ``policy.gdsf_weight``, as ``below_gpu_orders`` builds it), fed the same puts, hits and seeded counts,
+    hold the same blocks after every step and give up the same victims."""
     slots = 4
-    real = HostTier(LAYOUT, slots * LAYOUT.bytes_per_block, pin_memory="never", eviction=policy)
-    sim = SimTier(slots, policy)
+    real = HostTier(LAYOUT, slots * LAYOUT.bytes_per_block, pin_memory="never", eviction=policy,
+                    order=make_order(policy, WEIGHTS[weight]))
+    sim = SimTier(slots, policy, WEIGHTS[weight])
     block = torch.zeros(LAYOUT.bytes_per_block, dtype=torch.uint8)
     try:
         for op, i, n in ops:
@@ -216,3 +220,16 @@ def test_shared_duel_below_the_gpu_is_one_referee_scoring_host_and_disk_hits() -
         TieredCacheSim(1, 2, 2, disk_policy="duel", duel_scope="below_gpu")
     with pytest.raises(ValueError, match="duel_scope must be"):
         TieredCacheSim(1, 2, 2, duel_scope="pair")
+
+
+def test_gdsf_weight_builds_the_replay_s_gdsf_orders_with_it() -> None:
+    """``policy.gdsf_weight`` in the replay: the host and disk GDSF orders (and a shared duel's) get the weight."""
+    sim = TieredCacheSim(2, 2, 4, host_policy="gdsf", disk_policy="gdsf", carry_uses=True, gdsf_weight="damped")
+    assert isinstance(sim.host.order, GDSFIndex) and isinstance(sim.disk.order, GDSFIndex)
+    assert sim.host.order.weight == sim.disk.order.weight == DAMPED
+    shared = TieredCacheSim(1, 2, 2, host_policy="duel", disk_policy="duel", duel_scope="below_gpu", carry_uses=True,
+                            exclusive=True, gdsf_weight="damped")
+    assert isinstance(shared.host.order, DuelIndex) and shared.host.order.referee.weight == DAMPED
+    assert isinstance(TieredCacheSim(2, 2, 4, disk_policy="gdsf").disk.order, GDSFIndex)
+    with pytest.raises(ValueError, match="gdsf_weight must be one of"):
+        TieredCacheSim(2, 2, 4, gdsf_weight="log")

@@ -1,6 +1,6 @@
 """``DuelIndex`` (``eviction: duel``): contenders over the same keys, victims from the one whose miniature hits
 more; a referee shared by the host and disk duels (``policy.duel_scope: below_gpu``); and S3-FIFO's
-``seed_to_main`` and ``ghost_loaded``, the contenders' options."""
+``seed_to_main`` and ``ghost_loaded``, the contenders' options; a trailing S3-FIFO contender's ghost; GDSF's count weight (``policy.gdsf_weight``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 
 from kvstore.config import parse_config
 from kvstore.layout import KVLayout
-from kvstore.tiers.build import build_lower_tiers
+from kvstore.tiers.build import BelowGPUOrders, below_gpu_orders, build_lower_tiers
 from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.duel import MARGIN, SHARED_MARGIN, DuelIndex, DuelReferee, shared_duel
-from kvstore.tiers.eviction import order_for
-from kvstore.tiers.gdsf import GDSFIndex
+from kvstore.tiers.eviction import make_order, order_for
+from kvstore.tiers.gdsf import DAMPED, LINEAR, GDSFIndex
 from kvstore.tiers.s3fifo import S3FIFOIndex
 
 
@@ -219,3 +219,69 @@ def test_the_store_builds_host_and_disk_on_one_referee(tmp_path: Path) -> None:
         finally:
             tiers.host.close()
             tiers.disk.close()
+
+
+@pytest.mark.parametrize("ghost_victims", [False, True])
+def test_an_s3fifo_contender_not_leading_ghosts_the_leader_s_small_queue_victims(ghost_victims: bool) -> None:
+    """``ghost_victims`` (a shared duel's referee): the leader's victim leaves a trailing S3-FIFO contender's small
+    queue into its ghost (as its own victim would), so the block enters its main queue when it comes back; a
+    block removed otherwise (a load) is only forgotten. Without it (a private referee) the victim is forgotten."""
+    referee = DuelReferee(("gdsf", "s3fifo"), sample=1 << 30, ghost_victims=ghost_victims)  # nothing sampled
+    d = DuelIndex(referee=referee)
+    s3 = d._orders[1]  # noqa: SLF001 - the trailing contender is the point
+    assert isinstance(s3, S3FIFOIndex)
+    for i in range(3):
+        d.add(_k(i), 1)
+    d.touch(_k(0))
+    d.touch(_k(2))
+    assert d.victims(1, 3) == [_k(1)] and d.leader_name == "gdsf"
+    assert d.remove(_k(1)) == 1 and s3.queue_of(_k(1)) == ("ghost" if ghost_victims else None)
+    assert d.remove(_k(2)) == 1 and s3.queue_of(_k(2)) is None  # not a victim: a load
+    d.add(_k(1), 1)
+    assert s3.queue_of(_k(1)) == ("main" if ghost_victims else "small")
+    assert shared_duel(2)[0].referee.ghost_victims and not DuelIndex().referee.ghost_victims
+
+
+def test_s3fifo_remove_evicted_ghosts_small_queue_keys_only() -> None:
+    order = S3FIFOIndex(ghost_budgets=1)
+    for i in range(4):
+        order.add(_k(i), 1)
+    order.touch(_k(0))
+    assert order.victims(1, 4) == [_k(1)]  # 0 (used) moves to main on the way
+    order.remove(_k(1))
+    assert order.queue_of(_k(0)) == "main" and order.queue_of(_k(1)) == "ghost"
+    assert order.remove_evicted(_k(0), 4) == 1 and order.queue_of(_k(0)) is None  # main: forgotten
+    assert order.remove_evicted(_k(2), 1) == 1 and order.queue_of(_k(2)) == "ghost"
+    assert order.queue_of(_k(1)) is None  # the ghost trimmed to 1 x the budget of 1: key 1, the oldest, goes
+    assert order.remove_evicted(_k(9), 4) is None and order.used == 1
+
+
+def test_the_gdsf_count_weight_reaches_every_gdsf_order_and_miniature() -> None:
+    """``policy.gdsf_weight``: a duel's GDSF contender (full order and miniature) weighs counts as told, private
+    or shared; the S3-FIFO contenders have no weight."""
+    private = DuelIndex(weight=DAMPED)
+    host, disk = shared_duel(2, DAMPED)
+    for d in (private, host, disk):
+        gdsf = [o for o in d._orders if isinstance(o, GDSFIndex)]  # noqa: SLF001 - the contenders are the point
+        minis = [m for m in d.referee._minis if isinstance(m, GDSFIndex)]  # noqa: SLF001
+        assert [o.weight for o in gdsf + minis] == [DAMPED, DAMPED] and d.referee.weight == DAMPED
+    assert isinstance(make_order("duel", DAMPED), DuelIndex) and make_order("duel").referee.weight == LINEAR  # type: ignore[attr-defined]
+
+
+def test_the_store_builds_host_and_disk_with_the_gdsf_weight(tmp_path: Path) -> None:
+    """``policy.gdsf_weight: damped`` reaches the orders the store builds, with a shared duel or without."""
+    layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4, model_id="gdsf-weight")
+    for scope, eviction in (("below_gpu", "duel"), ("tier", "gdsf")):
+        cfg = parse_config({"tiers": ["host", "lmdb"], "host": {"eviction": eviction, "capacity": "64KiB"},
+                            "disk": {"eviction": eviction, "path": str(tmp_path / scope), "max_size": "1MiB"},
+                            "policy": {"duel_scope": scope, "gdsf_weight": "damped"}})
+        tiers = build_lower_tiers(cfg, layout)
+        assert tiers.host is not None and isinstance(tiers.disk, DiskTier)
+        try:
+            for order in (tiers.host._order, tiers.disk._lru):  # noqa: SLF001 - the orders are the point
+                weight = order.referee.weight if isinstance(order, DuelIndex) else order.weight  # type: ignore[attr-defined]
+                assert weight == DAMPED
+        finally:
+            tiers.host.close()
+            tiers.disk.close()
+    assert below_gpu_orders(parse_config({})) == BelowGPUOrders()  # linear, tier scope: each tier builds its own

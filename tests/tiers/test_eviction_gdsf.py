@@ -1,10 +1,12 @@
 """GDSF order: exact victims on hand-made sequences (count, aging through ``L``, ties by oldest use,
-a prefix's tail before its head), and what ``victims`` may change."""
+a prefix's tail before its head), what ``victims`` may change, and the count weights (``policy.gdsf_weight``)."""
 
 from __future__ import annotations
 
+import pytest
+
 from kvstore.tiers.eviction import make_order
-from kvstore.tiers.gdsf import GDSFIndex
+from kvstore.tiers.gdsf import DAMPED, LINEAR, WEIGHTS, CountWeight, GDSFIndex
 
 
 def _k(i: int) -> bytes:
@@ -114,3 +116,33 @@ def test_stale_heap_entries_are_compacted() -> None:
         order.touch(_k(0))
     assert len(order._heap) <= 2 * len(order) + 65
     assert _evict(order, 1, 2) == [1]
+
+
+def test_count_weights_linear_and_damped() -> None:
+    assert [LINEAR(c) for c in (1, 2, 9)] == [1.0, 2.0, 9.0]
+    assert [round(DAMPED(c), 4) for c in (1, 2, 8, 9, 100)] == [1.0, 1.7411, 5.278, 5.278, 5.278]
+    assert WEIGHTS == {"linear": LINEAR, "damped": DAMPED} and GDSFIndex().weight == LINEAR
+    for power, cap in ((0.0, 0), (1.5, 0), (0.8, -1)):
+        with pytest.raises(ValueError, match="0 < power <= 1"):
+            CountWeight(power, cap)
+
+
+def test_a_damped_order_weighs_counts_less_and_caps_them() -> None:
+    """Priority ``L + w(count)``: the count is kept whole, only the priority is damped; beyond the cap more uses
+    buy nothing, so between counts 8 and 9 the older use goes first."""
+    order = make_order("gdsf", DAMPED)
+    assert isinstance(order, GDSFIndex) and order.weight == DAMPED
+    for key, uses in ((_k(0), 9), (_k(1), 8), (_k(2), 2)):
+        order.add(key, 1)
+        order.seed(key, uses)
+    assert [order.count_of(_k(i)) for i in range(3)] == [9, 8, 2]
+    assert order.priority_of(_k(0)) == order.priority_of(_k(1)) == DAMPED(8)
+    assert _evict(order, 2, 3) == [2, 0]  # count 2 first; then 9 and 8 tie, and 9 was seeded first
+    assert order.inflation == DAMPED(8)
+    order.add(_k(3), 1)
+    assert order.priority_of(_k(3)) == DAMPED(8) + 1  # a new block enters at L + w(1)
+    linear = GDSFIndex()
+    for key, uses in ((_k(0), 9), (_k(1), 8)):
+        linear.add(key, 1)
+        linear.seed(key, uses)
+    assert _evict(linear, 1, 2) == [1]  # linear: 9 uses outrank 8
