@@ -1,4 +1,4 @@
-"""The tiered store's statistics: per-tier counters and occupancy, as :meth:`~kvstore.store.TieredStore.stats` reports them."""
+"""The tiered store's statistics: per-tier counters and occupancy (:meth:`~kvstore.store.TieredStore.stats`)."""
 
 from __future__ import annotations
 
