@@ -28,6 +28,10 @@ class BlockStateError(KVStoreError):
     """An operation was asked of a block in the wrong state (double free, unknown id)."""
 
 
+class PlacementError(BlockStateError):
+    """A placement transition found a block in a state it did not expect (a bug in the caller)."""
+
+
 def short_key(key: bytes | None) -> str:
     """First 8 bytes of a block key in hex, for messages (``None`` when there is no key)."""
     return "<no key>" if key is None else bytes(key[:8]).hex() + "…"

@@ -15,12 +15,12 @@ pool asserts a block's previous state.
 Every method must be called with the hierarchy's lock held; none does I/O
 (tier calls here are slot bookkeeping in memory, never a disk or socket).
 
-The GPU eviction queue (:class:`GpuLru`) is kept here because this is the
-one place a block's evictability changes: a GPU block is evictable when the
-index records it, nobody else holds a reference (``ref_count == 1``) and its
-radix node is not pinned by a request. Each of those three facts changes
-only in a method below, which updates the queue, so choosing a victim is
-O(1) however many blocks live only in the lower tiers.
+The GPU eviction queue (:class:`~kvstore.gpu_lru.GpuLru`) is kept here: a
+GPU block is evictable when the index records it, nobody else holds a
+reference (``ref_count == 1``) and its radix node is not pinned by a request,
+and each of those three facts changes only in a method below, which updates
+the queue. Host slots are handed out as :class:`~kvstore.host_slot.HostSlot`
+handles.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvstore.errors import BlockStateError, short_key
+from kvstore.errors import BlockStateError, PlacementError, short_key
+from kvstore.gpu_lru import GpuLru
 from kvstore.hashing import Salt
+from kvstore.host_slot import HostSlot
 from kvstore.radix import BlockEntry, InsertResult, RadixNode
 
 if TYPE_CHECKING:
@@ -43,82 +45,6 @@ if TYPE_CHECKING:
 _GPU_BLOCK = attrgetter("gpu_block")
 LEFT_DISK_MEMORY = 65536
 """Most keys :class:`Placement` remembers as lost by the disk before their publish (oldest forgotten first)."""
-
-
-class PlacementError(BlockStateError):
-    """A placement transition found a block in a state it did not expect (a bug in the caller)."""
-
-
-class GpuLru:
-    """GPU blocks held only by the cache, least recently used first.
-
-    An ``OrderedDict`` keyed by block id: push, remove from the middle and pop
-    the oldest are O(1), like vLLM's ``FreeKVCacheBlockQueue`` (a doubly
-    linked list for the same reason). Read it through :meth:`order`.
-    """
-
-    def __init__(self) -> None:
-        self._q: OrderedDict[int, None] = OrderedDict()
-        """The queued block ids (keys only: :meth:`Placement.oldest_gpu` finds a block's entry in the block map,
-        so that a deferred run's blocks are queued without entries)."""
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __contains__(self, block: int) -> bool:
-        return block in self._q
-
-    def push(self, block: int) -> None:
-        """Append ``block`` as the most recently used."""
-        if block in self._q:
-            raise PlacementError(f"GPU block {block} is already queued for eviction")
-        self._q[block] = None
-
-    def discard(self, block: int) -> None:
-        """Remove ``block`` if queued."""
-        self._q.pop(block, None)
-
-    def touch(self, block: int) -> None:
-        """Make a queued ``block`` the most recently used (no-op if not queued)."""
-        if block in self._q:
-            self._q.move_to_end(block)
-
-    def touch_all(self, blocks: Iterable[int | None]) -> None:
-        """:meth:`touch` each of ``blocks`` in order (the last becomes the most recent); ``None`` and blocks
-        not queued are skipped. One pass in C: a lookup touches every block of a prompt (8192 at 128k)."""
-        q = self._q
-        queued: Iterable[int] = filter(q.__contains__, blocks)  # type: ignore[arg-type]  # None is never queued
-        deque(map(q.move_to_end, queued), maxlen=0)
-
-    def oldest(self) -> int | None:
-        """The least recently used queued block, without removing it."""
-        for block in self._q:
-            return block
-        return None
-
-    def order(self) -> list[int]:
-        """Queued block ids, least recently used first (a copy)."""
-        return list(self._q)
-
-
-class HostSlot:
-    """A handle on one host slot: a write reservation or a read pin, given back exactly once.
-
-    States: ``reserved`` (invisible, being written) -> :meth:`Placement.publish`
-    -> ``pinned``; ``pinned`` -> :meth:`Placement.release` -> ``released``;
-    ``reserved`` -> :meth:`Placement.abort` -> ``released``. A second release
-    or abort raises :class:`PlacementError`.
-    """
-
-    __slots__ = ("key", "slot", "state")
-
-    def __init__(self, key: bytes, slot: int, state: str) -> None:
-        self.key = key
-        self.slot = slot
-        self.state = state
-
-    def __repr__(self) -> str:
-        return f"HostSlot({short_key(self.key)}, slot={self.slot}, {self.state})"
 
 
 class Placement:
@@ -309,7 +235,9 @@ class Placement:
         assert not isinstance(v, RadixNode)
         return v
 
-    def _evictable(self, entry: BlockEntry) -> bool:
+    def evictable(self, entry: BlockEntry) -> bool:
+        """Whether ``entry``'s GPU block belongs in the eviction queue: indexed, only the index holds a
+        reference and its node is not pinned. Changes nothing."""
         b = entry.gpu_block
         return b is not None and entry.node is not None and entry.node.pin_count == 0 and self.h.pool.ref_count(b) == 1
 
@@ -317,7 +245,7 @@ class Placement:
         b = entry.gpu_block
         if b is None:
             return
-        if self._evictable(entry):
+        if self.evictable(entry):
             if b not in self.gpu_lru:
                 self.gpu_lru.push(b)
         else:
@@ -510,7 +438,7 @@ class Placement:
         if node is None:
             return True
         index = self.h.index
-        subtree = _subtree(node)
+        subtree = node.subtree()
         if any(n.pin_count for n in subtree):
             self._homeless[entry.key] = entry
             return False
@@ -562,31 +490,3 @@ class Placement:
             self._left_disk.pop(e.key, None)
             h.counters.dropped_blocks += 1
             h.events.put("dropped", e.key, "index")
-
-    # ------------------------------------------------------------ integrity
-    def check(self) -> list[str]:
-        """Problems with the eviction queue and the block map (empty when consistent). Changes nothing."""
-        out: list[str] = []
-        indexed: dict[int, BlockEntry] = {}
-        for node in self.h.index.nodes():
-            for e in node.entries:
-                if e.gpu_block is not None:
-                    indexed[e.gpu_block] = e
-        recorded = {b: self.entry_of(b) for b, e in enumerate(self._by_block) if e is not None}
-        if indexed.keys() != recorded.keys() or any(indexed[b] is not e for b, e in recorded.items()):
-            out.append("the GPU block map differs from the index")
-        if len(recorded) != self._num_by_block:
-            out.append(f"the GPU block map counts {self._num_by_block} blocks but holds {len(recorded)}")
-        want = {b for b, e in indexed.items() if self._evictable(e)}
-        if want != set(self.gpu_lru.order()):
-            out.append(f"eviction queue holds {sorted(self.gpu_lru.order())}, evictable blocks are {sorted(want)}")
-        return out
-
-
-def _subtree(node: RadixNode) -> list[RadixNode]:
-    out, stack = [], [node]
-    while stack:
-        n = stack.pop()
-        out.append(n)
-        stack.extend(n.children.values())
-    return out

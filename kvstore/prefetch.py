@@ -26,7 +26,7 @@ import torch
 from kvstore.budget import ByteBudget
 from kvstore.config.schema import PolicyConfig
 from kvstore.hierarchy import Hierarchy
-from kvstore.placement import HostSlot
+from kvstore.host_slot import HostSlot
 from kvstore.radix import RadixNode
 from kvstore.transfer import CopyStreams, LayerSync, copy_layer, default_copy_streams, staging_buffer
 

@@ -12,12 +12,13 @@ comparing prefixes, and two tenants can never meet in the tree::
 
 Each block is a :class:`BlockEntry` recording where it lives now: a GPU
 block id, a host slot, on disk. Invariants (checked by
-:meth:`RadixIndex.check_integrity`): every entry lives in at least one tier,
-no GPU block or host slot is recorded twice, every pinned node's ancestors
-are pinned at least as often as their pinned children together. (A block of a
-*pinned* node may briefly live nowhere, when a lower tier dropped its last
-copy while a request held the node; a match stops there, and the store removes
-it once the node is unpinned.) The tiered store changes residency only
+:meth:`RadixIndex.check_integrity`, in :mod:`kvstore.radix_check`): every
+entry lives in at least one tier, no GPU block or host slot is recorded
+twice, every pinned node's ancestors are pinned at least as often as their
+pinned children together. (A block of a *pinned* node may briefly live
+nowhere, when a lower tier dropped its last copy while a request held the
+node; a match stops there, and the store removes it once the node is
+unpinned.) The tiered store changes residency only
 through :mod:`kvstore.placement`.
 
 A commit's run of GPU-only blocks is *deferred*: its node keeps the run's keys
@@ -34,7 +35,7 @@ tenants (salts) and models apart exactly as the keys do.
 
 Each node records its last access on a logical clock (an int bumped on every
 match or insert), exact and deterministic. The index chooses no victims:
-GPU eviction order is kept by :class:`kvstore.placement.GpuLru` in O(1), and
+GPU eviction order is kept by :class:`kvstore.gpu_lru.GpuLru` in O(1), and
 the lower tiers keep their own.
 """
 
@@ -47,6 +48,7 @@ from operator import attrgetter
 from kvstore.errors import BlockStateError, IntegrityError
 from kvstore.hashing import Salt, block_keys, root_key
 from kvstore.layout import KVLayout
+from kvstore.radix_check import check_index
 from kvstore.radix_node import BlockEntry, InsertResult, RadixMatch, RadixNode
 
 __all__ = ["BlockEntry", "InsertResult", "RadixIndex", "RadixMatch", "RadixNode"]
@@ -475,45 +477,5 @@ class RadixIndex:
 
     # ------------------------------------------------------------- integrity
     def check_integrity(self) -> None:
-        """Raise :class:`IntegrityError` if any invariant of the index is broken."""
-        seen_gpu: dict[int, bytes] = {}
-        seen_host: dict[int, bytes] = {}
-        count = 0
-        if self.root.entries or self.root.parent is not None:
-            raise IntegrityError("root must have no entries and no parent")
-        for node in self.nodes():
-            if not node.entries:
-                raise IntegrityError("empty non-root node")
-            if node.parent is None or node.parent.children.get(node.entries[0].key) is not node:
-                raise IntegrityError("node not registered under its parent by its first key")
-            if node.pin_count < sum(c.pin_count for c in node.children.values()):
-                raise IntegrityError("a node is pinned less than its pinned children")
-            if node.pin_count < 0:
-                raise IntegrityError("negative pin count")
-            if node.tokens is not None:
-                if len(node.tokens) != len(node.entries) * self.layout.block_size:
-                    raise IntegrityError("a node's tokens do not cover its blocks")
-                if node.parent.tok_children.get(node.tok_key) is not node:  # type: ignore[arg-type]
-                    raise IntegrityError("node with tokens not registered for token walks")
-            elif node.tok_key is not None:
-                raise IntegrityError("token key without tokens")
-            for key, child in node.tok_children.items():
-                if child.parent is not node or child.tok_key != key:
-                    raise IntegrityError("stale token child")
-            for e in node.entries:
-                count += 1
-                if e.node is not node or self._by_key.get(e.key) is not e:
-                    raise IntegrityError(f"entry {e.key.hex()[:16]} not indexed consistently")
-                if e.tier is None and node.pin_count == 0:
-                    # Only a pinned node may hold a block that lost its last copy (removed once unpinned).
-                    raise IntegrityError(f"entry {e.key.hex()[:16]} lives in no tier")
-                if e.gpu_block is not None:
-                    if e.gpu_block in seen_gpu:
-                        raise IntegrityError(f"GPU block {e.gpu_block} recorded twice")
-                    seen_gpu[e.gpu_block] = e.key
-                if e.host_slot is not None:
-                    if e.host_slot in seen_host:
-                        raise IntegrityError(f"host slot {e.host_slot} recorded twice")
-                    seen_host[e.host_slot] = e.key
-        if count != len(self._by_key):
-            raise IntegrityError(f"{count} entries in the tree but {len(self._by_key)} indexed by key")
+        """Raise :class:`IntegrityError` if any invariant of the index is broken (:func:`.radix_check.check_index`)."""
+        check_index(self, self._by_key)

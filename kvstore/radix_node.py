@@ -131,6 +131,15 @@ class RadixNode:
         """No children."""
         return not self.children
 
+    def subtree(self) -> list[RadixNode]:
+        """This node and every node below it, each before its children. Changes nothing."""
+        out, stack = [], [self]
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
 
 @dataclass(frozen=True)
 class RadixMatch:

@@ -39,7 +39,7 @@ import torch
 
 from kvstore.config.write_policy import SELECTIVE_HITS_DEFAULT, WritePolicy
 from kvstore.hierarchy import Hierarchy
-from kvstore.placement import HostSlot
+from kvstore.host_slot import HostSlot
 from kvstore.radix import BlockEntry, RadixIndex
 from kvstore.tiers.base import BlockReader, VictimSend
 from kvstore.tiers.chain import ChainTier

@@ -36,7 +36,7 @@ import torch
 from kvstore.config.schema import PolicyConfig
 from kvstore.errors import BlockStateError
 from kvstore.hierarchy import Hierarchy
-from kvstore.placement import HostSlot
+from kvstore.host_slot import HostSlot
 from kvstore.radix import BlockEntry
 from kvstore.transfer import copy_bytes, staging_buffer
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -28,50 +27,20 @@ from kvstore.hashing import Salt, block_keys
 from kvstore.hierarchy import Hierarchy
 from kvstore.layout import KVLayout
 from kvstore.prefetch import BlockPlan, Lease, Prefetcher
+from kvstore.prefix_match import PrefixMatch
 from kvstore.radix import BlockEntry, RadixIndex, RadixMatch
 from kvstore.remote_writer import MAX_QUEUED_BYTES, RemoteWrite, RemoteWriter
 from kvstore.spill import Spiller
+from kvstore.store_stats import store_stats
 from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
 from kvstore.tiers.host import HostTier
 from kvstore.transfer import CopyStreams
-from kvstore.use_memory import UseMemory
+from kvstore.use_memory import use_memory_for
 
 log = logging.getLogger("kvstore.store")
 
 _KEY = attrgetter("key")
-
-
-@dataclass(frozen=True)
-class PrefixMatch:
-    """The longest cached prefix of a prompt and where its blocks are (fastest copy)."""
-
-    keys: tuple[bytes, ...]
-    """Keys of the matched blocks, in order."""
-    tiers: tuple[str, ...]
-    """``"gpu"``, ``"host"``, ``"disk"`` or ``"remote"`` per matched block."""
-    block_size: int
-    prompt_tokens: int
-    tokens: Sequence[int] | None = None
-    """The matched tokens (``num_blocks * block_size``), when the lookup had tokens."""
-    salt: Salt = None
-    """The tenant salt the keys were made with."""
-    entries: tuple[BlockEntry, ...] = field(default=(), repr=False, compare=False)
-    """Handles on the matched index entries (a prefix of ``keys``), so ``acquire`` pins them without a second walk."""
-
-    @property
-    def num_blocks(self) -> int:
-        """Matched full blocks."""
-        return len(self.keys)
-
-    @property
-    def num_tokens(self) -> int:
-        """Matched tokens."""
-        return len(self.keys) * self.block_size
-
-    def tokens_in(self, tier: str) -> int:
-        """Matched tokens whose fastest copy is in ``tier``."""
-        return self.tiers.count(tier) * self.block_size
 
 
 class TieredStore:
@@ -96,7 +65,7 @@ class TieredStore:
     ) -> None:
         self.policy = policy or PolicyConfig()
         self.h = Hierarchy(layout, pool, host, disk, remote, carry_uses=self.policy.carry_uses,
-                           use_memory=_use_memory(self.policy, layout, host, disk))
+                           use_memory=use_memory_for(self.policy, layout, host, disk))
         self.spiller = Spiller(self.h, self.policy)
         self.remote_writer = (RemoteWriter(self.h, remote, remote_write, remote_selective_hits, remote_max_queued_bytes)
                               if remote is not None else None)
@@ -479,37 +448,8 @@ class TieredStore:
 
     # ------------------------------------------------------ stats and upkeep
     def stats(self) -> dict[str, Any]:
-        """Per-tier counters and occupancy (a snapshot; changes nothing)."""
-        h = self.h
-        h.sync_tier_events()
-        tier_stats = {name: tier.stats().as_dict() for name, tier in h.lower_tiers()}  # outside the lock: the remote tier asks its server
-        with h.lock:
-            c = h.counters
-            out: dict[str, Any] = {
-                "lookups": c.lookups,
-                "prompt_tokens": c.prompt_tokens,
-                "gpu": {
-                    "hit_tokens": c.hit_tokens["gpu"],
-                    "used_blocks": h.pool.num_used,
-                    "capacity_blocks": h.pool.num_blocks,
-                    "cached_blocks": h.placement.num_gpu_cached,
-                    "evictions": c.gpu_evictions,
-                },
-                "miss_tokens": c.prompt_tokens - sum(c.hit_tokens.values()),
-                "index_blocks": len(h.index),
-                "dropped_blocks": c.dropped_blocks,
-                "load_failures": c.load_failures,
-                "prefetch_backpressure_waits": self.prefetcher.budget.waits,
-            }
-            for name, d in tier_stats.items():
-                d["hit_tokens"] = c.hit_tokens[name]
-                d["loaded_blocks"] = c.loaded_blocks[name]
-                d["spilled_blocks"] = c.spilled_blocks[name]
-                if name == "remote" and self.remote_writer is not None:
-                    d["skipped_groups"] = self.remote_writer.skipped_groups
-                    d["shed_groups"] = self.remote_writer.shed_groups
-                out[name] = d
-        return out
+        """Per-tier counters and occupancy (a snapshot; changes nothing): :func:`~kvstore.store_stats.store_stats`."""
+        return store_stats(self)
 
     def drain_events(self) -> list[StoreEvent]:
         """Return and clear the store's event queue."""
@@ -538,12 +478,3 @@ class TieredStore:
         from kvstore.store_check import check_store
 
         check_store(self.h)
-
-
-def _use_memory(policy: PolicyConfig, layout: KVLayout, host: HostTier | None, disk: Tier | None) -> UseMemory | None:
-    """The store's :class:`UseMemory`, sized ``policy.use_memory`` x the host and disk capacity in blocks
-    (``None`` when off)."""
-    if policy.use_memory <= 0:
-        return None
-    blocks = sum(t.stats().capacity_bytes // layout.bytes_per_block for t in (host, disk) if t is not None)
-    return UseMemory(int(policy.use_memory * blocks))

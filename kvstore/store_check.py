@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvstore.errors import IntegrityError
 from kvstore.hierarchy import Hierarchy
+from kvstore.radix import BlockEntry
 
 
 def check_store(h: Hierarchy) -> None:
@@ -19,7 +20,7 @@ def check_store(h: Hierarchy) -> None:
     with h.lock:
         h.index.check_integrity()
         h.pool.check_integrity()
-        problems = h.placement.check()
+        problems = placement_problems(h)
         if problems:
             raise IntegrityError("; ".join(problems))
         for node in h.index.nodes():
@@ -35,3 +36,26 @@ def check_store(h: Hierarchy) -> None:
                 # A disk tier that cannot report evictions is asked at lookup; its hint may be stale.
                 if e.on_disk and (h.disk is None or (h.disk_reports_evictions and not h.disk.contains(e.key))):
                     raise IntegrityError(f"block {tag}: index says on disk but the disk tier lacks it")
+
+
+def placement_problems(h: Hierarchy) -> list[str]:
+    """Problems with the GPU eviction queue and the GPU block map of ``h.placement`` (empty when consistent).
+
+    Call with the lock held. Changes nothing (but makes the entries of deferred runs, as any read does).
+    """
+    pl = h.placement
+    out: list[str] = []
+    indexed: dict[int, BlockEntry] = {}
+    for node in h.index.nodes():
+        for e in node.entries:
+            if e.gpu_block is not None:
+                indexed[e.gpu_block] = e
+    recorded = {b: rec for b in range(h.pool.num_blocks) if (rec := pl.entry_of(b)) is not None}
+    if indexed.keys() != recorded.keys() or any(indexed[b] is not e for b, e in recorded.items()):
+        out.append("the GPU block map differs from the index")
+    if len(recorded) != pl.num_gpu_cached:
+        out.append(f"the GPU block map counts {pl.num_gpu_cached} blocks but holds {len(recorded)}")
+    want = {b for b, e in indexed.items() if pl.evictable(e)}
+    if want != set(pl.gpu_lru.order()):
+        out.append(f"eviction queue holds {sorted(pl.gpu_lru.order())}, evictable blocks are {sorted(want)}")
+    return out

@@ -18,12 +18,19 @@ blocks costs 0.02-0.6 % of their size in RAM. Exact rather than a sketch
 here would keep blocks that are not popular).
 
 Not thread-safe; :class:`~kvstore.placement.Placement` calls it under the
-hierarchy's lock.
+hierarchy's lock. :func:`use_memory_for` sizes a store's from its config and tiers.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvstore.config.schema import PolicyConfig
+    from kvstore.layout import KVLayout
+    from kvstore.tiers.base import Tier
+    from kvstore.tiers.host import HostTier
 
 
 class UseMemory:
@@ -60,3 +67,12 @@ class UseMemory:
         """The count ``key`` had when it was dropped (0 if not remembered), forgotten here: it lives in the
         block's index entry again."""
         return self._uses.pop(key, 0)
+
+
+def use_memory_for(policy: PolicyConfig, layout: KVLayout, host: HostTier | None, disk: Tier | None) -> UseMemory | None:
+    """A store's :class:`UseMemory`, sized ``policy.use_memory`` x the host and disk capacity in blocks
+    (``None`` when off)."""
+    if policy.use_memory <= 0:
+        return None
+    blocks = sum(t.stats().capacity_bytes // layout.bytes_per_block for t in (host, disk) if t is not None)
+    return UseMemory(int(policy.use_memory * blocks))

@@ -23,8 +23,8 @@ from kvstore.bench.machine import describe_machine
 from kvstore.config.schema import PolicyConfig
 from kvstore.errors import TierError
 from kvstore.gpu_pool import GPUBlockPool, default_device
+from kvstore.host_slot import HostSlot
 from kvstore.layout import KVLayout
-from kvstore.placement import HostSlot
 from kvstore.store import TieredStore
 from kvstore.tiers.arena import HostArena, resolve_pin
 from kvstore.tiers.host import HostTier

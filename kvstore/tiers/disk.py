@@ -84,6 +84,7 @@ from kvstore.tiers.lmdb_env import LRU_RECORD, LmdbEnv
 from kvstore.tiers.lmdb_reads import RunReader, split_runs, txn_reader
 from kvstore.tiers.lmdbcheck import damaged, repair_hint
 from kvstore.tiers.sync_loop import SyncLoop
+from kvstore.tiers.unsynced import UnsyncedBytes
 from kvstore.tiers.victims import Handover
 
 log = logging.getLogger(__name__)
@@ -165,8 +166,7 @@ class DiskTier(PooledTier):
             self.env.close()
             self._dirlock.release()
             raise damaged(self.path, f"cannot be read ({exc})") from None
-        self._unsynced = 0
-        self._unsynced_lock = threading.Lock()
+        self._unsynced = UnsyncedBytes()  # bytes committed since the last fsync (``interval``)
         self._closing = False
         self.sync_interval_s, self.sync_bytes = sync_interval_ms / 1000, sync_bytes
         self._syncer = SyncLoop(self._background, self.sync_interval_s, "kvstore-lmdb-sync", self.path)
@@ -306,8 +306,7 @@ class DiskTier(PooledTier):
             if self._touched:
                 self._lmdb.txn_or_fail(self._write_touches)
         self._lmdb.sync()
-        with self._unsynced_lock:
-            self._unsynced = 0
+        self._unsynced.clear()
 
     def close(self) -> None:
         """Finish queued async work, flush, stop the threads and close the environment. Idempotent."""
@@ -475,17 +474,12 @@ class DiskTier(PooledTier):
             self._lru.add_oldest(block_key, cost)
 
     def _note_unsynced(self, nbytes: int) -> None:
-        if self.sync_mode == "interval":
-            with self._unsynced_lock:
-                self._unsynced += nbytes
-                due = self._unsynced >= self.sync_bytes
-            if due:
-                self._syncer.kick()
+        if self.sync_mode == "interval" and self._unsynced.add(nbytes) >= self.sync_bytes:
+            self._syncer.kick()
 
     def _background(self) -> None:
         """The sync thread's work: persist access times, and under ``interval`` fsync pending commits."""
-        with self._unsynced_lock:
-            pending = self._unsynced
+        pending = self._unsynced.pending()
         if self._touched or self._hits:
             with self._write_lock:
                 if self._closing:
@@ -497,8 +491,7 @@ class DiskTier(PooledTier):
                     pass  # recency only; the next put (which makes room) writes it
         if pending:
             self._lmdb.sync()
-            with self._unsynced_lock:
-                self._unsynced -= min(pending, self._unsynced)
+            self._unsynced.synced(pending)
 
     def _check_open(self) -> None:
         if self._closing:

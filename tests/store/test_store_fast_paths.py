@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvstore.errors import PlacementError
 from kvstore.events import EventQueue, StoreEvent
-from kvstore.placement import GpuLru, PlacementError
+from kvstore.gpu_lru import GpuLru
 from kvstore.radix import RadixIndex
 
 from storelib import LAYOUT, make_store, prefill

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from kvstore.errors import BlockStateError
-from kvstore.placement import PlacementError
+from kvstore.errors import BlockStateError, PlacementError
 from kvstore.radix import RadixIndex
 from kvstore.tiers.base import Buffer
 

@@ -1,0 +1,42 @@
+"""The tiered store's statistics: per-tier counters and occupancy (:meth:`~kvstore.store.TieredStore.stats`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvstore.store import TieredStore
+
+
+def store_stats(store: TieredStore) -> dict[str, Any]:
+    """Per-tier counters and occupancy of ``store`` (a snapshot; changes nothing but applying pending tier events)."""
+    h = store.h
+    h.sync_tier_events()
+    tier_stats = {name: tier.stats().as_dict() for name, tier in h.lower_tiers()}  # outside the lock: the remote tier asks its server
+    with h.lock:
+        c = h.counters
+        out: dict[str, Any] = {
+            "lookups": c.lookups,
+            "prompt_tokens": c.prompt_tokens,
+            "gpu": {
+                "hit_tokens": c.hit_tokens["gpu"],
+                "used_blocks": h.pool.num_used,
+                "capacity_blocks": h.pool.num_blocks,
+                "cached_blocks": h.placement.num_gpu_cached,
+                "evictions": c.gpu_evictions,
+            },
+            "miss_tokens": c.prompt_tokens - sum(c.hit_tokens.values()),
+            "index_blocks": len(h.index),
+            "dropped_blocks": c.dropped_blocks,
+            "load_failures": c.load_failures,
+            "prefetch_backpressure_waits": store.prefetcher.budget.waits,
+        }
+        for name, d in tier_stats.items():
+            d["hit_tokens"] = c.hit_tokens[name]
+            d["loaded_blocks"] = c.loaded_blocks[name]
+            d["spilled_blocks"] = c.spilled_blocks[name]
+            if name == "remote" and store.remote_writer is not None:
+                d["skipped_groups"] = store.remote_writer.skipped_groups
+                d["shed_groups"] = store.remote_writer.shed_groups
+            out[name] = d
+    return out
