@@ -344,7 +344,7 @@ class HostTier(Tier):
                 if key in self._reserved or (slot is not None and slot in self._refs):
                     raise BlockStateError(f"delete of host block {short_key(key)} while it is pinned")
             freed = self._unpublish_many([k for k in dict.fromkeys(keys) if k in self._slots])
-            self._free.extend(reversed(freed))  # handed out again in the order freed (see _make_room)
+            self._free.extend(sorted(freed, reverse=True))  # handed out again lowest first (see _make_room)
             return len(freed)
 
     def stats(self) -> TierStats:
@@ -418,9 +418,10 @@ class HostTier(Tier):
         if short <= 0 or not self.auto_evict:
             return
         victims = self._victims(short)
-        # Handed out again in eviction order: victims of one earlier batch sit in consecutive slots, so the
-        # batch that reuses them gets consecutive slots too, which the arena copies in runs (copy_runs).
-        self._free.extend(reversed(self._unpublish_many(victims)))
+        # Handed out again lowest slot first: victims of one earlier batch sit in consecutive slots (whatever
+        # order the eviction order names them in), so the batch that reuses them gets consecutive, ascending
+        # slots too, which the arena copies in runs (copy_runs).
+        self._free.extend(sorted(self._unpublish_many(victims), reverse=True))
         self._stats.evictions += len(victims)
         self._emit_many("evicted", victims)
 

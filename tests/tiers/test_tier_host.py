@@ -293,3 +293,17 @@ def test_a_full_tier_held_by_many_pins_still_evicts_the_unpinned_and_fails_the_r
     tier.abort(k[64:80])
     assert tier.put(k[80:84], b[80:84]) == [True] * 4
     tier.check_integrity()
+
+
+def test_a_batch_reusing_freed_or_evicted_slots_gets_them_consecutive_and_ascending() -> None:
+    """So the arena copies it in runs (one memmove per run, ``copy_runs``), whatever order the victims come in."""
+    tier = host(8)
+    first, second, third = make_keys(L, 8, seed=1), make_keys(L, 8, seed=2), make_keys(L, 4, seed=3)
+    assert all(tier.put(first, make_blocks(L, 8)))
+    tier.get(first, empty_blocks(L, 8))  # touched deepest first: the eviction order now runs backwards in slots
+    assert all(tier.put(second, make_blocks(L, 8)))  # evicts all of `first`
+    assert [tier.slot_of(k) for k in second] == list(range(8))
+    assert tier.delete(second[2:6]) == 4
+    assert all(tier.put(third, make_blocks(L, 4)))
+    assert [tier.slot_of(k) for k in third] == [2, 3, 4, 5]
+    tier.close()
