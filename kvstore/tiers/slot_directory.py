@@ -118,8 +118,14 @@ class DirectoryWriter:
         self._buckets[:] = 0
         buf[:_HEADER.size] = np.frombuffer(
             _HEADER.pack(MAGIC, VERSION, num_slots, self.num_buckets, self._max_probe, KEY_BYTES), dtype=np.uint8)
-        self.unlisted = 0
-        """Keys published but not listed (no free bucket within :data:`MAX_PROBE` of their home)."""
+        self._unlisted: set[int] = set()
+        """Published slots whose key is not listed (no free bucket within the probe limit of its home)."""
+
+    @property
+    def unlisted(self) -> int:
+        """Keys published but not listed (no free bucket within :data:`MAX_PROBE` of their home): readers miss
+        them and ask the daemon."""
+        return len(self._unlisted)
 
     def published(self, keys: Sequence[bytes], slots: Sequence[int]) -> None:
         """``keys[i]`` is now published in ``slots[i]`` (its bytes already in place). Hold the tier's lock."""
@@ -153,13 +159,13 @@ class DirectoryWriter:
                 self._bucket_of[slot] = b
                 self._home[slot] = home
                 return
-        self.unlisted += 1
+        self._unlisted.add(slot)
 
     def _remove(self, slot: int) -> None:
         """Empty the slot's bucket and shift later entries of the run back (no tombstones, no rebuilds)."""
         hole = self._bucket_of.pop(slot, None)
         if hole is None:
-            self.unlisted = max(0, self.unlisted - 1)
+            self._unlisted.discard(slot)
             return
         del self._home[slot]
         buckets, mask = self._own_buckets, self._mask
@@ -191,7 +197,7 @@ class DirectoryWriter:
             if bytes(self._keys[slot]) != key:
                 return f"slot {slot} records another key"
         listed = {e - 1 for e in self._own_buckets if e}
-        if listed != set(self._bucket_of) or not listed <= even or len(listed) + self.unlisted != len(published):
+        if listed != set(self._bucket_of) or not listed <= even or len(listed) + len(self._unlisted) != len(published):
             return "buckets and listed slots disagree"
         if list(self._buckets) != self._own_buckets:
             return "shared buckets differ from the writer's"

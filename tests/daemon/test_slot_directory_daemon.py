@@ -179,3 +179,23 @@ def test_touch_quiet_before_login_is_refused_and_the_connection_closed(daemon: D
     with raw_unix(daemon) as s:
         s.sendall(encode_frame(Op.TOUCH_QUIET, 1, m.encode_keys(keys_for(1, seed=513))))
         assert "before HELLO" in expect_error(s, ErrorCode.UNAUTHORIZED, closed=True)
+
+
+def test_where_the_seqlock_read_is_not_sound_the_client_maps_no_directory(daemon: Daemon,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvstore.tiers.slot_directory as sd
+
+    monkeypatch.setattr(sd, "reads_supported", lambda: False)  # as on a machine other than x86-64
+    tier = daemon.tier()
+    try:
+        assert tier.client.arena is not None and tier.client.directory is None
+        keys = keys_for(3, seed=514)
+        assert tier.put(keys, [block_for(k) for k in keys]) == [True] * 3
+        before = _requests(tier)
+        dests = empty_blocks(3)
+        assert tier.get(keys, dests) == [True] * 3
+        assert all(bool((d == block_for(k)).all()) for k, d in zip(keys, dests))
+        after = _requests(tier)
+        assert _delta(after, before, "GET_SHM") + _delta(after, before, "GET_SHM_RELEASE") == 1
+    finally:
+        tier.close()
