@@ -67,6 +67,9 @@ def test_the_router_follows_vllms_publisher_and_replays_from_it(tmp_path: Path) 
     ep, replay = f"ipc://{tmp_path}/ev", f"ipc://{tmp_path}/replay"
     pub = vk.ZmqEventPublisher(0, endpoint=ep, replay_endpoint=replay)
     pub.publish(vk.KVEventBatch(ts=time.time(), events=[_stored([1, 2])]))  # seq 0, before anyone listens: lost
+    # vLLM's publisher sends from its own thread; wait until seq 0 is on the wire (and in its replay buffer)
+    # before the subscriber joins, or the subscriber could receive it live and see no gap.
+    pub._event_queue.join()
     sub = EventSubscriber(RouterIndex(), {"vllm-0": ReplicaEndpoints(ep, replay)})
     sub.start()
     feed = sub.feeds["vllm-0"]
