@@ -13,7 +13,10 @@ KV heads x head_dim 128 in fp16 with 4 to 256 tokens per block):
   this VM's memory ballooning makes vary), LMDB's and slab's also into the
   full tier (``put_evicting``: a second fill that evicts the first, the
   steady state of a long-running disk tier), and their *cold* gets  vs  raw sequential direct read, all in
-  the same directory; LMDB against the file tier directly; the targets
+  the same directory; LMDB against the file tier directly; LMDB alone
+  (plain ``txn.put``, :mod:`kvstore.bench.lmdb_txn`) by transaction size,
+  1 to 16 MiB (``lmdb_raw.put``), the reason for the disk tier's
+  transaction bound; the targets
   (0.7 of raw write, 0.8 of the parallel read limit) on LMDB and slab;
 - the disk's parallel read limit: the same file read with requests of the
   block size from :data:`READ_THREADS` threads on one ``O_DIRECT``
@@ -38,6 +41,7 @@ from typing import Any
 
 from kvstore.bench.harness import Progress, Results, SuiteOptions, scratch_dir
 from kvstore.bench.kvdata import kv_like_blocks
+from kvstore.bench.lmdb_txn import TXN_SIZES, lmdb_put_gbps
 from kvstore.bench.plots import grid, grouped_bars, save
 from kvstore.bench.rawio import (
     RAW_FILE, best_parallel_read, buffered_write_gbps, direct_io_gbps, memcpy_gbps, memcpy_per_block_gbps,
@@ -136,6 +140,9 @@ def _block_size(options: SuiteOptions, results: Results, bpb: int, total: int) -
             if name == "lmdb":  # a page-cache writer: its limit on this machine, right before it
                 buffered = buffered_write_gbps(root / "buffered.bench", n * bpb)
                 results.add("raw.write_buffered", buffered, "GB/s", **p)
+                for txn_bytes in TXN_SIZES:  # LMDB alone by transaction size (kvstore.tiers.disk.TXN_BYTES)
+                    results.add("lmdb_raw.put", lmdb_put_gbps(root, bpb, n * bpb, txn_bytes), "GB/s",
+                                txn_bytes=txn_bytes, **p)
             t = run_tier(open_tier, pool, n, f"{name}/{bpb}", cold, prefault=host, evicting=host or targeted,
                          limit=paired_limit if targeted else None)
             results.add(f"{name}.put", t.put_gbps, "GB/s", **p)

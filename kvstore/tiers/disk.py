@@ -28,9 +28,14 @@ Durability (``sync``):
   when acknowledged; each batch pays one fsync (milliseconds on NVMe).
 - ``interval``: commits are not fsynced; a background thread syncs every
   ``sync_interval_ms`` or once ``sync_bytes`` are pending. Much higher put
-  rate; a process crash loses nothing (the page cache has it), an OS crash or
-  power loss loses at most the last window (LMDB stays consistent, never
-  torn). ``flush()`` forces a sync.
+  rate; a process crash (kill -9 included) loses nothing (the page cache has
+  it). An OS crash or power loss loses the last window, and LMDB documents
+  that without fsync it may also leave pages of that window torn: a torn value
+  fails its checksum and is a miss, a torn page is a counted read error (a
+  miss) and a clear :class:`TierError` naming ``kvstore repair`` on write,
+  never a wrong block. ``flush()`` forces a sync. A large put is committed
+  in transactions of about :data:`TXN_BYTES` (LMDB commits a 4-16 MiB
+  transaction several times slower than a 1-2 MiB one on this machine).
 
 Reads: a large get is split into up to ``read_threads`` contiguous runs read
 at once, each in its own read transaction; cold reads rely on kernel
@@ -89,6 +94,12 @@ from kvstore.tiers.victims import Handover
 
 log = logging.getLogger(__name__)
 _CLOCK_KEY = b"clock"  # in `lru`: the last access counter (block keys are 32 bytes, so no clash)
+TXN_BYTES = 1 << 20
+"""About how many value bytes one write transaction of :meth:`DiskTier.put` commits under ``sync: interval``.
+Measured here (docs/BENCHMARKS.md, "LMDB transaction size"): transactions of 1-2 MiB commit at 1.0-1.4 GB/s,
+of 4-16 MiB at 0.25-0.6 GB/s with most of the time in the kernel, whatever the block size."""
+
+
 class DiskTier(PooledTier):
     """Blocks in LMDB at ``path``, at most ``max_size`` bytes on disk."""
 
@@ -251,8 +262,10 @@ class DiskTier(PooledTier):
         return split_runs(n, self.layout.bytes_per_block, self.read_threads)
 
     def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
-        """Encode and store absent blocks in one write transaction, evicting LRU blocks to stay under the cap.
+        """Encode and store absent blocks, evicting LRU blocks to stay under the cap.
 
+        Under ``sync: interval`` the blocks are committed in transactions of about :data:`TXN_BYTES`
+        each (:meth:`_txn_chunks`); under ``always`` in one transaction, so the batch pays one fsync.
         ``False`` only for a block that cannot fit even in an otherwise empty tier.
         """
         check_buffers(keys, srcs, self.layout.bytes_per_block, "disk")
@@ -267,7 +280,7 @@ class DiskTier(PooledTier):
         with self._write_lock:
             self._check_open()
             todo = {k: v for k, v in todo.items() if k not in self._lru}
-            stored = self._write(todo, keep=keys)
+            stored = sum(self._write(chunk, keep=keys) for chunk in self._txn_chunks(todo))
             present = {k for k in keys if k in self._lru}
         self._handover.run_ready()
         if stored:
@@ -335,6 +348,21 @@ class DiskTier(PooledTier):
         return self._lmdb.map_size()
 
     # ------------------------------------------------------------- private
+    def _txn_chunks(self, todo: dict[bytes, EncodedParts]) -> list[dict[bytes, EncodedParts]]:
+        """``todo`` cut into the transactions ``put`` commits: whole under ``sync: always`` (one fsync per
+        batch), else consecutive runs of at least one block and about :data:`TXN_BYTES` each."""
+        if self.sync_mode == "always" or len(todo) < 2:
+            return [todo] if todo else []
+        chunks: list[dict[bytes, EncodedParts]] = [{}]
+        size = 0
+        for key, value in todo.items():
+            if size >= TXN_BYTES:
+                chunks.append({})
+                size = 0
+            chunks[-1][key] = value
+            size += len(value)
+        return chunks
+
     def _write(self, todo: dict[bytes, EncodedParts], keep: Sequence[bytes] = ()) -> int:
         """Store ``todo`` (write lock held), evicting and growing the map as needed; returns bytes stored.
 
@@ -342,12 +370,18 @@ class DiskTier(PooledTier):
         by LMDB: joining header and payload into a new object per block cost a page fault per 4 KiB.
 
         ``keep``: the batch's keys already stored, never its victims (under S3-FIFO a touch does not
-        move a key away from the eviction end, so only this protects them)."""
+        move a key away from the eviction end, so only this protects them). Where sparing them leaves
+        no room for all of ``todo`` under the budget, its last blocks are not stored: filling the map
+        past the budget would leave no pages for the ``lru`` records that later commits write."""
         budget = self._lmdb.budget
         todo = {k: v for k, v in todo.items() if self._lmdb.cost(len(v)) <= budget}
         while todo:
             need = sum(self._lmdb.cost(len(v)) for v in todo.values())
             victims = self._lru.victims(need, budget, exclude=keep)
+            freed = sum(self._lru.size_of(k) or 0 for k in victims)
+            if self._lru.used - freed + need > budget:  # the batch's own stored blocks are kept: drop its tail
+                todo.pop(next(reversed(todo)))
+                continue
             sends: list[VictimSend | None] = [None]
 
             def body(txn: lmdb.Transaction) -> None:

@@ -20,6 +20,7 @@ from kvstore.codec import encode
 from kvstore.config.schema import DiskConfig
 from kvstore.errors import TierError
 from kvstore.tiers import DiskTier, build_tier
+from kvstore.tiers import disk as disk_module
 from kvstore.tiers.s3fifo import S3FIFOIndex
 
 L = LAYOUTS["float16"]
@@ -168,6 +169,44 @@ def test_map_grows_in_steps_up_to_the_cap(tmp_path: Path) -> None:
         assert tier.put(keys[i : i + 5], blocks * 5) == [True] * 5
     assert tier.map_size() == 1 << 20
     assert os.path.getsize(tmp_path / "data.mdb") <= 1 << 20
+    tier.close()
+
+
+@pytest.mark.parametrize("sync", ["interval", "always"])
+def test_put_commits_in_bounded_transactions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: str) -> None:
+    """Under ``interval`` a large put is committed in transactions of about TXN_BYTES (LMDB commits large
+    ones several times slower, docs/BENCHMARKS.md); under ``always`` in one, so the batch pays one fsync."""
+    monkeypatch.setattr(disk_module, "TXN_BYTES", 3 * BIG.bytes_per_block)
+    tier = open_disk(tmp_path, BIG, max_size=8 << 20, sync=sync)
+    keys, blocks = make_keys(BIG, 10), make_blocks(BIG, 10)
+    before = tier.env.info()["last_txnid"]
+    assert tier.put(keys, blocks) == [True] * 10
+    # each chunk closes once it holds TXN_BYTES of values (a value is a block plus its header): 3, 3, 3, 1
+    assert tier.env.info()["last_txnid"] - before == (4 if sync == "interval" else 1)
+    tier.close()
+    tier = open_disk(tmp_path, BIG, max_size=8 << 20, sync=sync)
+    dests = empty_blocks(BIG, 10)
+    assert tier.get(keys, dests) == [True] * 10
+    assert all(torch.equal(d, b) for d, b in zip(dests, blocks))
+    tier.close()
+
+
+@pytest.mark.parametrize("sync", ["interval", "always"])
+def test_put_larger_than_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: str) -> None:
+    """A batch bigger than the whole tier (cut into transactions under ``interval``): its first blocks are
+    stored, none evicted by a later part of the same batch, the cap holds, every stored block reads back,
+    and the eviction reserve is left for the access records that reads and close then commit."""
+    monkeypatch.setattr(disk_module, "TXN_BYTES", 4 * BIG.bytes_per_block)
+    cap = 384 << 10
+    tier = open_disk(tmp_path, BIG, max_size=cap, map_step=64 << 10, sync=sync)
+    keys, blocks = make_keys(BIG, 100), make_blocks(BIG, 100)
+    ok = tier.put(keys, blocks)
+    stored = sum(ok)
+    assert 0 < stored < 100 and ok == [True] * stored + [False] * (100 - stored)
+    assert os.path.getsize(tmp_path / "data.mdb") <= cap and tier.stats().used_bytes <= cap
+    dests = empty_blocks(BIG, 100)
+    assert tier.get(keys, dests) == ok
+    assert all(torch.equal(d, b) for d, b, hit in zip(dests, blocks, ok) if hit)
     tier.close()
 
 
