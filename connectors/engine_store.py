@@ -58,7 +58,7 @@ class EngineBlockStore:
         if cfg.connector == "sidecar":
             d = cfg.daemon
             client = DaemonClient(layout, socket_path=d.socket_path, token=d.token,
-                                  client_name=client_name or f"engine pid {os.getpid()}")
+                                  client_name=client_name or f"engine pid {os.getpid()}", prefault=cfg.host.prefault)
             try:
                 hello = client.connect(CONNECT_WAIT_S)
             except DaemonError as exc:

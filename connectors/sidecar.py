@@ -52,7 +52,8 @@ class SidecarConnector(EmbeddedConnector):
         (wrong token, different layout).
         """
         d = self.config.daemon
-        client = DaemonClient(pool.layout, socket_path=d.socket_path, token=d.token, client_name=self.client_name)
+        client = DaemonClient(pool.layout, socket_path=d.socket_path, token=d.token, client_name=self.client_name,
+                              prefault=self.config.host.prefault)
         client.connect(CONNECT_WAIT_S)
         self._tier = DaemonTier(pool.layout, client)
         return TieredStore(pool.layout, pool, host=None, disk=self._tier, policy=self.config.policy)

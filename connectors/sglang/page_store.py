@@ -57,7 +57,8 @@ class LocalTier(Tier):
         Raises :class:`~kvstore.errors.TierError` when the disk tier cannot be
         opened (another process holds its directory, a damaged file).
         """
-        host = HostTier(layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory, auto_evict=True)
+        host = HostTier(layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory, auto_evict=True,
+                        prefault=cfg.host.prefault)
         try:
             sections = {"lmdb": cfg.disk, "file": cfg.file}
             names = [t for t in cfg.tiers if t in sections]
@@ -135,6 +136,7 @@ def open_page_store(cfg: KVStoreConfig, client_name: str) -> Tier:
     if cfg.connector == "embedded":
         return LocalTier.from_config(cfg, layout)
     d = cfg.daemon
-    client = DaemonClient(layout, socket_path=os.fspath(d.socket_path), token=d.token, client_name=client_name)
+    client = DaemonClient(layout, socket_path=os.fspath(d.socket_path), token=d.token, client_name=client_name,
+                          prefault=cfg.host.prefault)
     client.connect(CONNECT_WAIT_S)
     return DaemonTier(layout, client)

@@ -105,6 +105,11 @@ class HostConfig(Section):
     """Bytes of the preallocated slot arena (rounded down to whole blocks)."""
     pin_memory: Literal["auto", "always", "never"] = "auto"
     """Pin the arena for fast DMA: ``auto`` pins only when CUDA is available."""
+    prefault: bool = True
+    """Map the arena's pages on a background thread from start (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14+), so
+    puts into fresh slots take no page fault per 4 KiB; the arena's RAM is then in use from start, as a pinned
+    arena's is. Clients of ``kvstore serve`` map their view of the segment ahead the same way. ``false``: pages
+    are mapped by the first put into each slot."""
     shared_memory: bool = False
     """Back the arena with POSIX shared memory so other processes can attach (``kvstore serve`` always does)."""
     shm_name: str | None = None

@@ -62,6 +62,7 @@ class DaemonClient:
         client_name: str = "",
         use_shm: bool = True,
         read_directory: bool = True,
+        prefault: bool = True,
         timeout_s: float = 60.0,
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 2.0,
@@ -76,6 +77,9 @@ class DaemonClient:
         self.read_directory = read_directory
         """Look up host-resident keys in the daemon's slot directory and copy them without a GET_SHM
         (:attr:`directory`); ``False``: every get asks the daemon."""
+        self.prefault = prefault
+        """Map this process's view of the shared segment ahead, on a background thread, at each attach
+        (:mod:`kvstore.tiers.prefault`), so its first copy into each slot takes no page faults."""
         self.timeout_s = timeout_s
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self.lock = threading.RLock()
@@ -191,6 +195,8 @@ class DaemonClient:
 
         assert hello.shm_name is not None
         self.arena = HostArena.attach(hello.shm_name, hello.bytes_per_block, num_slots=hello.num_slots)
+        if self.prefault:
+            self.arena.prefault("daemon client")  # this process's page table for the segment, in the background
         if self.read_directory and reads_supported() and self.arena.tail is not None:
             self.directory = DirectoryReader.attach(self.arena.tail.numpy(), hello.num_slots)
             if self.directory is None:

@@ -114,7 +114,7 @@ class DaemonServer:
         orders = below_gpu_orders(cfg)  # policy.duel_scope: below_gpu: one duel for host and disk
         host = HostTier(self.layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory,
                         shared_memory=True, shm_name=shm_name, auto_evict=True, eviction=cfg.host.eviction,
-                        order=orders.host)
+                        order=orders.host, prefault=cfg.host.prefault)
         try:
             lower = self._lower_tier(orders.disk)  # refused if another process holds its data directory
         except BaseException:

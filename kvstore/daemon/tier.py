@@ -66,7 +66,8 @@ class DaemonTier(Tier):
     def from_config(cls, cfg: KVStoreConfig, client_name: str = "", wait_s: float = 10.0) -> DaemonTier:
         """Connect to the daemon at ``cfg.daemon.socket_path`` (waiting up to ``wait_s`` for it to answer)."""
         layout = cfg.model.layout()
-        client = DaemonClient(layout, socket_path=cfg.daemon.socket_path, token=cfg.daemon.token, client_name=client_name)
+        client = DaemonClient(layout, socket_path=cfg.daemon.socket_path, token=cfg.daemon.token, client_name=client_name,
+                              prefault=cfg.host.prefault)
         client.connect(wait_s)
         return cls(layout, client)
 

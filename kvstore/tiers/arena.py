@@ -41,6 +41,7 @@ from typing import Literal
 import torch
 
 from kvstore.errors import TierError
+from kvstore.tiers.prefault import Prefaulter
 from kvstore.tiers.datadir import FILE_MODE, describe_process, flock_holder
 
 PinMode = Literal["auto", "always", "never"]
@@ -99,6 +100,7 @@ class HostArena:
         self._shm = shm
         self._owner = owner
         self.pinned = False
+        self._prefaulter: Prefaulter | None = None
 
     # ------------------------------------------------------------ building
     @classmethod
@@ -230,8 +232,19 @@ class HostArena:
             raise TierError(f"cudaHostRegister of {self.tensor.numel()} bytes failed with CUDA error {int(err)}")
         self.pinned = True
 
+    def prefault(self, name: str) -> Prefaulter | None:
+        """Map this process's pages of the slots in the background (:mod:`kvstore.tiers.prefault`); ``None``
+        where there is nothing to do (pinned: registering populated them). :meth:`close` stops it first."""
+        if self.tensor is None or self.pinned or self._prefaulter is not None:
+            return None
+        self._prefaulter = Prefaulter(self.tensor.data_ptr(), self.tensor.numel(), name)
+        return self._prefaulter
+
     def close(self) -> None:
         """Unpin, unmap, and (owner only) unlink the segment. Idempotent; slot views must not be used after."""
+        if self._prefaulter is not None:
+            self._prefaulter.stop()  # before the pages it maps go away
+            self._prefaulter = None
         if self.tensor is None:
             return
         if self.pinned:

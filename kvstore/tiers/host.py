@@ -66,8 +66,12 @@ class HostTier(Tier):
         auto_evict: bool = True,
         eviction: str = "lru",
         order: EvictionOrder | None = None,
+        prefault: bool = True,
     ) -> None:
         """Allocate ``capacity_bytes // bytes_per_block`` slots now.
+
+        ``prefault``: map the arena's pages on a background thread from now on (``host.prefault``,
+        :mod:`kvstore.tiers.prefault`), so puts into fresh slots take no page faults.
 
         ``auto_evict=False`` makes ``put``/``reserve`` fail instead of evicting,
         so the tiered store can spill the :meth:`victims` to disk first.
@@ -82,6 +86,8 @@ class HostTier(Tier):
             num_slots, self.bpb, pin=resolve_pin(pin_memory), shm_name=shm_name, shared=shared_memory,
             tail_bytes=directory_bytes(num_slots) if shared_memory and num_slots > 0 else 0,
         )
+        if prefault:
+            self.arena.prefault("host tier")
         self.directory: DirectoryWriter | None = (
             DirectoryWriter(self.arena.tail.numpy(), num_slots) if self.arena.tail is not None else None)
         """The published keys' slots in the shared segment, for clients that read without a round trip
@@ -113,6 +119,7 @@ class HostTier(Tier):
             auto_evict=auto_evict,
             eviction=section.eviction,
             order=order,
+            prefault=section.prefault,
         )
 
     # ------------------------------------------------------------- slots
