@@ -1,5 +1,6 @@
-"""Redis evicts (``maxmemory`` + ``allkeys-lru``): no errors, the probe never reports a block that cannot
-be loaded, and evictions reach the tier's stats, from keyspace notifications or from failed reads."""
+"""Redis evicts (``maxmemory`` + ``allkeys-lru``): no errors, a probe reports only blocks that load intact
+while nothing else evicts, a group lost between probe and load is a counted miss cut at that group, and
+evictions reach the tier's stats, from keyspace notifications or from failed reads."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ def test_small_maxmemory_evicts_groups_without_errors_and_probes_stay_loadable(t
         for keys, blocks in chains:
             assert tier.put(keys, blocks) == [True] * BLOCKS  # maxmemory is never an error: Redis makes room
         wait_for(lambda: tier.stats().evictions_notified > 0, 5, "eviction notifications")
+        # Redis sits at maxmemory now, and any reply buffer (a GET's) makes it evict again: a group the
+        # probe saw can go before the load reads it (test_group_lost_between_probe_and_load). Lift the
+        # limit so what the probe reports is what is stored.
+        server.cli("CONFIG", "SET", "maxmemory", "0")
         surviving = 0
         for keys, blocks in chains:
             n = tier.probe(keys)
@@ -44,6 +49,28 @@ def test_small_maxmemory_evicts_groups_without_errors_and_probes_stay_loadable(t
         for keys, _ in chains:
             tier.load(keys, 0, empty_blocks(BIG, BLOCKS))
         assert tier.stats().evictions_inferred > before
+    finally:
+        tier.close()
+        server.stop()
+
+
+def test_group_lost_between_probe_and_load_is_a_counted_miss_cut_at_that_group(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "lost", notify="Exe")
+    tier = remote_tier(BIG, server.url, group_blocks=G)
+    try:
+        keys, blocks = make_keys(BIG, BLOCKS, seed=7), make_blocks(BIG, BLOCKS, seed=7)
+        assert tier.put(keys, blocks) == [True] * BLOCKS
+        assert tier.probe(keys) == BLOCKS
+        server.cli("DEL", tier.redis_key(keys[2 * G + G - 1]).decode())  # the third group, as an eviction would
+        dests = empty_blocks(BIG, BLOCKS)
+        before = tier.stats()
+        got = tier.load(keys, 0, dests)
+        assert got == [True] * (2 * G) + [False] * G + [True] * G  # the lost group only; the store cuts at it
+        assert all(torch.equal(d, b) for d, b in zip(dests[: 2 * G], blocks[: 2 * G]))
+        s = tier.stats()
+        assert s.evictions_inferred - before.evictions_inferred == G and s.errors == 0
+        assert s.misses - before.misses == G
+        assert tier.probe(keys) == 2 * G
     finally:
         tier.close()
         server.stop()
