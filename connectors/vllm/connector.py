@@ -33,6 +33,7 @@ from connectors.engine_store import EngineBlockStore, load_store_config
 from connectors.vllm.connector_meta import KVStoreConnectorMetadata
 from connectors.vllm.connector_scheduler import KVStoreConnectorScheduler
 from connectors.vllm.connector_worker import KVStoreConnectorWorker
+from connectors.vllm.identity import engine_kv_format, model_identity
 from kvstore.layout import KVLayout
 
 if TYPE_CHECKING:
@@ -46,9 +47,12 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
-def block_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> tuple[KVLayout, list[str], int]:
+def block_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
+                 model_id: str | None = None) -> tuple[KVLayout, list[str], int]:
     """``(layout, layer names, bytes per block per layer)`` of one vLLM block of every layer.
 
+    The layout's model id names the weights and the KV format
+    (:mod:`connectors.vllm.identity`; ``model_id`` overrides the weights' part).
     Raises ``ValueError`` naming what is unsupported: several KV cache groups, a non-attention
     group, tensor or pipeline parallelism.
     """
@@ -64,8 +68,10 @@ def block_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> tup
     spec = groups[0].kv_cache_spec
     layers = list(groups[0].layer_names)
     page = spec.page_size_bytes
-    layout = engine_layout("vllm-blocks", model, str(spec.dtype), spec.block_size, page * len(layers),
-                           f"layers={len(layers)}|{type(spec).__name__}")
+    mc = vllm_config.model_config
+    layout = engine_layout("vllm-blocks", model_identity(mc.model, mc.revision, model_id), str(spec.dtype),
+                           spec.block_size, page * len(layers),
+                           f"layers={len(layers)}|{type(spec).__name__}|{engine_kv_format(vllm_config, spec)}")
     return layout, layers, page
 
 
@@ -75,21 +81,23 @@ class KVStoreConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
-        unknown = sorted(set(extra) - {"kvstore_config"})
+        unknown = sorted(set(extra) - {"kvstore_config", "model_id"})
         if unknown:
             raise ValueError(f"KVStoreConnector: unknown kv_connector_extra_config key(s) {unknown}; "
-                             f"it takes 'kvstore_config'")
+                             f"it takes 'kvstore_config' and 'model_id'")
         cfg = load_store_config(extra.get("kvstore_config"))
         if cfg.connector != "sidecar":
             raise ValueError(f"KVStoreConnector needs a kvstore config with 'connector: sidecar' (its scheduler and "
                              f"workers share the daemon's store); {extra.get('kvstore_config') or 'the default config'} "
                              f"says {cfg.connector!r}. For an embedded store use KVStoreOffloadingConnector")
-        layout, layers, page = block_layout(vllm_config, kv_cache_config)
+        layout, layers, page = block_layout(vllm_config, kv_cache_config, extra.get("model_id"))
         store = EngineBlockStore.open(cfg, layout, client_name=f"vllm {role.name.lower()}")
         self.connector_scheduler: KVStoreConnectorScheduler | None = None
         self.connector_worker: KVStoreConnectorWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self.connector_scheduler = KVStoreConnectorScheduler(store, layout)
+            tc = self._kv_transfer_config
+            self.connector_scheduler = KVStoreConnectorScheduler(store, layout, loads=tc.is_kv_consumer,
+                                                                 saves=tc.is_kv_producer)
         else:
             self.connector_worker = KVStoreConnectorWorker(store, layout, layers, kv_cache_config.num_blocks, page)
 
@@ -132,6 +140,20 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler().request_finished(request)
+
+    def reset_cache(self) -> bool:
+        """From now on this engine loads no block stored before the call (its own or another engine's).
+
+        vLLM calls it for ``reset_prefix_cache(reset_connector=True)``, after
+        in-place weight updates among other reasons, when stored KV no longer
+        matches the weights. The daemon's blocks are shared with other engines,
+        for which they stay right, so they are not deleted: this engine's keys
+        take a fresh random epoch instead (:meth:`KVStoreConnectorScheduler.reset`).
+        A new process starts from the checkpoint's weights again and shares the
+        blocks stored without an epoch.
+        """
+        self._scheduler().reset()
+        return True
 
     # --------------------------------------------------------------- worker
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:

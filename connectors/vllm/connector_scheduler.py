@@ -9,10 +9,21 @@ kvstore how many blocks after vLLM's own prefix-cache hit are stored;
 becomes full in the step, to the workers. Loads are synchronous (they finish
 before each layer runs, see the worker side), so a request never waits in
 ``WAITING_FOR_REMOTE_KVS`` and ``request_finished`` holds no blocks.
+
+The blocks vLLM allocates for a load start after vLLM's own prefix-cache hit,
+which only ``get_num_new_matched_tokens`` is told: vLLM sets
+``request.num_computed_tokens`` after ``update_state_after_alloc`` (0.32 and
+0.33), so the start is kept from the first call for the second. After a
+preemption vLLM asks again from 0 (or from its cache's new hit), so the start
+is taken afresh at each ask.
+
+Roles: a ``kv_consumer`` engine only loads, a ``kv_producer`` only saves
+(disaggregated prefill through the store); ``kv_both`` does both.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +44,8 @@ class _RequestState:
     chain: PromptKeys
     stored_blocks: int = 0
     """Blocks ``[0, stored_blocks)`` are in kvstore, loaded from it, or already sent to be saved."""
+    load_start: int = 0
+    """First block of the load ``get_num_new_matched_tokens`` offered: the block after vLLM's own prefix hit."""
     pending_load: BlockTransfer | None = None
     last_load: tuple[int, BlockTransfer] | None = None
     """The latest load sent to the workers, with the index of its first block in the request."""
@@ -41,22 +54,42 @@ class _RequestState:
 class KVStoreConnectorScheduler:
     """The scheduler half of :class:`~connectors.vllm.connector.KVStoreConnector`."""
 
-    def __init__(self, store: EngineBlockStore, layout: KVLayout) -> None:
+    def __init__(self, store: EngineBlockStore, layout: KVLayout, loads: bool = True, saves: bool = True) -> None:
         self.store = store
         self.layout = layout
+        self.loads = loads
+        """Whether this engine loads from kvstore (``False`` for a ``kv_producer``)."""
+        self.saves = saves
+        """Whether this engine saves to kvstore (``False`` for a ``kv_consumer``)."""
         self._requests: dict[str, _RequestState] = {}
         self._kv_cache_manager: KVCacheManager | None = None
+        self._epoch: bytes | None = None
+        """Set by :meth:`reset`: mixed into every key's salt, so nothing stored before the reset is found."""
 
     def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
         """Where the GPU block ids of scheduled requests are read from."""
         self._kv_cache_manager = manager
 
+    def _chain(self, request: Request) -> PromptKeys:
+        salt = self.store.salt(request.cache_salt)
+        if self._epoch is not None:
+            tenant = salt.encode("utf-8") if isinstance(salt, str) else b"\x00" if salt is None else b"\x01" + salt
+            salt = b"kvstore.vllm.reset|" + self._epoch + b"|" + tenant
+        return PromptKeys(self.layout, salt)
+
     def _state(self, request: Request) -> _RequestState:
         st = self._requests.get(request.request_id)
         if st is None:
-            st = _RequestState(request, PromptKeys(self.layout, self.store.salt(request.cache_salt)))
+            st = _RequestState(request, self._chain(request))
             self._requests[request.request_id] = st
         return st
+
+    def reset(self) -> None:
+        """Load nothing stored before now: keys take a fresh random epoch; known requests start new chains."""
+        self._epoch = os.urandom(16)
+        for st in self._requests.values():
+            st.chain = self._chain(st.request)
+            st.stored_blocks, st.pending_load, st.last_load = 0, None, None
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         """Tokens after ``num_computed_tokens`` whose blocks kvstore holds (loaded synchronously: ``False``).
@@ -68,7 +101,8 @@ class KVStoreConnectorScheduler:
         bs = self.layout.block_size
         first, last = num_computed_tokens // bs, (request.num_tokens - 1) // bs
         st.stored_blocks = max(st.stored_blocks, first)  # vLLM's own cache had them: computed here, so saved here
-        if last <= first:
+        st.load_start = first
+        if last <= first or not self.loads:
             return 0, False
         keys = st.chain.keys(request.all_token_ids, last)[first:]
         hits = self.store.contains_prefix(keys)
@@ -80,7 +114,7 @@ class KVStoreConnectorScheduler:
             return
         st = self._state(request)
         bs = self.layout.block_size
-        first = request.num_computed_tokens // bs  # vLLM's own prefix hit, set before this call
+        first = st.load_start  # vLLM's own prefix hit (request.num_computed_tokens is still 0 here)
         n = num_external_tokens // bs
         block_ids = blocks.get_block_ids()[0][first : first + n]
         keys = st.chain.keys(request.all_token_ids, first + n)[first:]
@@ -100,7 +134,7 @@ class KVStoreConnectorScheduler:
                 meta.loads.append(st.pending_load)
                 st.pending_load = None
             full = min(st.request.num_computed_tokens + n, st.request.num_tokens) // bs
-            if full <= st.stored_blocks:
+            if full <= st.stored_blocks or not self.saves:
                 continue
             assert self._kv_cache_manager is not None, "bind_kv_cache_manager was not called"
             block_ids = self._kv_cache_manager.get_block_ids(req_id)[0][st.stored_blocks : full]

