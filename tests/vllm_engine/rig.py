@@ -33,7 +33,7 @@ from kvstore.bench.vllm_driver import CPU_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "daemon"))
-from daemonlib import Daemon, cleanup, short_tmpdir, start_daemon, write_config  # noqa: E402
+from daemonlib import Daemon, cleanup, free_port, short_tmpdir, start_daemon, write_config  # noqa: E402,F401
 
 BLOCK_SIZE = 32  # vLLM's CPU attention takes multiples of 32 only
 MAX_MODEL_LEN = 2048
@@ -70,11 +70,12 @@ class Site:
     logs: list[Path] = field(default_factory=list)
 
     @classmethod
-    def start(cls, model: Path, **daemon_model_args: Any) -> Site:
+    def start(cls, model: Path, events: dict[str, Any] | None = None, **daemon_model_args: Any) -> Site:
+        """A daemon for ``model``'s vLLM blocks; ``events``: its ``daemon.events`` section (KV events for a router)."""
         root = short_tmpdir()
         section = daemon_model(model, **daemon_model_args)
-        daemon_config = write_config(root, model=section, host={"capacity": "64MiB"},
-                                     disk={"max_size": "512MiB"})
+        daemon_config = write_config(root, model=section, host={"capacity": "256MiB"},
+                                     disk={"max_size": "512MiB"}, **({"daemon": {"events": events}} if events else {}))
         engine_config = root / "engine.yaml"
         site = cls(root, model, daemon_config, engine_config)
         site.daemon = start_daemon(daemon_config)
@@ -92,6 +93,9 @@ class Site:
         return connector_config(self.engine_config, role)
 
     def close(self) -> None:
+        """Stop the daemon with SIGTERM (it removes its shared memory and socket), then remove the directory."""
+        if self.daemon is not None and self.daemon.proc.poll() is None:
+            self.daemon.stop()
         cleanup(self.daemon, self.root)
 
 

@@ -5,6 +5,8 @@ prefill examples send it) and stores its blocks; the consumer, a separate
 vLLM process on the same daemon, loads them and decodes. Roles are honoured:
 the producer never loads (asked twice for a prompt it stored, it computes
 it twice), the consumer never saves (the daemon receives no block bytes from it).
+A router following the daemon's KV events (``kvstore route --store``) sees
+the producer's blocks arrive, by tier, for the replica sharing the daemon.
 """
 
 from __future__ import annotations
@@ -15,21 +17,41 @@ from typing import Any
 import pytest
 
 import rig
+from connectors.engine_keys import PromptKeys
+from kvstore.layout import KVLayout
+from kvstore.route.index import PrefixHit, RouterIndex
+from kvstore.route.subscriber import EventSubscriber, StoreEndpoints
 from prompts import Prompts
 from rig import metric, tokens
 
 BS = rig.BLOCK_SIZE
 
 
+PORTS = (rig.free_port(), rig.free_port())
+EVENTS, REPLAY = (f"tcp://127.0.0.1:{p}" for p in PORTS)
+
+
 @pytest.fixture(scope="module")
 def site(model: Path) -> Any:
-    s = rig.Site.start(model)
+    s = rig.Site.start(model, events={"enabled": True, "endpoint": EVENTS, "replay_endpoint": REPLAY,
+                                      "interval_s": 0.02})
     yield s
     s.close()
 
 
 @pytest.fixture(scope="module")
-def producer(model: Path, prompts: Prompts, site: rig.Site) -> dict[str, Any]:
+def router(site: rig.Site) -> Any:
+    """A router index fed by the daemon's KV events, for replica ``r1`` (which shares the daemon)."""
+    index = RouterIndex()
+    index.add_replica("r1")
+    sub = EventSubscriber(index, {}, stores={"daemon": StoreEndpoints(EVENTS, REPLAY, ("r1",))}, replay_timeout_s=5.0)
+    sub.start()
+    yield sub, index
+    sub.close()
+
+
+@pytest.fixture(scope="module")
+def producer(model: Path, prompts: Prompts, site: rig.Site, router: Any) -> dict[str, Any]:
     return rig.run_engine(model, [
         {"prompts": [prompts.long, *prompts.turns], "max_tokens": 1},
         {"prompts": [prompts.long], "max_tokens": 1, "before": "reset_prefix_cache"},
@@ -66,3 +88,23 @@ def test_a_consumer_never_saves(consumer: dict[str, Any], reference: dict[str, A
     assert consumer["rounds"][2]["external_prefix_cache_hits"] == 0  # the producer never saw this prompt
     assert tokens(consumer, 2) == tokens(reference, 3)
     assert consumer["bytes_in"] == 0
+
+
+def test_a_router_following_the_daemon_sees_the_producers_blocks_by_tier(model: Path, prompts: Prompts,
+                                                                        producer: dict[str, Any], router: Any) -> None:
+    import time
+
+    sub, index = router
+    layout = KVLayout(**rig.daemon_model(model))
+    n = (len(prompts.long) - 1) // rig.BLOCK_SIZE
+    keys = PromptKeys(layout, None).keys(prompts.long, n)
+    deadline = time.monotonic() + 20
+    while True:
+        with sub.lock:
+            hit = index.cached_prefix(keys)["r1"]
+            tiers = index.tiers("daemon", keys[-1])
+        if (hit.blocks == n and "disk" in tiers) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert hit == PrefixHit(n, {"host": n})  # counted for r1 in the fastest tier holding each block
+    assert tiers == {"host", "disk"}  # the write-behind's disk copy is announced too

@@ -1,0 +1,49 @@
+"""``kvstore bench vllm --quick`` runs its three real vLLM set-ups and writes results.json and its plot.
+
+Only the schema and the bookkeeping are checked (no timing assertions): every
+set-up reports TTFT and where its prompt tokens came from, and the kvstore
+set-up loads tokens from kvstore, which the daemon counts by tier.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import rig
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def value(doc: dict, name: str, **params: object) -> float:
+    for f in doc["figures"]:
+        if f["name"] == name and all(f["params"].get(k) == v for k, v in params.items()):
+            return float(f["value"])
+    raise KeyError(name)
+
+
+def test_bench_vllm_quick_writes_results_and_plot(tmp_path: Path) -> None:
+    main_python = rig.REPO / ".venv" / "bin" / "python"  # kvstore's own environment runs the suite; vLLM's the engines
+    out = tmp_path / "out"
+    res = subprocess.run([str(main_python), "-m", "kvstore", "bench", "vllm", "--quick", "--no-progress",
+                          "--vllm-python", sys.executable, "--out", str(out)],
+                         capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["suite"] == "vllm" and doc["plots"] == ["vllm.png"]
+    assert (out / "vllm.png").read_bytes()[:8] == PNG_MAGIC
+    assert "lmcache" in doc["skipped"]
+    n = doc["config"]["requests"]
+    for setup in ("vllm", "kvstore", "recompute"):
+        assert value(doc, "ttft_p50", setup=setup) > 0
+        assert value(doc, "ttft_p90", setup=setup) >= value(doc, "ttft_p50", setup=setup)
+    assert value(doc, "tokens_from_kvstore", setup="vllm") == 0
+    assert value(doc, "tokens_from_vllm_cache", setup="recompute") == 0
+    tiers = sum(f["value"] for f in doc["figures"] if f["name"] == "tokens_from_kvstore_tier")
+    assert tiers > 0 and value(doc, "tokens_from_kvstore", setup="kvstore") > 0
+    assert value(doc, "first_tokens_equal_to_recompute", setup="kvstore") <= n
+    names = {r["name"]: r for r in doc["ratios"]}
+    assert names["ttft_p50_vllm_over_kvstore"]["target"] == 3.0
+    assert names["decode_kvstore_over_vllm"]["target"] == 0.95
