@@ -11,11 +11,14 @@ first), so all three see the same machine at the same moment:
   serve`` daemon (host RAM in front of LMDB, both smaller than the workload);
 - ``recompute``: prefix caching off.
 
-The workload is the first requests of the shared Mooncake conversation trace:
-each 512-token trace block becomes ``TOKENS_PER_TRACE_BLOCK`` tokens (fixed
-pseudo-random ids per block id, so prefixes the trace shares are shared
-here), prompts are cut to SmolLM2's context, and each ends with a short
-question of its own. Each request asks for one token: its wall time is the
+The workload is multi-turn chats from the shared Mooncake conversation trace:
+the first conversations (requests sharing their first two blocks, each turn
+extending the last) with at least 3 turns, up to 4 turns each, in the trace's
+order, so other chats' turns come between a chat's turns as they do in the
+trace. Each 512-token trace block becomes ``TOKENS_PER_TRACE_BLOCK`` tokens
+(fixed pseudo-random ids per block id, so prefixes the trace shares are
+shared here), prompts are cut to SmolLM2's context, and each ends with a
+short question of its own. Each request asks for one token: its wall time is the
 time to first token. Figures per set-up: TTFT p50 / p90, requests/s, prompt
 tokens served from vLLM's own cache, from kvstore (and by kvstore tier, from
 the daemon's ``/metrics``), computed; then the connector's cost on decode:
@@ -51,11 +54,13 @@ TOKENS_PER_TRACE_BLOCK = 64
 """Tokens per 512-token trace block: SmolLM2's 2,048-token context holds a 28-block trace prompt."""
 BLOCK_SIZE = 32
 """vLLM's block size (its CPU attention takes multiples of 32)."""
-GPU_BLOCKS = 96
-"""vLLM's own KV cache in blocks: 3,072 tokens, less than two of the workload's longest prompts."""
+GPU_BLOCKS = 72
+"""vLLM's own KV cache in blocks: 2,304 tokens, a little over the least vLLM accepts for a 2,048-token context."""
 MAX_MODEL_LEN = 2048
 QUESTION_TOKENS = 24
 REQUESTS, QUICK_REQUESTS = 48, 8
+TURNS = (3, 4)
+"""Conversations with at least 3 turns, their first 4 (the trace's own order interleaves them)."""
 DECODE_TOKENS, DECODE_REPEATS = 64, 3
 HOST_CAPACITY = "192MiB"
 """The daemon's host tier (about 250 bf16 SmolLM2 blocks of 32 tokens): the rest of the workload spills to LMDB."""
@@ -75,20 +80,30 @@ def vllm_python(options: SuiteOptions) -> Path:
                      f"--vllm-python PATH to a Python whose vLLM can run a model on this machine)")
 
 
-def workload(n: int, seed: int, trace: Path) -> list[list[int]]:
-    """The first ``n`` trace requests as token ids (module docstring)."""
+def conversations(trace: Path, n: int) -> list[dict[str, Any]]:
+    """About ``n`` trace requests: whole multi-turn chats (module docstring), in trace order."""
     from kvstore.bench.mooncake import _open_text
 
-    rows = []
+    chats: dict[tuple[int, int], list[tuple[int, dict[str, Any]]]] = {}
     with _open_text(trace) as fh:
-        for line in fh:
+        for i, line in enumerate(fh):
             if line.strip():
-                rows.append(json.loads(line))
-            if len(rows) >= n:
-                break
+                row = json.loads(line)
+                if len(row["hash_ids"]) >= 2:
+                    chats.setdefault((row["hash_ids"][0], row["hash_ids"][1]), []).append((i, row))
+    picked: list[tuple[int, dict[str, Any]]] = []
+    for turns in sorted((t for t in chats.values() if len(t) >= TURNS[0]), key=lambda t: t[0][0]):
+        if len(picked) >= n:
+            break
+        picked += turns[: TURNS[1]]
+    return [row for _, row in sorted(picked[:n], key=lambda p: p[0])]
+
+
+def workload(n: int, seed: int, trace: Path) -> list[list[int]]:
+    """The chats of :func:`conversations` as token ids (module docstring)."""
     max_blocks = (MAX_MODEL_LEN - QUESTION_TOKENS - 8) // TOKENS_PER_TRACE_BLOCK
     prompts = []
-    for i, row in enumerate(rows):
+    for i, row in enumerate(conversations(trace, n)):
         full = min(len(row["hash_ids"]), int(row["input_length"]) // BLOCK_TOKENS, max_blocks)
         ids: list[int] = []
         for h in row["hash_ids"][:max(full, 1)]:
