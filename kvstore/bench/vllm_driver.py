@@ -82,7 +82,6 @@ def _start(job: dict[str, Any]) -> Any:
 def run_round(llm: Any, rnd: dict[str, Any]) -> dict[str, Any]:
     """One round (see the module docstring) on a started engine; its record."""
     from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
 
     out: dict[str, Any] = {}
     before = rnd.get("before")
@@ -94,8 +93,9 @@ def run_round(llm: Any, rnd: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"round 'before': {before!r} is not reset_prefix_cache or reset_connector")
     params = SamplingParams(max_tokens=int(rnd.get("max_tokens", 8)), temperature=0.0, ignore_eos=True)
     salts = rnd.get("cache_salts") or [None] * len(rnd["prompts"])
-    prompts = [TokensPrompt(prompt_token_ids=list(p), **({"cache_salt": s} if s else {}))
-               for p, s in zip(rnd["prompts"], salts)]
+    # vLLM's TokensPrompt as the plain dict it is (its TypedDict's optional keys differ between 0.32 and 0.33)
+    prompts: list[dict[str, Any]] = [{"prompt_token_ids": list(p), **({"cache_salt": s} if s else {})}
+                                     for p, s in zip(rnd["prompts"], salts)]
     start = _counters(llm)
     results = []
     if rnd.get("concurrent"):
