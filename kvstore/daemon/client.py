@@ -217,11 +217,16 @@ class DaemonClient:
         return exc
 
     def _closed_by_daemon(self) -> bool:
-        """Whether the daemon closed the socket (readable with nothing to read). Changes nothing."""
+        """Whether the daemon closed the socket (readable with nothing to read). Changes nothing.
+
+        ``poll``, not ``select``: ``select`` refuses a descriptor numbered 1024 or above
+        (``FD_SETSIZE``), and inference servers routinely hold more open files than that.
+        """
         assert self._sock is not None
         try:
-            readable, _, _ = select.select([self._sock], [], [], 0)
-            return bool(readable) and self._sock.recv(1, socket.MSG_PEEK) == b""
+            poller = select.poll()
+            poller.register(self._sock, select.POLLIN)
+            return bool(poller.poll(0)) and self._sock.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
 
