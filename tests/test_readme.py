@@ -60,7 +60,7 @@ def test_readme_example_through_the_daemon_of_make_run(repo: Path) -> None:
         assert cached_second.get("gpu") == 0 and cached_second.get("host") == 0  # a new process: not its own
         assert sum(cached_second.values()) == prompt_tokens // 16 * 16 > 0  # every full block, from the daemon
         assert second == first
-        assert sorted(p.name for p in (root / ".kvstore-data").iterdir()) == ["kvstore.sock", "lmdb"]  # daemon only
+        assert sorted(p.name for p in (root / ".kvstore-data").iterdir()) == ["kvstore.sock", "kvstore.sock.lock", "lmdb"]  # daemon only
         assert daemon.stop() == 0
     finally:
         cleanup(daemon, root)

@@ -41,7 +41,7 @@ from kvstore.build_info import build_info
 from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
 from kvstore.daemon.peer import PeerProcess
 from kvstore.daemon.session import Session, SessionContext
-from kvstore.daemon.socketfile import DaemonStartError, bind_private, clear_stale, default_shm_name
+from kvstore.daemon.socketfile import DaemonStartError, SocketOwner, bind_private, clear_stale, default_shm_name
 from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import NotDurable
 from kvstore.ratelog import RateLimitedLog
@@ -101,12 +101,23 @@ class DaemonServer:
         self.backend: DaemonBackend | None = None
         self._publisher: EventPublisher | None = None
         self.info: ListenInfo | None = None
+        self._owner: SocketOwner | None = None
+        """The socket path's owner lock, held from :meth:`start` until :meth:`stop` has removed the socket."""
         self.durability_error: str | None = None
         """Set by :meth:`stop` when acknowledged blocks could not be made durable (the exit status says so)."""
 
     # ------------------------------------------------------------- start
     async def start(self) -> ListenInfo:
         """Open the tiers and every listener; returns where it listens. Raises ``DaemonStartError``/``TierError``."""
+        cfg, d = self.cfg, self.cfg.daemon
+        self._owner = SocketOwner(d.socket_path)  # before the path is looked at: a live owner's is never touched
+        try:
+            return await self._start()
+        except BaseException:
+            self._owner.release()
+            raise
+
+    async def _start(self) -> ListenInfo:
         cfg, d = self.cfg, self.cfg.daemon
         shm_name = cfg.host.shm_name or default_shm_name(d.socket_path)
         if clear_stale(d.socket_path, shm_name):
@@ -339,6 +350,8 @@ class DaemonServer:
                 self.durability_error = self.durability_error or f"closing the disk tier failed: {type(exc).__name__}: {exc}"
                 log.error("closing the tiers failed: %s", exc)
         self._executor.shutdown(wait=True)
+        if self._owner is not None:
+            self._owner.release()  # last: the socket and segment are gone, a new daemon may take the path
         log.info("stopped")
 
 

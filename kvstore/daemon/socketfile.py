@@ -1,8 +1,14 @@
 """The daemon's Unix socket file and shared-memory name: derive, detect stale ones, bind privately.
 
 A daemon killed with ``kill -9`` leaves its socket file (and possibly its
-shared-memory segment) behind. At start the file is removed only if nothing
-answers on it, and the segment only if no live process holds its owner lock
+shared-memory segment) behind. Ownership of a socket path is a lock, not a
+guess: the serving daemon holds ``<socket_path>.lock`` (:class:`SocketOwner`,
+``flock``, its pid inside) from before it looks at the path until it exits,
+and the kernel drops the lock when the process dies however it dies. A
+starting daemon takes that lock first, so while the owner lives (even paused,
+with its accept backlog full, so that a connect fails) the path is never
+touched. With the lock taken, the file is removed only if nothing answers on
+it, and the segment only if no live process holds its owner lock
 (:meth:`HostArena.remove_stale`); if another daemon answers or owns the
 segment, starting fails, naming it, instead of stealing its path or memory.
 """
@@ -10,6 +16,7 @@ segment, starting fails, naming it, instead of stealing its path or memory.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import os
 import socket
@@ -32,6 +39,36 @@ def default_shm_name(socket_path: str) -> str:
     return f"kvstore-{digest}"
 
 
+class SocketOwner:
+    """The lock saying which daemon serves a socket path: ``<socket_path>.lock``, held while that daemon runs."""
+
+    def __init__(self, socket_path: str) -> None:
+        """Take the lock (creating the socket's directory, 0700, if new) and write this pid into it.
+
+        Raises :class:`DaemonStartError` naming the holder's pid and the lock file
+        when a live process holds it: another daemon serves ``socket_path``.
+        """
+        self.path = os.path.abspath(socket_path) + ".lock"
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise DaemonStartError(f"another daemon is serving on {socket_path} (pid {holder} holds {self.path}); "
+                                   f"stop it first, or give this one another daemon.socket_path") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Drop the lock (idempotent). The file stays: removing it could split two starters onto two inodes."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def socket_is_live(path: str, timeout_s: float = 0.5) -> bool:
     """Whether something accepts connections on the Unix socket ``path``."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -47,6 +84,9 @@ def socket_is_live(path: str, timeout_s: float = 0.5) -> bool:
 
 def clear_stale(path: str, shm_name: str) -> bool:
     """Remove a socket file nobody answers on, and the segment ``shm_name`` if its owner is gone.
+
+    Call it holding the path's :class:`SocketOwner` lock: only then is a socket nobody answers on
+    provably left by a daemon that is gone, not one that is alive but slow to accept.
 
     Raises :class:`DaemonStartError` if a daemon is live on ``path``, ``path``
     is something other than a socket, or a live process owns ``shm_name``

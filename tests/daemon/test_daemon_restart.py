@@ -144,3 +144,51 @@ def test_metrics_port_in_use_is_a_one_line_error_and_leaves_nothing_behind() -> 
         assert not shm_exists(default_shm_name(str(root / "d.sock")))
     finally:
         cleanup(None, root)
+
+
+def test_a_second_daemon_never_removes_a_paused_daemons_socket() -> None:
+    """A paused first daemon with a full accept backlog (a connect fails) still owns its socket path.
+
+    The second daemon has its own data directory and shared-memory name, so only the socket path is
+    shared: it must be refused naming the first daemon's pid, and leave the socket file in place.
+    """
+    root, other = short_tmpdir(), short_tmpdir()
+    first = None
+    fillers: list[socket.socket] = []
+    try:
+        first = start_daemon(write_config(root))
+        inode = os.stat(first.socket_path).st_ino
+        first.proc.send_signal(signal.SIGSTOP)
+        for _ in range(5000):  # fill the paused daemon's accept backlog until a connect is refused for room
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(first.socket_path)
+            except BlockingIOError:
+                s.close()
+                break
+            fillers.append(s)
+        else:
+            raise AssertionError("the accept backlog never filled")
+        second = write_config(other, daemon={"socket_path": first.socket_path},
+                              host={"shm_name": f"kvstore-second-{os.getpid()}"})
+        out = subprocess.run([sys.executable, "-m", "kvstore", "serve", "--config", str(second)],
+                             capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert out.returncode == 1, out.stderr[-2000:]
+        assert "another daemon is serving on" in out.stderr and f"pid {first.proc.pid}" in out.stderr
+        assert os.stat(first.socket_path).st_ino == inode  # the live daemon's socket file, untouched
+        for s in fillers:
+            s.close()
+        fillers.clear()
+        first.proc.send_signal(signal.SIGCONT)
+        tier = first.tier()  # and the first daemon still serves on it
+        keys = keys_for(2, seed=91)
+        assert tier.put(keys, [block_for(k) for k in keys]) == [True, True]
+        tier.close()
+    finally:
+        for s in fillers:
+            s.close()
+        if first is not None and first.proc.poll() is None:
+            first.proc.send_signal(signal.SIGCONT)
+        cleanup(first, root)
+        cleanup(None, other)
