@@ -335,6 +335,7 @@ class DaemonBackend:
         on_disk = {k for k in absent if self.disk is not None and self.disk.contains(k)}
         out: list[tuple[PutState, int | None]] = []
         seen: dict[bytes, PutState] = {}
+        self._rewrite_lost(keys)
         with self._mu:
             for key in keys:
                 if key in seen:  # a repeated key: its first occurrence does the work
@@ -353,6 +354,25 @@ class DaemonBackend:
                         out.append((PutState.NO_ROOM, None) if slot is None else (PutState.RESERVED, slot))
                 seen.setdefault(key, out[-1][0])
         return out
+
+    def _rewrite_lost(self, keys: Sequence[bytes]) -> None:
+        """Queue again the host copies of ``keys`` whose acknowledged disk write failed.
+
+        Such a key is still served from RAM, so a put of it answers "present"; without this, the
+        FLUSH after that put would succeed with the block on no disk (a failed FLUSH, a retried put,
+        a second FLUSH). Queued again, the block is either written or counted as failed once more,
+        and the next FLUSH says which.
+        """
+        if self.writer is None:
+            return
+        lost = [k for k in dict.fromkeys(keys) if self.writer.is_lost(k)]
+        if not lost:
+            return
+        with self._mu:
+            held = [k for k in lost if self.host.slot_of(k) is not None]
+            slots = self.host.pin(held) if held else []
+        self.writer.forget([k for k in lost if k not in held])  # evicted meanwhile: the put stores it afresh
+        self.writer.submit([(k, s) for k, s in zip(held, slots) if s is not None])
 
     def _reserve_one(self, key: bytes) -> int | None:
         """Reserve one slot (mutex held); ``None`` when no slot can be freed; raises if someone else reserved it."""

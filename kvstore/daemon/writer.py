@@ -16,7 +16,10 @@ A block whose write fails (full disk, I/O error, a block the tier refuses)
 stays in the host tier, unpinned, and is counted. If its submitter waited, it
 learns which keys failed and is told they are not stored; otherwise the put
 was already acknowledged, and the block counts in :attr:`WriteBehind.not_durable`,
-which FLUSH reports. The failure is logged once per interval, never per block.
+which FLUSH reports, and its key stays listed (:meth:`WriteBehind.is_lost`) until
+a later write of it succeeds: a client that puts it again after a failed FLUSH
+is not told "already stored" while only RAM holds it (the backend queues the
+host copy again). The failure is logged once per interval, never per block.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ class WriteBehind:
         """Blocks the disk tier refused or failed to write (they stay in the host tier only)."""
         self.not_durable = 0
         """Of :attr:`failed`, the blocks whose put had already been acknowledged (nobody waited for them)."""
+        self._lost: set[bytes] = set()
+        """Keys of acknowledged blocks whose latest write failed and that no write has stored since."""
         self.last_error = ""
         """Why the latest failed batch failed (empty until one fails)."""
         self._thread = threading.Thread(target=self._run, name="kvstore-daemon-writer", daemon=True)
@@ -91,6 +96,16 @@ class WriteBehind:
                 return []
             self._cond.wait_for(lambda: waiter.remaining == 0)
         return waiter.failed
+
+    def is_lost(self, key: bytes) -> bool:
+        """Whether ``key`` was acknowledged and its latest disk write failed (none succeeded since)."""
+        with self._cond:
+            return key in self._lost
+
+    def forget(self, keys: Sequence[bytes]) -> None:
+        """Stop listing ``keys`` as lost (they left the host tier: nothing is left to write)."""
+        with self._cond:
+            self._lost.difference_update(keys)
 
     @property
     def pending(self) -> int:
@@ -141,6 +156,9 @@ class WriteBehind:
                 self._in_flight = 0
                 self._cond.notify_all()
                 not_durable = self.not_durable
+                lost = list(self._lost) if len(self._lost) > 2 * self.host.num_slots else []
+            if lost:  # bounded: the host tier holds at most num_slots of them, the rest were evicted
+                self.forget([k for k in lost if self.host.slot_of(k) is None])
             if error:
                 self._failure_log.error(
                     "write-failed", "write-behind to the %s tier failed: %s; %d blocks of this batch not written "
@@ -157,12 +175,15 @@ class WriteBehind:
                 self._pending[key] = left
             else:
                 del self._pending[key]
+            if stored:
+                self._lost.discard(key)
             if waiter is not None:
                 waiter.remaining -= 1
                 if not stored:
                     waiter.failed.append(key)
             elif not stored:
                 acked_failures += 1
+                self._lost.add(key)
         done = sum(ok)
         self.written += done
         self.failed += len(todo) - done

@@ -119,3 +119,39 @@ def test_real_full_tmpfs() -> None:
     finally:
         cleanup(daemon, root)
         subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_a_retried_flush_never_acknowledges_blocks_that_are_only_in_ram() -> None:
+    """A failed FLUSH, the same blocks put again (still served from RAM, so "present"), FLUSH again.
+
+    The second FLUSH must fail while the disk is still full (the re-put queued them again and their
+    write failed again), and once space is back the re-put and FLUSH store them: a restart has them all.
+    """
+    root = short_tmpdir()
+    daemon = None
+    try:
+        flag = root / "disk-full"
+        config = write_config(root, disk={"sync": "interval", "sync_interval_ms": 10_000})
+        daemon = start_daemon(config, before=DISK_FULL_WHEN_FLAG_EXISTS.format(flag=str(flag)))
+        keys = keys_for(16, seed=5)
+        blocks = [block_for(k) for k in keys]
+        tier = daemon.tier(client_name="retrier")
+        flag.touch()
+        assert tier.put(keys, blocks) == [True] * 16
+        with pytest.raises(NotDurable) as first:
+            tier.flush()
+        assert first.value.blocks == 16
+        assert tier.put(keys, blocks) == [True] * 16  # the retry: the blocks are still in the host tier
+        with pytest.raises(NotDurable) as second:
+            tier.flush()  # the disk is still full: not "durable" because RAM holds them
+        assert second.value.blocks == 16
+        flag.unlink()  # space again
+        assert tier.put(keys, blocks) == [True] * 16
+        tier.flush()  # now written
+        tier.client.close()
+        daemon.stop()
+        daemon = start_daemon(config)
+        assert _present(daemon, keys) == set(keys)  # what the last FLUSH acknowledged survived the restart
+        assert daemon.stop() == 0
+    finally:
+        cleanup(daemon, root)
