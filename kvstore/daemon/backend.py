@@ -12,6 +12,13 @@ Semantics of the one tier the daemon offers its clients:
 - A connection that ends with holds still open keeps them until their
   deadline, unless its process is known to be gone: then
   :meth:`DaemonBackend.release_owner` ends them at once.
+- A *write* hold past its deadline is not freed for another block: its
+  writer maps the shared segment, and a writer paused between reserving and
+  copying (a GC pause, swap, a stopped container) would copy into whatever
+  block got the slot next. The slot stays reserved, *quarantined*, until
+  its owner ends it (a late commit, refused, or a release: its copy is over),
+  its process is known to be gone, or ``QUARANTINE_FACTOR`` deadlines have
+  passed (for a peer whose process the daemon cannot watch).
 
 Every host-tier state change (lock, reserve, publish, abort, evict inside
 reserve) happens under one mutex, so "is it published?" and "lock it" are
@@ -38,6 +45,9 @@ from kvstore.daemon.holds import HoldTable
 from kvstore.daemon.messages import PutState
 from kvstore.daemon.writer import WriteBehind
 from kvstore.errors import BlockStateError, NotDurable
+
+QUARANTINE_FACTOR = 30
+"""An expired write hold's slot is reused at the latest this many hold timeouts after it was granted."""
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Tier
 from kvstore.tiers.host import HostTier
@@ -64,6 +74,8 @@ class BackendCounters:
     """FLUSH requests (and the shutdown flush) that reported blocks not durable."""
     owner_releases: int = 0
     """Holds ended at once because the client process holding them was gone."""
+    quarantined: int = 0
+    """Write holds that expired with their slot kept from reuse (the writer may still copy into it)."""
     prefix_query_tokens: int = 0
     """Tokens of the prefixes clients looked up (EXISTS_PREFIX keys x block size: the daemon sees keys, not tokens)."""
     prefix_hit_tokens: int = 0
@@ -89,6 +101,8 @@ class DaemonBackend:
         self.writer = (WriteBehind(host, disk, self._unpin, on_written=self._written if self.events is not None else None)
                        if disk is not None else None)
         self._written_at_sync = 0
+        self._quarantine: dict[int, dict[bytes, float]] = {}
+        """owner -> keys of its expired write holds whose slots stay reserved, with when to free them anyway."""
 
     # ---------------------------------------------------------------- reads
     def exists_prefix(self, keys: Sequence[bytes]) -> int:
@@ -160,6 +174,8 @@ class DaemonBackend:
         """Publish the keys ``owner`` reserved and queue them for disk; ``False`` for a key it did not hold
         (or, with ``durable_puts``, whose disk write failed)."""
         held = self.holds.take(owner, "write", keys)
+        if not all(held):  # a late commit: the copy into a quarantined slot is over, the slot may go
+            self._end_quarantine(owner, [k for k, h in zip(keys, held) if not h])
         failed = self._publish([k for k, h in zip(keys, held) if h])
         return [h and k not in failed for k, h in zip(keys, held)]
 
@@ -187,6 +203,8 @@ class DaemonBackend:
             self.host.unpin([k for k, r in zip(keys, reads) if r] if rest else keys)
             if rest:
                 self.host.abort([k for k, w in zip(rest, writes) if w])
+        if rest and not all(writes):
+            self._end_quarantine(owner, [k for k, w in zip(rest, writes) if not w])
         return sum(reads) + sum(writes)
 
     def release_owner(self, owner: int) -> int:
@@ -198,19 +216,51 @@ class DaemonBackend:
                     self.host.unpin([hold.key])
                 else:
                     self.host.abort([hold.key])
+            quarantined = list(self._quarantine.pop(owner, {}))
+            self.host.abort(quarantined)  # a gone process copies nothing more
             self.counters.owner_releases += len(ended)
-        return len(ended)
+        return len(ended) + len(quarantined)
+
+    def owned_by(self, owner: int) -> int:
+        """Holds and quarantined slots ``owner`` has now (what :meth:`release_owner` would end). Changes nothing."""
+        with self._mu:
+            quarantined = len(self._quarantine.get(owner, ()))
+        return self.holds.owned_by(owner) + quarantined
 
     def expire(self) -> int:
-        """End every hold past its deadline (unpin or abort); returns how many."""
-        expired = self.holds.expire(time.monotonic())
+        """End every hold past its deadline: unpin reads, quarantine writes; free quarantined slots past theirs.
+
+        Returns how many holds ended.
+        """
+        now = time.monotonic()
+        expired = self.holds.expire(now)
+        backstop = now + (QUARANTINE_FACTOR - 1) * self.holds.timeout_s
         with self._mu:
             for hold in expired:
                 if hold.kind == "read":
                     self.host.unpin([hold.key])
                 else:
-                    self.host.abort([hold.key])
+                    self._quarantine.setdefault(hold.owner, {})[hold.key] = backstop
+                    self.counters.quarantined += 1
+            for owner, keys in list(self._quarantine.items()):
+                due = [k for k, t in keys.items() if t <= now]
+                for k in due:
+                    del keys[k]
+                self.host.abort(due)
+                if not keys:
+                    del self._quarantine[owner]
         return len(expired)
+
+    def _end_quarantine(self, owner: int, keys: Sequence[bytes]) -> None:
+        """Free the quarantined slots of ``keys`` (``owner``'s copy into them is over)."""
+        with self._mu:
+            mine = self._quarantine.get(owner)
+            if not mine:
+                return
+            done = [k for k in dict.fromkeys(keys) if mine.pop(k, None) is not None]
+            self.host.abort(done)
+            if not mine:
+                del self._quarantine[owner]
 
     def delete(self, keys: Sequence[bytes]) -> int:
         """Remove keys from both tiers (host copies that are pinned stay); returns keys removed from either."""

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstore.config.schema import KVStoreConfig
 from kvstore.daemon.admission import ConnectionLimits, LoginThrottle, Transport, peer_of
-from kvstore.daemon.backend import DaemonBackend
+from kvstore.daemon.backend import QUARANTINE_FACTOR, DaemonBackend
 from kvstore.daemon.events import DaemonEvents
 from kvstore.daemon.frames import ErrorCode, Op, encode_frame
 from kvstore.daemon.messages import encode_error
@@ -234,10 +234,12 @@ class DaemonServer:
 
     async def _release_when_gone(self, owner: int, process: PeerProcess) -> None:
         """After ``owner``'s connection ended: if it still has holds, end them as soon as its process exits
-        (a live but silent process keeps them until their deadline)."""
+        (a live but silent process keeps them until their deadline, and the slots of its expired write holds
+        stay quarantined until it exits or ``QUARANTINE_FACTOR`` deadlines have passed)."""
         assert self.backend is not None
+        wait_s = QUARANTINE_FACTOR * self.cfg.daemon.hold_timeout_s
         try:
-            if self.backend.holds.owned_by(owner) and await process.wait_gone(self.cfg.daemon.hold_timeout_s) \
+            if self.backend.owned_by(owner) and await process.wait_gone(wait_s) \
                     and not self._stopping:  # stopping: the tiers are being closed, holds die with them
                 loop = asyncio.get_running_loop()
                 n = await loop.run_in_executor(self._executor, self.backend.release_owner, owner)
