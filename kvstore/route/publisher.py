@@ -315,7 +315,21 @@ def publish_feed(cfg: EventsConfig, block_size: int, drain: Callable[[], list[St
                                block_size=block_size, topic=cfg.topic, buffer_batches=cfg.buffer_batches,
                                report=lambda: report_events(holdings(), block_size), first_seq=start_seq(),
                                report_interval_s=cfg.report_interval_s)
+    loopback = all(_on_loopback(e) for e in (publisher.endpoint, publisher.replay_endpoint) if e)
+    (log.info if loopback else log.warning)(
+        "KV events on %s (replay %s) are unauthenticated: any process that can reach them reads every block key "
+        "and tier%s", publisher.endpoint, publisher.replay_endpoint or "off",
+        "" if loopback else "; this endpoint is not loopback-only, keep it on a private network")
     drain()  # what the holdings below already include
     publisher.publish_kv(report_events(holdings(), block_size))
     publisher.follow(drain, cfg.interval_s, cfg.heartbeat_s)
     return publisher
+
+
+def _on_loopback(endpoint: str) -> bool:
+    """Whether a bound ZMQ endpoint is reachable from this machine only (ipc, inproc, or a loopback address)."""
+    if not endpoint.startswith("tcp://"):
+        return True
+    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+

@@ -302,6 +302,24 @@ def test_publish_feed_starts_each_run_above_the_last(monkeypatch: pytest.MonkeyP
     assert seqs == [5_000_000, 5_000_001]  # batch 0 of each run, a microsecond apart
 
 
+def test_publish_feed_says_its_endpoints_are_unauthenticated_and_warns_off_loopback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from kvstore.config.events import EventsConfig
+    from kvstore.route import publisher as pub_mod
+
+    for endpoint, level in (("tcp://127.0.0.1:0", logging.INFO), ("tcp://0.0.0.0:0", logging.WARNING)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=pub_mod.__name__):
+            p = pub_mod.publish_feed(EventsConfig(enabled=True, endpoint=endpoint, replay_endpoint=None,
+                                                  heartbeat_s=None), 16, lambda: [], lambda: {"gpu": []})
+            p.close()
+        [record] = [r for r in caplog.records if "unauthenticated" in r.getMessage()]
+        assert record.levelno == level, endpoint
+        assert ("not loopback-only" in record.getMessage()) == (level == logging.WARNING)
+
+
 def _ask_report(endpoint: str | None) -> tuple[int, KVEventBatch]:
     assert endpoint is not None
     dealer: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
