@@ -18,6 +18,7 @@ What the disk tier (:mod:`kvstore.tiers.disk`) needs from LMDB besides reads and
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from kvstore.tiers.datadir import FILE_MODE, narrow
 from kvstore.tiers.gate import ResizeGate
 from kvstore.tiers.lmdbcheck import check_environment, damaged
 
+log = logging.getLogger(__name__)
 LRU_RECORD = struct.Struct("<QQ")
 """A block's record in the ``lru`` database: last-access counter, accounted bytes."""
 _NODE = 8 + 32  # LMDB node header + key bytes
@@ -139,6 +141,9 @@ class LmdbEnv:
         check_environment(self.path)
         data_file = os.path.join(self.path, "data.mdb")
         existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
+        if existing == 0 and os.path.exists(data_file):  # a crash while LMDB created it, or a file cut to nothing
+            log.warning("LMDB data file %s is empty (0 bytes): starting a new, empty environment there; any blocks "
+                        "it held are gone", data_file)
         map_size = min(self.max_size, max(self.step, -(-existing // self.step) * self.step))
         try:
             env = lmdb.open(

@@ -19,6 +19,7 @@ the damaged environment aside (kept for inspection) and starts an empty one.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 
 from kvstore.errors import TierError
@@ -48,7 +49,10 @@ def damaged(path: str, what: str, hint: str | None = None) -> TierError:
 
 def expected_size(data_file: str, hint: str | None = None) -> int | None:
     """Bytes ``data_file`` must have according to its newest meta page (``None``: empty or absent, a new
-    environment). Raises :class:`TierError` (via :func:`damaged`, with ``hint``) if it is not an LMDB data file."""
+    environment; the opener says so when the file was there but empty).
+
+    Raises :class:`TierError` (via :func:`damaged`, with ``hint``) if it is not an LMDB data file: not a
+    regular file (a directory in its place) or without valid meta pages."""
     path = os.path.dirname(data_file)
     try:
         fd = os.open(data_file, os.O_RDONLY | os.O_CLOEXEC)
@@ -57,7 +61,11 @@ def expected_size(data_file: str, hint: str | None = None) -> int | None:
     except OSError as exc:
         raise damaged(path, hint=hint, what=f"cannot be read ({exc.strerror or exc})") from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise damaged(path, hint=hint, what=f"is {kind}, not LMDB's data file")
+        size = st.st_size
         if size == 0:
             return None
         first = os.pread(fd, _META_BYTES, 0)

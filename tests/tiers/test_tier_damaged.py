@@ -62,14 +62,17 @@ def test_truncated_data_mdb_is_refused_cleanly_not_sigbus(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("content", ["random", "short", "one meta page", "empty"])
-def test_garbage_data_mdb_is_refused_naming_the_file(tmp_path: Path, content: str) -> None:
+def test_garbage_data_mdb_is_refused_naming_the_file(tmp_path: Path, content: str,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
     if content == "one meta page":
         filled(tmp_path)
         os.truncate(tmp_path / "data.mdb", 4096)
     else:
         (tmp_path / "data.mdb").write_bytes({"random": os.urandom(64 << 10), "short": b"not lmdb", "empty": b""}[content])
-    if content == "empty":  # an empty file is what a crash during creation leaves: a new environment
-        DiskTier(BIG, tmp_path, 16 << 20).close()
+    if content == "empty":  # a crash while LMDB created it, or a file cut to nothing: a new environment, said aloud
+        with caplog.at_level("WARNING", logger="kvstore.tiers.lmdb_env"):
+            DiskTier(BIG, tmp_path, 16 << 20).close()
+        assert f"LMDB data file {tmp_path / 'data.mdb'} is empty (0 bytes)" in caplog.text
         return
     with pytest.raises(TierError) as info:
         DiskTier(BIG, tmp_path, 16 << 20)
@@ -78,6 +81,22 @@ def test_garbage_data_mdb_is_refused_naming_the_file(tmp_path: Path, content: st
     assert f"LMDB environment {tmp_path / 'data.mdb'} {expected}" in str(info.value)
     assert "kvstore repair" in str(info.value)
     DiskTier(BIG, tmp_path / "elsewhere", 16 << 20).close()  # the refused open released its lock and nothing leaked
+
+
+def test_a_directory_in_place_of_data_mdb_is_refused_naming_it(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "lmdb" / "data.mdb").mkdir(parents=True)
+    with pytest.raises(TierError) as info:
+        DiskTier(BIG, tmp_path / "lmdb", 16 << 20)
+    assert f"LMDB environment {tmp_path / 'lmdb' / 'data.mdb'} is a directory" in str(info.value)
+    assert "kvstore repair" in str(info.value)
+    config = tmp_path / "kv.yaml"
+    config.write_text(yaml.safe_dump({"model": {"model_id": "t", "num_layers": 1, "num_kv_heads": 1, "head_dim": 8,
+                                                "block_size": 4, "dtype": "float16"},
+                                      "disk": {"path": str(tmp_path / "lmdb")}}))
+    assert main(["repair", "--config", str(config), "--salvage"]) == 0  # moved aside, salvage says why: no traceback
+    out = capsys.readouterr()
+    assert "is a directory" in out.out + out.err and "Traceback" not in out.out + out.err
 
 
 def test_lmdb_error_at_open_becomes_tier_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
