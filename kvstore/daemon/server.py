@@ -200,9 +200,13 @@ class DaemonServer:
         """The disk tier ``cfg.tiers`` names (``lmdb``, ``file`` or ``slab``), if any, evicting through ``order``
         when given. The host tier always exists: its shared-memory arena is the daemon's data plane."""
         from kvstore.tiers import build_tier
+        from kvstore.tiers.lmdbcheck import check_walkable_databases
 
         sections = {"lmdb": self.cfg.disk, "file": self.cfg.file, "slab": self.cfg.slab}
         names = [t for t in self.cfg.tiers if t in sections]
+        if names[:1] == ["lmdb"] and os.path.isdir(self.cfg.disk.directory()):
+            # LMDB aborts the process on some damaged pages: walk them in a child first, refuse with a message
+            check_walkable_databases(self.cfg.disk.directory())
         return build_tier(names[0], sections[names[0]], self.layout, order=order) if names else None
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, transport: Transport,

@@ -6,6 +6,10 @@ LMDB checks some damage with ``assert``: a cursor stepping onto a page that is n
 a child that streams each entry to the parent as it reads it: an abort ends the walk there, keeps every
 entry read before it, and is reported, never taking the repair down with it.
 
+The same child serves :func:`check_walkable`: a daemon walks its environment's databases there before
+it opens them itself, so a page that would abort LMDB refuses the start with a message instead of
+killing the daemon with no word (``SIGABRT`` at the first cursor step onto it).
+
 Wire format (child stdout): per entry ``<II`` key length, value length, then the key and the value bytes.
 """
 
@@ -63,10 +67,60 @@ def walk(env_dir: str, map_size: int, db: str | None, *, values: bool = True,
     return Walk(entries)
 
 
-def main() -> None:
-    """The child: ``env_dir map_size db values``; entries to stdout, a damaged page's error to stderr, rc 3."""
+def check_walkable(env_dir: str, map_size: int, dbs: dict[str, bool], timeout_s: float = WALK_TIMEOUT_S) -> str | None:
+    """Walk each database of ``dbs`` (name -> read the values too) in a child; why walking one would kill the
+    walking process (LMDB died of a signal, or the walk did not end), or ``None``.
+
+    A damaged page LMDB reports as an error (``MDB_CORRUPTED``...) passes: a process meets it as an
+    exception and serves its blocks as misses. Nothing is sent back but the verdict, so a large
+    environment costs the walk, not a copy of it. A database that does not exist yet is fine (a new
+    environment). Never raises for damage.
+    """
+    spec = ",".join(f"{name}:{int(values)}" for name, values in dbs.items())
+    cmd = [sys.executable, "-c", "from kvstore.tiers.lmdb_walk import main; main()", env_dir, str(map_size), spec,
+           "check"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return f"walking its databases took over {timeout_s:.0f} s (a damaged tree that loops?)"
+    if done.returncode >= 0:
+        return None  # walked, or stopped by an error LMDB raises (a caller survives those: counted misses)
+    err = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+    rc = -done.returncode
+    name = signal.Signals(rc).name if rc in signal.Signals._value2member_map_ else str(rc)
+    return f"has a damaged page: LMDB died of {name} walking it ({err[0]})"
+
+
+def _check(env_dir: str, map_size: int, spec: str) -> None:
+    """The child of :func:`check_walkable`: walk every named database; rc 3 with the error for a refused one."""
     import lmdb
 
+    try:
+        env = lmdb.open(env_dir, readonly=True, lock=False, max_dbs=4, map_size=map_size)
+        with env.begin(buffers=True) as txn:
+            for item in spec.split(","):
+                name, values = item.rsplit(":", 1)
+                try:
+                    handle = env.open_db(name.encode(), txn=txn, create=False)
+                except lmdb.NotFoundError:
+                    continue  # not created yet
+                cursor = txn.cursor(db=handle)
+                for _ in (cursor.iternext() if values == "1" else cursor.iternext(values=False)):
+                    pass
+    except lmdb.Error as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(3)
+
+
+def main() -> None:
+    """The child: ``env_dir map_size db values``; entries to stdout, a damaged page's error to stderr, rc 3.
+
+    ``env_dir map_size name:values,... check``: :func:`check_walkable`'s walk, nothing on stdout."""
+    import lmdb
+
+    if len(sys.argv) > 4 and sys.argv[4] == "check":
+        _check(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+        return
     env_dir, map_size, db, values = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
     out = sys.stdout.buffer
     try:

@@ -97,3 +97,25 @@ in the message (default: ``kvstore repair``). Changes nothing."""
     size = os.path.getsize(data_file)
     if size < need:
         raise damaged(path, f"is truncated: {size} bytes, its meta page says {need}", hint)
+
+
+def check_walkable_databases(path: str, hint: str | None = None) -> None:
+    """Refuse (``TierError``) an environment whose databases LMDB cannot walk without dying.
+
+    LMDB meets some damage (a zeroed or overwritten leaf or branch page) with ``abort()`` inside a
+    cursor step, which no ``except`` catches; the walk runs in a child process
+    (:func:`kvstore.tiers.lmdb_walk.check_walkable`: the access records with their values, the blocks'
+    keys only, their overflow pages untouched), so the caller gets a message naming the file and
+    ``kvstore repair`` instead. A new (absent or empty) environment passes. Call it before opening the
+    environment in a process that must not die of it (the daemon).
+    """
+    from kvstore.tiers.lmdb_walk import check_walkable
+
+    check_environment(path, hint)
+    data_file = os.path.join(path, DATA_FILE)
+    size = os.path.getsize(data_file) if os.path.isfile(data_file) else 0
+    if size:
+        why = check_walkable(path, size, {"lru": True, "blocks": False})
+        if why is not None:
+            raise damaged(path, why, hint)
+
