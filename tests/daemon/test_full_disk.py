@@ -46,13 +46,19 @@ def _present(daemon: Daemon, keys: list[bytes]) -> set[bytes]:
     return {k for k, ok in zip(keys, found) if ok}
 
 
+def _daemon_whose_disk_fills(root: Path) -> tuple[Daemon, Path, Path]:
+    """A daemon (``sync: interval``) whose disk tier fails every put with ENOSPC while ``root/disk-full`` exists:
+    ``(daemon, its config, that flag file)``."""
+    flag = root / "disk-full"
+    config = write_config(root, disk={"sync": "interval", "sync_interval_ms": 10_000})
+    return start_daemon(config, before=DISK_FULL_WHEN_FLAG_EXISTS.format(flag=str(flag))), config, flag
+
+
 def test_injected_enospc_flush_reports_the_lost_blocks_and_sigterm_exits_nonzero() -> None:
     root = short_tmpdir()
     daemon = None
     try:
-        flag = root / "disk-full"
-        config = write_config(root, disk={"sync": "interval", "sync_interval_ms": 10_000})
-        daemon = start_daemon(config, before=DISK_FULL_WHEN_FLAG_EXISTS.format(flag=str(flag)))
+        daemon, config, flag = _daemon_whose_disk_fills(root)
         good, lost = keys_for(8, seed=1), keys_for(40, seed=2)
         assert _put_all(daemon, good) == 8
         tier = daemon.tier(client_name="flusher")
@@ -130,9 +136,7 @@ def test_a_retried_flush_never_acknowledges_blocks_that_are_only_in_ram() -> Non
     root = short_tmpdir()
     daemon = None
     try:
-        flag = root / "disk-full"
-        config = write_config(root, disk={"sync": "interval", "sync_interval_ms": 10_000})
-        daemon = start_daemon(config, before=DISK_FULL_WHEN_FLAG_EXISTS.format(flag=str(flag)))
+        daemon, config, flag = _daemon_whose_disk_fills(root)
         keys = keys_for(16, seed=5)
         blocks = [block_for(k) for k in keys]
         tier = daemon.tier(client_name="retrier")
