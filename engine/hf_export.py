@@ -29,6 +29,15 @@ from engine.weights import build_model, save_checkpoint
 STAMP = "kvstore-export.json"
 
 
+def default_model_hf() -> Path:
+    """The default model (SmolLM2-135M-Instruct, from its installed GGUF) as a Hugging Face directory, exported
+    once into ``$XDG_CACHE_HOME/kvstore/models`` (``~/.cache`` without it) and reused from there."""
+    from engine.default_model import default_model_path
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvstore" / "models"
+    return export_hf(default_model_path(), cache / "SmolLM2-135M-Instruct-hf")
+
+
 def export_hf(gguf_path: str | Path, out: str | Path) -> Path:
     """Write (or reuse) the Hugging Face directory of ``gguf_path`` at ``out``; returns ``out``.
 

@@ -42,9 +42,13 @@ def vllm_daemon_model(model: str | Path, dtype: str, block_size: int, kv_cache_d
     ``dtype`` is vLLM's ``--dtype`` (``float32``, ``bfloat16``, ``float16``; not ``auto``),
     ``block_size`` its ``--block-size``, ``kv_cache_dtype`` its ``--kv-cache-dtype``,
     ``model_id`` the connector's ``model_id`` override. Raises ``ValueError`` naming the
-    field for a dtype it does not know or a config without head counts.
+    field for a dtype it does not know, a missing or unreadable ``config.json``, or one without head counts.
     """
-    cfg = json.loads((Path(model) / "config.json").read_text())
+    config = Path(model) / "config.json"
+    try:
+        cfg = json.loads(config.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{config}: cannot read the checkpoint's config ({exc})") from None
     tensor = kv_tensor_dtype(dtype, kv_cache_dtype)
     if tensor not in _TENSOR_BYTES:
         raise ValueError(f"dtype {dtype!r}: give float32, bfloat16 or float16")
@@ -72,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cache-dtype", default="auto", help="vLLM's --kv-cache-dtype (default: auto)")
     p.add_argument("--model-id", help="the connector's kv_connector_extra_config model_id, if set")
     a = p.parse_args(argv)
-    section = vllm_daemon_model(a.model, a.dtype, a.block_size, a.kv_cache_dtype, a.model_id)
+    try:
+        section = vllm_daemon_model(a.model, a.dtype, a.block_size, a.kv_cache_dtype, a.model_id)
+    except ValueError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
     sys.stdout.write(yaml.safe_dump({"model": section}, sort_keys=False))
     return 0
 

@@ -197,8 +197,7 @@ def _tier_hits(metrics_url: str) -> dict[str, float]:
 
 def run(options: SuiteOptions, progress: Progress) -> Results:
     """Measure (module docstring)."""
-    from engine.default_model import default_model_path
-    from engine.hf_export import export_hf
+    from engine.hf_export import default_model_hf
 
     python = vllm_python(options)
     n = QUICK_REQUESTS if options.quick else (options.trace_limit or REQUESTS)
@@ -211,7 +210,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
         "prompt_tokens_total": sum(map(len, prompts))})
     results.skip("lmcache", LMCACHE_SKIP)
     root = Path(tempfile.mkdtemp(prefix="kvbv", dir="/tmp"))
-    model = export_hf(default_model_path(), Path.home() / ".cache" / "kvstore" / "models" / "SmolLM2-135M-Instruct-hf")
+    model = default_model_hf()
     progress.grow(3 + n + 2 * DECODE_REPEATS)
     daemon, engine_config, metrics_url = _daemon(root, model)
     engines: dict[str, Engine] = {}

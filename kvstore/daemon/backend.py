@@ -415,7 +415,7 @@ class DaemonBackend:
         """
         if self.writer is None:
             return
-        lost = [k for k in dict.fromkeys(keys) if self.writer.is_lost(k)]
+        lost = self.writer.lost_among(keys)
         if not lost:
             return
         with self._mu:

@@ -16,7 +16,7 @@ A block whose write fails (full disk, I/O error, a block the tier refuses)
 stays in the host tier, unpinned, and is counted. If its submitter waited, it
 learns which keys failed and is told they are not stored; otherwise the put
 was already acknowledged, and the block counts in :attr:`WriteBehind.not_durable`,
-which FLUSH reports, and its key stays listed (:meth:`WriteBehind.is_lost`) until
+which FLUSH reports, and its key stays listed (:meth:`WriteBehind.lost_among`) until
 a later write of it succeeds: a client that puts it again after a failed FLUSH
 is not told "already stored" while only RAM holds it (the backend queues the
 host copy again). The failure is logged once per interval, never per block.
@@ -97,10 +97,13 @@ class WriteBehind:
             self._cond.wait_for(lambda: waiter.remaining == 0)
         return waiter.failed
 
-    def is_lost(self, key: bytes) -> bool:
-        """Whether ``key`` was acknowledged and its latest disk write failed (none succeeded since)."""
+    def lost_among(self, keys: Sequence[bytes]) -> list[bytes]:
+        """Those of ``keys`` (once each) that were acknowledged and whose latest disk write failed (none
+        succeeded since). Every put asks, so the usual answer, none lost at all, takes no lock."""
+        if not self._lost:
+            return []
         with self._cond:
-            return key in self._lost
+            return [k for k in dict.fromkeys(keys) if k in self._lost]
 
     def forget(self, keys: Sequence[bytes]) -> None:
         """Stop listing ``keys`` as lost (they left the host tier: nothing is left to write)."""

@@ -22,6 +22,10 @@ import sys
 from dataclasses import dataclass
 
 _ENTRY = struct.Struct("<II")
+_CHILD = [sys.executable, "-c", "import importlib.util as u, sys; s = u.spec_from_file_location('lmdb_walk', "
+           f"{__file__!r}); m = sys.modules['lmdb_walk'] = u.module_from_spec(s); s.loader.exec_module(m); m.main()"]
+"""The child runs this file alone, not through the ``kvstore`` package, whose import pulls in torch: a
+daemon walks its environment at every start, and the walk costs milliseconds, the package seconds."""
 WALK_TIMEOUT_S = 600.0
 """Longest a walk may take (a damaged tree that loops): then the child is killed and the walk reported cut."""
 
@@ -39,8 +43,7 @@ def walk(env_dir: str, map_size: int, db: str | None, *, values: bool = True,
     """Every ``(key, value)`` of database ``db`` (``None``: the main one) of the environment at ``env_dir``,
     opened read-only with ``map_size`` (the file must be at least that long: pad a truncated one first).
     ``values=False``: keys only (values empty). Never raises for damage: see :attr:`Walk.error`."""
-    cmd = [sys.executable, "-c", "from kvstore.tiers.lmdb_walk import main; main()", env_dir, str(map_size),
-           db or "", "1" if values else "0"]
+    cmd = [*_CHILD, env_dir, str(map_size), db or "", "1" if values else "0"]
     try:
         done = subprocess.run(cmd, capture_output=True, timeout=timeout_s, check=False)
         out, err, rc = done.stdout, done.stderr, done.returncode
@@ -77,8 +80,7 @@ def check_walkable(env_dir: str, map_size: int, dbs: dict[str, bool], timeout_s:
     environment). Never raises for damage.
     """
     spec = ",".join(f"{name}:{int(values)}" for name, values in dbs.items())
-    cmd = [sys.executable, "-c", "from kvstore.tiers.lmdb_walk import main; main()", env_dir, str(map_size), spec,
-           "check"]
+    cmd = [*_CHILD, env_dir, str(map_size), spec, "check"]
     try:
         done = subprocess.run(cmd, capture_output=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:

@@ -7,7 +7,7 @@ counters: ``external_prefix_cache_hits`` are the tokens vLLM loaded through
 kvstore's connector, ``prefix_cache_hits`` those from its own cache.
 
 The model is the project's default GGUF exported once to a Hugging Face
-directory (:func:`engine.hf_export.export_hf`, cached under
+directory (:func:`engine.hf_export.default_model_hf`, cached under
 ``~/.cache/kvstore/models``). The daemon's ``model:`` section is the one the
 connector derives from that directory (:func:`daemon_model`), so a daemon
 refusing the engine fails the test with the section it wanted.
@@ -27,8 +27,7 @@ from typing import Any
 import yaml
 
 from connectors.vllm.daemon_model import vllm_daemon_model
-from engine.default_model import default_model_path
-from engine.hf_export import export_hf
+from engine.hf_export import default_model_hf
 from kvstore.bench.vllm_driver import CPU_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,13 +36,12 @@ from daemonlib import Daemon, cleanup, free_port, short_tmpdir, start_daemon, wr
 
 BLOCK_SIZE = 32  # vLLM's CPU attention takes multiples of 32 only
 MAX_MODEL_LEN = 2048
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvstore" / "models"
 ENGINE_TIMEOUT_S = 420
 
 
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face directory, exported from the installed GGUF (cached)."""
-    return export_hf(default_model_path(), CACHE / "SmolLM2-135M-Instruct-hf")
+    return default_model_hf()
 
 
 def daemon_model(model: Path, kv_cache_dtype: str = "auto", block_size: int = BLOCK_SIZE) -> dict[str, Any]:
