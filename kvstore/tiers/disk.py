@@ -77,9 +77,9 @@ from typing import Literal
 
 import lmdb
 
-from kvstore.codec import CODECS, EncodedParts, encode_parts
+from kvstore.codec import CODECS, EncodedParts, encode_parts, encoded_size_bound
 from kvstore.config.schema import DiskConfig
-from kvstore.errors import TierError, short_key
+from kvstore.errors import CorruptBlock, TierError, short_key
 from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, VictimSend, check_buffers
@@ -87,6 +87,7 @@ from kvstore.tiers.datadir import DirLock, make_private_dir
 from kvstore.tiers.eviction import EvictionOrder, order_for
 from kvstore.tiers.lmdb_env import LRU_RECORD, LmdbEnv
 from kvstore.tiers.lmdb_reads import RunReader, split_runs, txn_reader
+from kvstore.tiers.lmdb_value import ValueOutOfBounds
 from kvstore.tiers.lmdbcheck import damaged, repair_hint
 from kvstore.tiers.sync_loop import SyncLoop
 from kvstore.tiers.unsynced import UnsyncedBytes
@@ -171,6 +172,8 @@ class DiskTier(PooledTier):
         self._handover = Handover(self.name)  # the victim hook (set_victim_hook) and its pending sends
         self._touched: dict[bytes, int] = {}  # key -> access counter not yet written to `lru`
         self._clock = 0
+        self._max_value = encoded_size_bound(layout.bytes_per_block)
+        """The longest value a block encodes to: a value LMDB says is longer is damaged, never touched."""
         try:
             self._load_lru()
         except lmdb.Error as exc:
@@ -185,8 +188,8 @@ class DiskTier(PooledTier):
         self.read_threads = read_threads
         # Runs of a get beyond the caller's own; a pool apart from `_pool`, whose tasks (get_async) wait on these.
         self._readers = ThreadPoolExecutor(max(1, read_threads - 1), thread_name_prefix="kvstore-lmdb-read")
-        self._runs = RunReader(self._lmdb, self._blocks, self._fp, self._log_unreadable, lambda exc: self._log.warning(
-            "corrupt", "dropped a corrupt value in %s/data.mdb: %s", self.path, exc))
+        self._runs = RunReader(self._lmdb, self._blocks, self._fp, self._max_value, self._log_unreadable,
+                               self._log_corrupt)
 
     @classmethod
     def from_config(cls, section: DiskConfig, layout: KVLayout, *, order: EvictionOrder | None = None) -> DiskTier:
@@ -408,9 +411,16 @@ class DiskTier(PooledTier):
             return sum(len(v) for v in todo.values())
         return 0
 
-    def _log_unreadable(self, key: bytes, exc: lmdb.Error) -> None:
+    def _log_unreadable(self, key: bytes, exc: Exception) -> None:
         self._log.error("unreadable", "block %s in %s/data.mdb is unreadable (%s), served as a miss; %s",
                         short_key(key), self.path, exc, repair_hint(self.path))
+
+    def _log_corrupt(self, exc: CorruptBlock) -> None:
+        if isinstance(exc, ValueOutOfBounds):  # a damaged node, not a damaged value: the file needs a look
+            self._log.error("out-of-bounds", "dropped a value in %s/data.mdb whose LMDB node is damaged: %s; %s",
+                            self.path, exc, repair_hint(self.path))
+        else:
+            self._log.warning("corrupt", "dropped a corrupt value in %s/data.mdb: %s", self.path, exc)
 
     def _make_room(self, keep: Sequence[bytes] = ()) -> bool:
         """The map is full although the estimate fits (fragmented free space, or pages still held for
@@ -467,7 +477,10 @@ class DiskTier(PooledTier):
 
     def _evict_in(self, txn: lmdb.Transaction, victims: Sequence[bytes]) -> VictimSend | None:
         """Offer ``victims`` to the victim hook with a reader on ``txn``, then delete them in it; the hook's send."""
-        send = self._handover.offer(victims, txn_reader(txn, self._blocks, self._fp, self.layout.bytes_per_block)) if victims else None
+        send = None
+        if victims:
+            reader = txn_reader(txn, self._blocks, self._fp, self.layout.bytes_per_block, self._lmdb.window(self._max_value))
+            send = self._handover.offer(victims, reader)
         self._delete_in(txn, victims)
         return send
 
@@ -500,7 +513,7 @@ class DiskTier(PooledTier):
         Restored with ``add_oldest`` (blocks with a history): LRU order as recorded; under ``s3fifo`` every
         block goes to the main queue in access order with frequency 0, under ``gdsf`` at count 1 and
         priority ``L`` in access order (frequencies and counts are not persisted)."""
-        records, orphans = self._lmdb.access_records(self._blocks, self._lru_db)
+        records, orphans = self._lmdb.access_records(self._blocks, self._lru_db, self._max_value)
         for clock, block_key, cost in reversed(records):  # newest first, each before the rest: oldest ends first
             self._lru.add_oldest(block_key, cost)
             self._clock = max(self._clock, clock)

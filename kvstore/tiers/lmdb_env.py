@@ -21,13 +21,15 @@ from __future__ import annotations
 import logging
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import lmdb
 
 from kvstore.errors import TierError
 from kvstore.tiers.datadir import FILE_MODE, narrow
 from kvstore.tiers.gate import ResizeGate
+from kvstore.tiers.lmdb_value import (MapWindow, ValueOutOfBounds, checked_items, file_mappings, new_mapping,
+                                      read_node)
 from kvstore.tiers.lmdbcheck import check_environment, damaged
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,14 @@ class LmdbEnv:
         self.step = max(self.page_size, map_step // self.page_size * self.page_size)
         self.gate = ResizeGate()
         """Read transactions enter it; a map resize waits for them to leave."""
+        self.data_file = os.path.join(path, "data.mdb")
+        before = file_mappings(self.data_file)
         self.env = self._open(sync, readahead)
+        self._map_size = int(self.env.info()["map_size"])
+        self.psize = int(self.env.stat()["psize"])
+        """LMDB's page size for this environment (read once: ``Environment.stat`` takes ~1 ms)."""
+        self.map_base = new_mapping(self.data_file, before)
+        """Where the map starts in this process (values are checked against it before they are read)."""
 
     @property
     def budget(self) -> int:
@@ -67,7 +76,11 @@ class LmdbEnv:
 
     def map_size(self) -> int:
         """Current map size in bytes (never above ``max_size``)."""
-        return int(self.env.info()["map_size"])
+        return self._map_size
+
+    def window(self, max_value: int) -> MapWindow:
+        """Where the values of a transaction begun now may lie (:mod:`kvstore.tiers.lmdb_value`)."""
+        return MapWindow.of(self.map_base, self._map_size, self.psize, max_value)
 
     def txn(self, body: Callable[[lmdb.Transaction], object]) -> None:
         """Run ``body`` in a write transaction, growing the map on ``MapFullError`` until it reaches
@@ -75,7 +88,7 @@ class LmdbEnv:
         error (a damaged page, an I/O error) becomes :class:`TierError` naming the file."""
         while True:
             try:
-                with self.env.begin(write=True) as txn:
+                with self.env.begin(write=True, buffers=True) as txn:  # buffers: values are checked before read
                     body(txn)
                 return
             except lmdb.MapFullError:
@@ -83,7 +96,10 @@ class LmdbEnv:
                     raise
                 try:
                     with self.gate.exclusive():
+                        before = file_mappings(self.data_file)
                         self.env.set_mapsize(min(self.max_size, self.map_size() + self.step))
+                        self._map_size = int(self.env.info()["map_size"])
+                        self.map_base = new_mapping(self.data_file, before)  # LMDB mapped it anew
                 except lmdb.Error as exc:
                     raise self.write_error(exc) from None
             except lmdb.Error as exc:
@@ -112,26 +128,41 @@ class LmdbEnv:
             return damaged(self.path, f"is damaged ({exc})")
         return TierError(f"LMDB write to {self.path}/data.mdb failed: {exc}")
 
-    def access_records(self, blocks: lmdb._Database, lru: lmdb._Database) -> tuple[list[tuple[int, bytes, int]],
-                                                                                  list[tuple[bytes, int]]]:
+    def access_records(self, blocks: lmdb._Database, lru: lmdb._Database,
+                       max_value: int) -> tuple[list[tuple[int, bytes, int]], list[tuple[bytes, int]]]:
         """``(clock, key, cost)`` of every block in ``blocks`` as recorded in ``lru``, oldest access first, and
         ``(key, cost)`` of blocks with no record (after a foreign writer or a damaged ``lru`` database:
-        found by a scan of the keys, leaf pages only; the overflow pages holding the values are never
-        touched). Records of blocks that are gone are left out. Changes nothing."""
+        found by a scan of the keys and their leaf nodes; the overflow pages holding the values are never
+        touched, and a node whose size is out of bounds (:mod:`kvstore.tiers.lmdb_value`) is costed as
+        ``max_value``, the longest value a block encodes to: the first get of it drops it). Records of
+        blocks that are gone are left out. Changes nothing."""
         records: list[tuple[int, bytes, int]] = []
         orphans: list[tuple[bytes, int]] = []
         with self.env.begin(buffers=True) as txn:
-            for key, raw in txn.cursor(db=lru):
-                if len(key) == 32 and len(raw) == LRU_RECORD.size:
+            window = self.window(LRU_RECORD.size)
+            for key, raw in checked_items(txn.cursor(db=lru), window):
+                if len(key) == 32 and raw is not None and len(raw) == LRU_RECORD.size:
                     clock, cost = LRU_RECORD.unpack(raw)
-                    records.append((clock, bytes(key), cost))
+                    records.append((clock, key, cost))
             if txn.stat(blocks)["entries"] != len(records):
                 known = {key for _, key, _ in records}
-                present = {bytes(k): len(v) for k, v in txn.cursor(db=blocks)}
+                present = dict(self.node_sizes(txn.cursor(db=blocks), max_value))
                 records = [r for r in records if r[1] in present]
                 orphans = [(k, self.cost(n)) for k, n in present.items() if k not in known]
         records.sort()
         return records, orphans
+
+    def node_sizes(self, cursor: lmdb.Cursor, max_value: int) -> Iterator[tuple[bytes, int]]:
+        """``(key, value size)`` of every node of ``cursor``'s database, read from the nodes alone (no value
+        is touched); a size out of bounds reads as ``max_value``."""
+        window = self.window(max_value)
+        for key_buf in cursor.iternext(values=False):
+            key = bytes(key_buf)
+            try:
+                size = read_node(key, key_buf, window).size if window.known else max_value
+            except ValueOutOfBounds:
+                size = max_value
+            yield key, min(size, max_value)
 
     def close(self) -> None:
         """Close the environment."""

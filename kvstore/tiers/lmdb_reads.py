@@ -7,14 +7,16 @@ thread faults one region at a time). Each value is decoded straight from the map
 (:func:`decode_into`: header and CRC-32 of the decoded bytes, bound to the key). A run changes no state
 shared with other runs; the tier merges what they found (:class:`RunRead`).
 
-Cold reads need kernel readahead (``readahead=True``): py-lmdb touches every
-page of a value inside ``Transaction.get`` ("preload", GIL released) before
-the caller sees its address, so no ``madvise(MADV_WILLNEED)`` or ``pread`` of
-ours can come first; under LMDB's ``MADV_RANDOM`` map (``readahead=False``)
-each touch is a synchronous 4 KiB read (50-70 MB/s on the dev VM), with
-readahead a batch (mostly in put order in ``data.mdb``) streams at disk rate.
-The price is read-around on cold leaf pages. ``contains_prefix`` uses
-``Cursor.set_key``, which never touches a value.
+Values are found with ``Cursor.set_key`` and checked against the pages LMDB wrote before a byte of
+them is touched (:mod:`kvstore.tiers.lmdb_value`: a damaged node size would otherwise fault past the
+file or the map); py-lmdb's ``Transaction.get`` touches every page of a value before it returns, so it
+is never used on ``blocks``. A value out of bounds is a corrupt block (counted, deleted when that is
+safe) or, inside its leaf page, an unreadable one.
+
+Cold reads need kernel readahead (``readahead=True``): the first touch of a value is its decode, and
+under LMDB's ``MADV_RANDOM`` map (``readahead=False``) each touch is a synchronous 4 KiB read
+(50-70 MB/s on the dev VM); with readahead a batch (mostly in put order in ``data.mdb``) streams at
+disk rate. The price is read-around on cold leaf pages.
 
 The victim hook reads through the write transaction that evicts (:func:`txn_reader`).
 """
@@ -30,6 +32,7 @@ from kvstore.codec import decode_into
 from kvstore.errors import CorruptBlock
 from kvstore.tiers.base import BlockReader, Buffer, check_buffers
 from kvstore.tiers.lmdb_env import LmdbEnv
+from kvstore.tiers.lmdb_value import MapWindow, ValueOutOfBounds, bounded_value
 
 READ_SPLIT_BYTES = 1 << 20
 """Least bytes of a get batch worth handing to another reading thread (smaller runs cost more to hand over
@@ -58,12 +61,13 @@ def split_runs(n: int, bytes_per_block: int, threads: int) -> list[tuple[int, in
 class RunReader:
     """Reads runs of a batch from the ``blocks`` database ``db`` of ``env``.
 
-    ``unreadable(key, exc)`` is told of a damaged page on a key's path, ``corrupt(exc)`` of a value that
-    failed verification (both log; the tier counts and drops)."""
+    ``unreadable(key, exc)`` is told of a damaged page on a key's path (or a value out of bounds inside
+    its leaf), ``corrupt(exc)`` of a value that failed verification (both log; the tier counts and drops).
+    ``max_value``: the longest value one block encodes to."""
 
-    def __init__(self, env: LmdbEnv, db: lmdb._Database, fingerprint: bytes,
-                 unreadable: Callable[[bytes, lmdb.Error], object], corrupt: Callable[[CorruptBlock], object]) -> None:
-        self._env, self._db, self._fp = env, db, fingerprint
+    def __init__(self, env: LmdbEnv, db: lmdb._Database, fingerprint: bytes, max_value: int,
+                 unreadable: Callable[[bytes, Exception], object], corrupt: Callable[[CorruptBlock], object]) -> None:
+        self._env, self._db, self._fp, self._max_value = env, db, fingerprint, max_value
         self._unreadable, self._corrupt = unreadable, corrupt
 
     def read(self, keys: Sequence[bytes], dests: Sequence[Buffer], lo: int, hi: int) -> RunRead:
@@ -74,11 +78,21 @@ class RunReader:
             with self._env.gate.reading():
                 txn = self._env.env.begin(db=self._db, buffers=True)
                 try:
+                    window = self._env.window(self._max_value)
+                    cursor = txn.cursor()
                     for i in range(pos, hi):
                         pos = i + 1
                         key = keys[i]
                         try:
-                            value = txn.get(key)
+                            value = bounded_value(cursor, key, window)
+                        except ValueOutOfBounds as exc:
+                            if exc.deletable:
+                                run.corrupt.append(key)
+                                self._corrupt(exc)
+                            else:  # deleting its node would move that many bytes in the page: left for repair
+                                run.unreadable += 1
+                                self._unreadable(key, exc)
+                            continue
                         except lmdb.Error as exc:
                             # A damaged page on this key's path: a miss, never an exception for the caller.
                             # Not deleted (the delete would walk the same page); LMDB may have failed the
@@ -99,15 +113,18 @@ class RunReader:
         return run
 
 
-def txn_reader(txn: lmdb.Transaction, db: lmdb._Database, fingerprint: bytes, bytes_per_block: int) -> BlockReader:
-    """A :data:`BlockReader` on the open transaction ``txn`` (a corrupt or unreadable value reads ``False``)."""
+def txn_reader(txn: lmdb.Transaction, db: lmdb._Database, fingerprint: bytes, bytes_per_block: int,
+               window: MapWindow) -> BlockReader:
+    """A :data:`BlockReader` on the open transaction ``txn`` (``buffers=True``; a corrupt, unreadable or
+    out-of-bounds value reads ``False``)."""
 
     def read(keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
         check_buffers(keys, dests, bytes_per_block, "disk")
+        cursor = txn.cursor(db=db)
         out: list[bool] = []
         for key, dest in zip(keys, dests):
             try:
-                value = txn.get(key, db=db)
+                value = bounded_value(cursor, key, window)
                 ok = value is not None
                 if ok:
                     decode_into(value, dest, fingerprint, key)

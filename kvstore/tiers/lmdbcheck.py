@@ -104,8 +104,9 @@ def check_walkable_databases(path: str, hint: str | None = None) -> None:
 
     LMDB meets some damage (a zeroed or overwritten leaf or branch page) with ``abort()`` inside a
     cursor step, which no ``except`` catches; the walk runs in a child process
-    (:func:`kvstore.tiers.lmdb_walk.check_walkable`: the access records with their values, the blocks'
-    keys only, their overflow pages untouched), so the caller gets a message naming the file and
+    (:func:`kvstore.tiers.lmdb_walk.check_walkable`: the keys of both databases, every leaf and branch
+    page stepped on, no value touched: a damaged node size is the serving process's to check,
+    :mod:`kvstore.tiers.lmdb_value`, and must not refuse the start), so the caller gets a message naming the file and
     ``kvstore repair`` instead. A new (absent or empty) environment passes. Call it before opening the
     environment in a process that must not die of it (the daemon).
     """
@@ -115,7 +116,7 @@ def check_walkable_databases(path: str, hint: str | None = None) -> None:
     data_file = os.path.join(path, DATA_FILE)
     size = os.path.getsize(data_file) if os.path.isfile(data_file) else 0
     if size:
-        why = check_walkable(path, size, {"lru": True, "blocks": False})
+        why = check_walkable(path, size, {"lru": False, "blocks": False})
         if why is not None:
             raise damaged(path, why, hint)
 

@@ -30,12 +30,13 @@ import lmdb
 import numpy as np
 import torch
 
-from kvstore.codec import decode_into
+from kvstore.codec import decode_into, encoded_size_bound
 from kvstore.config.schema import DiskConfig
 from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Tier
 from kvstore.tiers.datadir import DirLock
+from kvstore.tiers.lmdb_value import MapWindow, ValueOutOfBounds, bounded_value, file_mappings, new_mapping
 from kvstore.tiers.lmdb_walk import walk
 from kvstore.tiers.lmdbcheck import DATA_FILE, expected_size
 
@@ -186,21 +187,30 @@ def _copy_verified(source: str, map_size: int, tier: Tier, layout: KVLayout, rep
     dest = np.empty(layout.bytes_per_block, dtype=np.uint8)
     batch = SalvageBatch(tier, report)
 
+    data_file = os.path.join(source, DATA_FILE)
+    before = file_mappings(data_file)
     try:
         env = lmdb.open(source, readonly=True, lock=False, max_dbs=2, map_size=max(map_size, 1 << 20))
     except lmdb.Error as exc:
         report.walk_error = f"cannot open {source}: {exc}"
         return
+    base = new_mapping(data_file, before)
     try:
         keys = _known_keys(source, map_size, report)
         pos = 0
         while pos < len(keys):
             with env.begin(buffers=True) as txn:
                 db = env.open_db(b"blocks", txn=txn, create=False)
+                window = MapWindow.of(base, int(env.info()["map_size"]), int(env.stat()["psize"]),
+                                      encoded_size_bound(layout.bytes_per_block))
+                cursor = txn.cursor(db=db)
                 for key in keys[pos:]:
                     pos += 1
                     try:
-                        value = txn.get(key, db=db)
+                        value = bounded_value(cursor, key, window)  # a damaged node size never faults
+                    except ValueOutOfBounds:
+                        report.failed += 1
+                        continue
                     except lmdb.Error:
                         report.failed += 1
                         break  # the transaction may be failed now: continue in a fresh one

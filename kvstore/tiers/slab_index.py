@@ -17,6 +17,7 @@ import lmdb
 
 from kvstore.errors import TierError
 from kvstore.tiers.datadir import FILE_MODE, make_private_dir, narrow
+from kvstore.tiers.lmdb_value import MapWindow, checked_items, file_mappings, new_mapping
 from kvstore.tiers.lmdbcheck import check_environment, damaged
 
 RECORD = struct.Struct("<QQ")
@@ -39,21 +40,27 @@ class SlabIndex:
         self.path = path
         make_private_dir(path)
         check_environment(path, hint(path))
+        self._data_file = os.path.join(path, "data.mdb")
+        before = file_mappings(self._data_file)
         try:
             self.env = lmdb.open(path, map_size=max(64 << 20, entries * 256), sync=durable_commits,
                                  metasync=durable_commits, readahead=False, max_readers=64, mode=FILE_MODE)
         except lmdb.Error as exc:
             raise damaged(path, f"cannot be opened ({exc})", hint(path)) from None
+        self._map_base = new_mapping(self._data_file, before)
         for name in ("data.mdb", "lock.mdb"):  # narrow files a permissive umask left wider
             narrow(os.path.join(path, name), FILE_MODE)
 
     def records(self) -> list[tuple[int, bytes, int]]:
-        """Every entry as ``(last access, key, slot)``, oldest access first. Changes nothing."""
+        """Every entry as ``(last access, key, slot)``, oldest access first; an entry whose node is damaged
+        (its size out of bounds, :mod:`kvstore.tiers.lmdb_value`) is left out, never touched. Changes nothing."""
         out: list[tuple[int, bytes, int]] = []
         try:
-            with self.env.begin() as txn:
-                for key, raw in txn.cursor():
-                    if len(key) == 32 and len(raw) == RECORD.size:
+            with self.env.begin(buffers=True) as txn:
+                window = MapWindow.of(self._map_base, int(self.env.info()["map_size"]), int(self.env.stat()["psize"]),
+                                      RECORD.size)
+                for key, raw in checked_items(txn.cursor(), window):
+                    if len(key) == 32 and raw is not None and len(raw) == RECORD.size:
                         slot, clock = RECORD.unpack(raw)
                         out.append((clock, bytes(key), slot))
         except lmdb.Error as exc:

@@ -1,10 +1,14 @@
-"""Zeroed LMDB pages never take the daemon down at start.
+"""Damaged LMDB pages never take the daemon down: zeroed pages at start, a flipped node size at a get.
 
 LMDB meets a page that is neither a leaf nor a branch with ``abort()`` inside
 ``mdb_cursor_next`` (``Assertion 'IS_LEAF(mp)'``), which the daemon's start
 hits while it reads its access records. The daemon walks its databases in a
 child first and refuses to start, naming ``data.mdb`` and ``kvstore repair``;
 the salvage then keeps every block that still verifies and the daemon starts.
+
+A flipped bit in a leaf node's size sends LMDB's value past its page and the file: the daemon checks
+every value's place before it touches it (:mod:`kvstore.tiers.lmdb_value`), so the block is a counted
+miss and every other client keeps being served.
 """
 
 from __future__ import annotations
@@ -14,7 +18,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from daemonlib import REPO, block_for, cleanup, empty_blocks, keys_for, short_tmpdir, start_daemon, write_config
+
+from kvstore.daemon.client import DaemonClient
+from kvstore.daemon.tier import DaemonTier
+from kvstore.layout import KVLayout
 
 
 def zero_access_record_pages(data_file: Path, keys: list[bytes], page_size: int = 4096) -> int:
@@ -73,5 +82,73 @@ def test_zeroed_pages_refuse_the_start_with_a_message_and_salvage_recovers() -> 
         assert sum(found) > 0
         tier.close()
         assert d.stop() == 0
+    finally:
+        cleanup(d, root)
+
+
+MODEL_64K = {"model_id": "daemon-64k", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_size": 64,
+             "dtype": "float16"}
+LAYOUT_64K = KVLayout(**MODEL_64K)
+"""64 KiB blocks, as in the reported run: each value on a run of 17 overflow pages."""
+
+
+def noise_for(key: bytes) -> torch.Tensor:
+    """Incompressible block content derived from ``key``."""
+    gen = torch.Generator().manual_seed(int.from_bytes(key[:8], "little"))
+    return torch.randint(0, 256, (LAYOUT_64K.bytes_per_block,), dtype=torch.uint8, generator=gen)
+
+
+def flip_big_node_size(data_file: Path, key: bytes, bit: int, page_size: int = 4096) -> int:
+    """Flip ``bit`` of the size of every leaf node of ``key`` whose value is on overflow pages; how many."""
+    data = bytearray(data_file.read_bytes())
+    changed = 0
+    for start in range(0, len(data) - page_size + 1, page_size):
+        at = data.find(key, start, start + page_size)
+        if at - start < 24 or not struct.unpack_from("<H", data, start + 10)[0] & 0x02:
+            continue
+        lo, hi, flags = struct.unpack_from("<HHH", data, at - 8)
+        if flags & 1:  # F_BIGDATA
+            size = (lo | hi << 16) ^ 1 << bit
+            struct.pack_into("<HH", data, at - 8, size & 0xFFFF, size >> 16)
+            changed += 1
+    data_file.write_bytes(bytes(data))
+    return changed
+
+
+def test_a_flipped_node_size_is_a_counted_miss_and_the_daemon_serves_on() -> None:
+    root = short_tmpdir()
+    d = None
+
+    def connect() -> DaemonTier:
+        c = DaemonClient(LAYOUT_64K, socket_path=d.socket_path)
+        c.connect(10)
+        return DaemonTier(LAYOUT_64K, c)
+
+    try:
+        config = write_config(root, model=MODEL_64K, host={"capacity": 64 * LAYOUT_64K.bytes_per_block})
+        d = start_daemon(config)
+        tier = connect()
+        keys = keys_for(24, seed=82)
+        assert tier.put(keys, [noise_for(k) for k in keys]) == [True] * len(keys)
+        tier.flush()
+        tier.close()
+        assert d.stop() == 0
+        assert flip_big_node_size(root / "lmdb" / "data.mdb", keys[-1], 23) >= 1  # 65,584 -> 8,454,192 bytes
+
+        d = start_daemon(config)
+        tier = connect()
+        dests = [torch.empty(LAYOUT_64K.bytes_per_block, dtype=torch.uint8) for _ in keys]
+        found = tier.get(keys, dests)
+        assert found == [True] * (len(keys) - 1) + [False]
+        assert all(bool((b == noise_for(k)).all()) for k, b, ok in zip(keys, dests, found) if ok)
+        assert d.proc.poll() is None  # alive: the value was never touched
+        other = connect()  # every client is served as before; the damaged block is gone, not refetched
+        assert other.get(keys, [torch.empty_like(b) for b in dests]) == found
+        other.close()
+        tier.close()
+        assert d.stop() == 0
+        log = d.log.read_text()
+        assert f"{root / 'lmdb'}/data.mdb whose LMDB node is damaged" in log and "out of bounds" in log
+        assert "kvstore repair" in log
     finally:
         cleanup(d, root)

@@ -158,7 +158,7 @@ def test_unreadable_page_makes_its_blocks_counted_misses_not_exceptions(tmp_path
     assert all(torch.equal(dests[i], blocks[i]) for i in range(N) if found[i])
     s = tier.stats()
     assert (s.hits, s.misses, s.read_errors, s.corrupt_dropped) == (N - lost, lost, lost, 0)
-    assert "is unreadable (mdb_get: MDB_CORRUPTED" in caplog.text and "kvstore repair" in caplog.text
+    assert "is unreadable (mdb_cursor_get: MDB_CORRUPTED" in caplog.text and "kvstore repair" in caplog.text
     assert tier.contains_prefix(keys) == found.index(False)  # the prefix ends at the damage, without raising
     assert tier.put([b"\xff" * 32], blocks[:1]) == [True]  # the rest of the tier keeps working
     with pytest.raises(TierError, match=r"data.mdb is damaged \(mdb_put: MDB_CORRUPTED.*kvstore repair"):
