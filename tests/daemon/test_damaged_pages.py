@@ -152,3 +152,53 @@ def test_a_flipped_node_size_is_a_counted_miss_and_the_daemon_serves_on() -> Non
         assert "kvstore repair" in log
     finally:
         cleanup(d, root)
+
+
+def test_pages_zeroed_while_the_daemon_runs_are_misses_and_failed_writes_never_a_signal() -> None:
+    """Damage after the start-time walk: LMDB meets it on a key's search path (an error, not an abort), so
+    gets are misses, puts and flushes that need those pages fail with a message, and the daemon serves on."""
+    from kvstore.errors import NotDurable
+
+    root = short_tmpdir()
+    d = None
+    try:
+        config = write_config(root)
+        d = start_daemon(config)
+        tier = d.tier()
+        keys = keys_for(400, seed=83)
+        for i in range(0, len(keys), 50):
+            assert tier.put(keys[i : i + 50], [block_for(k) for k in keys[i : i + 50]]) == [True] * 50
+        tier.flush()
+        data = bytearray((root / "lmdb" / "data.mdb").read_bytes())
+        tree = [p for p in range(2, len(data) // 4096)  # live leaf and branch pages (their own number inside)
+                if struct.unpack_from("<H", data, p * 4096 + 10)[0] in (1, 2) and struct.unpack_from("<Q", data, p * 4096)[0] == p]
+        with open(root / "lmdb" / "data.mdb", "r+b") as f:  # LMDB maps the file shared: it sees this at once
+            for p in tree[len(tree) // 3 :: 3]:
+                f.seek(p * 4096)
+                f.write(bytes(4096))
+        dests = empty_blocks(len(keys))
+        found = tier.get(keys, dests)
+        assert all(bool((b == block_for(k)).all()) for k, b, ok in zip(keys, dests, found) if ok)
+        more = keys_for(100, seed=84)
+        for i in range(0, len(more), 20):
+            tier.put(more[i : i + 20], [block_for(k) for k in more[i : i + 20]])  # accepted into RAM either way
+        try:
+            tier.flush()
+        except NotDurable:
+            pass  # the disk write failed on a damaged page: said so, nothing acknowledged falsely
+        assert d.proc.poll() is None, d.log.read_text()[-3000:]
+        other = d.tier()
+        dests = empty_blocks(len(more))
+        got = other.get(more, dests)
+        assert all(bool((b == block_for(k)).all()) for k, b, ok in zip(more, dests, got) if ok) and any(got)
+        for client in (other, tier):
+            try:
+                client.close()  # its flush reports what the damaged disk did not take
+            except NotDurable as exc:
+                assert "data.mdb is damaged" in str(exc) and "kvstore repair" in str(exc)
+        assert d.proc.poll() is None
+        d.stop()
+        log = d.log.read_text()
+        assert "Traceback" not in log and "kvstore repair" in log
+    finally:
+        cleanup(d, root)
