@@ -306,6 +306,12 @@ class DaemonConfig(Section):
     max_frame_bytes: PositiveSize = "64MiB"  # type: ignore[assignment]
     """Largest accepted protocol frame after login (requests and inline replies); longer ones are refused
     before allocation. Before login a frame may carry at most 4 KiB. At least one block plus 4 KiB."""
+    max_inflight_bytes: PositiveSize = "256MiB"  # type: ignore[assignment]
+    """Most bytes of frames in flight across all connections: request payloads being received and
+    GET_INLINE replies their clients have not yet taken. A frame that does not fit waits, its socket
+    unread, until others finish; after ``read_timeout_s`` its connection is closed, naming this limit.
+    It bounds what any number of peers can make the daemon hold (one connection holds at most one
+    payload and one reply). At least ``max_frame_bytes``."""
     max_keys_per_request: int = Field(16384, ge=1, le=16384)
     """Most block keys one request may carry (every keys request and PUT_INLINE); more is refused
     with an error naming the message type, the count and this limit."""
@@ -340,6 +346,9 @@ class DaemonConfig(Section):
         if self.max_connections_per_peer > self.max_connections:
             raise ValueError(f"max_connections_per_peer ({self.max_connections_per_peer}) exceeds "
                              f"max_connections ({self.max_connections})")
+        if int(self.max_inflight_bytes) < int(self.max_frame_bytes):
+            raise ValueError(f"max_inflight_bytes ({int(self.max_inflight_bytes)}) is less than max_frame_bytes "
+                             f"({int(self.max_frame_bytes)}): one largest frame must fit")
         return self
 
     def min_frame_bytes(self, layout: KVLayout) -> int:

@@ -46,11 +46,15 @@ from kvstore.daemon.messages import PutState
 from kvstore.daemon.writer import WriteBehind
 from kvstore.errors import BlockStateError, NotDurable
 
-QUARANTINE_FACTOR = 30
-"""An expired write hold's slot is reused at the latest this many hold timeouts after it was granted."""
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Tier
 from kvstore.tiers.host import HostTier
+
+QUARANTINE_FACTOR = 30
+"""An expired write hold's slot is reused at the latest this many hold timeouts after it was granted."""
+HOLDS_PER_SLOT = 2
+"""Most hold references one connection may have, per host slot: more means it holds the same slots again
+and again without releasing them (each reference costs the daemon bookkeeping until its deadline)."""
 
 INTERNAL_OWNER = -1
 """Owner id of the daemon's own short-lived references (inline requests)."""
@@ -73,9 +77,12 @@ class BackendCounters:
     flush_failures: int = 0
     """FLUSH requests (and the shutdown flush) that reported blocks not durable."""
     owner_releases: int = 0
-    """Holds ended at once because the client process holding them was gone."""
+    """Holds and quarantined slots ended at once because the client process holding them was gone."""
     quarantined: int = 0
-    """Write holds that expired with their slot kept from reuse (the writer may still copy into it)."""
+    """Write holds that expired, or whose connection closed, with their slot kept from reuse (the writer
+    may still copy into it)."""
+    connection_releases: int = 0
+    """Read holds ended at once because the connection that held them closed."""
     prefix_query_tokens: int = 0
     """Tokens of the prefixes clients looked up (EXISTS_PREFIX keys x block size: the daemon sees keys, not tokens)."""
     prefix_hit_tokens: int = 0
@@ -157,9 +164,26 @@ class DaemonBackend:
 
     def read_inline(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """Copies of the found blocks (loading disk hits into host like :meth:`hold_for_read`)."""
+        found, data = self.read_packed(keys)
+        bpb, out, at = self.layout.bytes_per_block, [], 0
+        for ok in found:
+            out.append(bytes(data[at : at + bpb]) if ok else None)
+            at += bpb if ok else 0
+        return out
+
+    def read_packed(self, keys: Sequence[bytes]) -> tuple[list[bool], bytearray]:
+        """Which keys were found, and their blocks back to back in one buffer (GET_INLINE's reply body:
+        one copy out of the slots, one allocation, returned to the system when freed). Loads disk hits
+        into host like :meth:`hold_for_read`."""
         slots = self._lock_found(keys)
         try:
-            return [None if s is None else self.host.slot_view(s).numpy().tobytes() for s in slots]
+            found = [s for s in slots if s is not None]
+            bpb = self.layout.bytes_per_block
+            data = bytearray(len(found) * bpb)
+            view = np.frombuffer(data, dtype=np.uint8)
+            for i, slot in enumerate(found):
+                view[i * bpb : (i + 1) * bpb] = self.host.slot_view(slot).numpy()
+            return [s is not None for s in slots], data
         finally:
             self._unpin([k for k, s in zip(keys, slots) if s is not None])
 
@@ -218,8 +242,30 @@ class DaemonBackend:
                     self.host.abort([hold.key])
             quarantined = list(self._quarantine.pop(owner, {}))
             self.host.abort(quarantined)  # a gone process copies nothing more
-            self.counters.owner_releases += len(ended)
+            self.counters.owner_releases += len(ended) + len(quarantined)
         return len(ended) + len(quarantined)
+
+    def hold_limit(self) -> int:
+        """Most hold references one connection may have at once (:data:`HOLDS_PER_SLOT` per host slot)."""
+        return HOLDS_PER_SLOT * self.host.num_slots
+
+    def end_connection(self, owner: int) -> int:
+        """``owner``'s connection closed: its read holds end now (a client copies out of a slot only while
+        its connection is open, under the lock its close takes), and the slots of its write holds are
+        quarantined as if they had expired (its process may be paused inside the copy) until that process
+        exits (:meth:`release_owner`) or :data:`QUARANTINE_FACTOR` hold timeouts pass. Returns the read
+        holds ended."""
+        ended = self.holds.take_all(owner)
+        backstop = time.monotonic() + QUARANTINE_FACTOR * self.holds.timeout_s
+        with self._mu:
+            reads = [h.key for h in ended if h.kind == "read"]
+            self.host.unpin(reads)
+            self.counters.connection_releases += len(reads)
+            for hold in ended:
+                if hold.kind == "write":
+                    self._quarantine.setdefault(owner, {})[hold.key] = backstop
+                    self.counters.quarantined += 1
+        return len(reads)
 
     def owned_by(self, owner: int) -> int:
         """Holds and quarantined slots ``owner`` has now (what :meth:`release_owner` would end). Changes nothing."""
@@ -330,6 +376,8 @@ class DaemonBackend:
         out["disk"] = self.disk.stats().as_dict() if self.disk is not None else None
         out["holds"] = len(self.holds)
         out["holds_expired"] = self.holds.expired_total
+        with self._mu:
+            out["quarantined_slots"] = sum(len(keys) for keys in self._quarantine.values())
         out["pending_writes"] = self.writer.pending if self.writer is not None else 0
         out["write_failures"] = self.writer.failed if self.writer is not None else 0
         out["not_durable"] = self.not_durable

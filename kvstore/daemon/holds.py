@@ -46,6 +46,7 @@ class HoldTable:
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self._held: dict[tuple[int, HoldKind], dict[bytes, list[float]]] = {}
+        self._count: dict[int, int] = {}  # owner -> references it has now (checked on every grant)
         self._lock = threading.Lock()
         self.expired_total = 0
         """Holds ended by their deadline (a counter for metrics)."""
@@ -57,6 +58,7 @@ class HoldTable:
             table = self._held.setdefault((owner, kind), {})
             for key in keys:
                 table.setdefault(key, []).append(deadline)
+            self._count[owner] = self._count.get(owner, 0) + len(keys)
 
     def take(self, owner: int, kind: HoldKind, keys: Sequence[bytes]) -> list[bool]:
         """Remove one reference per key; ``result[i]`` says whether ``owner`` held one to remove."""
@@ -74,6 +76,7 @@ class HoldTable:
                 out.append(True)
             if not table:
                 self._held.pop((owner, kind), None)
+            self._uncount(owner, sum(out))
         return out
 
     def has(self, owner: int, kind: HoldKind, key: bytes) -> bool:
@@ -89,6 +92,7 @@ class HoldTable:
                 table = self._held.pop((owner, kind), {})
                 for key, refs in table.items():
                     out.extend(Hold(owner, kind, key) for _ in refs)
+            self._count.pop(owner, None)
         return out
 
     def expire(self, now: float) -> list[Hold]:
@@ -100,6 +104,7 @@ class HoldTable:
                     while refs and refs[0] <= now:
                         refs.pop(0)
                         out.append(Hold(owner, kind, key))
+                        self._uncount(owner, 1)
                     if not refs:
                         del table[key]
                 if not table:
@@ -110,7 +115,14 @@ class HoldTable:
     def owned_by(self, owner: int) -> int:
         """References ``owner`` has now. Changes nothing."""
         with self._lock:
-            return sum(len(r) for (o, _), t in self._held.items() if o == owner for r in t.values())
+            return self._count.get(owner, 0)
+
+    def _uncount(self, owner: int, n: int) -> None:
+        left = self._count.get(owner, 0) - n
+        if left > 0:
+            self._count[owner] = left
+        else:
+            self._count.pop(owner, None)
 
     def __len__(self) -> int:
         """References held by all owners."""

@@ -303,6 +303,20 @@ def encode_blocks(blocks: Sequence[bytes | memoryview | None]) -> bytes:
     return encode_flags([b is not None for b in blocks]) + b"".join(bytes(b) for b in blocks if b is not None)
 
 
+@dataclass(frozen=True)
+class PackedBlocks:
+    """A GET_INLINE reply not yet joined: the found flags and the found blocks back to back in ``data``
+    (:meth:`parts` are what :func:`encode_blocks` would return, in two pieces, so the daemon sends the
+    blocks from the one buffer they were read into)."""
+
+    found: list[bool]
+    data: bytearray
+
+    def parts(self) -> tuple[bytes, memoryview]:
+        """The reply payload as (flags, blocks)."""
+        return encode_flags(self.found), memoryview(self.data)
+
+
 def decode_blocks(payload: bytes, block_bytes: int) -> list[bytes | None]:
     """Inverse of :func:`encode_blocks`."""
     v = memoryview(payload)

@@ -37,6 +37,7 @@ from kvstore.daemon.frames import ErrorCode, Op, encode_frame
 from kvstore.daemon.messages import encode_error
 from kvstore.daemon.http import HttpEndpoints
 from kvstore.daemon.holds import HoldTable
+from kvstore.daemon.inflight import InflightBudget
 from kvstore.build_info import build_info
 from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
 from kvstore.daemon.peer import PeerProcess
@@ -95,6 +96,7 @@ class DaemonServer:
         self._limits = ConnectionLimits(d.max_connections, d.max_connections_per_peer)
         self._throttle = LoginThrottle(d.max_login_failures, d.login_lockout_s)
         self._events = RateLimitedLog(log, LOG_INTERVAL_S)
+        self._inflight = InflightBudget(int(d.max_inflight_bytes))
         self._tenant_counters: dict[str, TenantCounters] = {}
         self._stop = asyncio.Event()
         self._stopping = False
@@ -140,7 +142,8 @@ class DaemonServer:
         tenants = {token: Tenant.from_salt(salt) for token, salt in d.tenant_salts.items()}
         counters = {t.label: TenantCounters() for t in tenants.values()}
         ctx = SessionContext(d, self.layout, self.backend, self.metrics, self._executor, shm_name, self.stats,
-                             self._throttle, self._events, tenants, counters, config_source=self.config_source)
+                             self._throttle, self._events, tenants, counters, self._inflight,
+                             config_source=self.config_source)
         self._tenant_counters = counters
         self._servers.append(await bind_private(
             d.socket_path, lambda p: asyncio.start_unix_server(lambda r, w: self._accept(r, w, "unix", ctx), p)
@@ -233,6 +236,8 @@ class DaemonServer:
         finally:
             self._sessions.discard(session)
             self._limits.leave(peer)
+            if self.backend is not None and not self._stopping:
+                self.backend.end_connection(session.conn_id)  # its reads end now, its writes are quarantined
             if process is not None:
                 self._spawn(self._release_when_gone(session.conn_id, process))
 

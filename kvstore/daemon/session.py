@@ -34,9 +34,10 @@ from kvstore.daemon import messages as m
 from kvstore.daemon.admission import LoginThrottle, Peer
 from kvstore.daemon.auth import new_nonce, token_for_proof
 from kvstore.daemon.backend import DaemonBackend
+from kvstore.daemon.inflight import InflightBudget
 from kvstore.daemon.frames import (
-    HEADER_SIZE, OBSERVER_FINGERPRINT, PRELOGIN_FRAME_BYTES, REPLY_BIT, ErrorCode, FrameHeader, Op, ProtocolError,
-    decode_header, encode_frame,
+    HEADER, HEADER_SIZE, MAGIC, OBSERVER_FINGERPRINT, PRELOGIN_FRAME_BYTES, PROTOCOL_VERSION, REPLY_BIT, ErrorCode,
+    FrameHeader, Op, ProtocolError, decode_header, encode_frame,
 )
 from kvstore.daemon.layout_check import bad_layout_message
 from kvstore.daemon.metrics import DaemonMetrics
@@ -49,6 +50,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SHM_OPS = frozenset({Op.GET_SHM, Op.GET_SHM_RELEASE, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT, Op.TOUCH_QUIET})
+DISTINCT_OPS = frozenset({Op.GET_INLINE, Op.GET_SHM, Op.GET_SHM_RELEASE, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT,
+                          Op.PUT_INLINE})
+"""Requests that may not name a key twice (:meth:`Session._check_distinct`)."""
+SEND_PIECE = 1 << 20
+"""Bytes of a reply handed to the transport at a time (:meth:`Session._send`)."""
+HOLDING_OPS = frozenset({Op.GET_SHM, Op.PUT_SHM_RESERVE})
+"""Requests that grant holds (GET_SHM_RELEASE arrives here as its GET_SHM): bounded per connection."""
 QUIET_OPS = frozenset({Op.RELEASE_QUIET, Op.TOUCH_QUIET})
 """Requests never answered, not even with an error: their client reads no reply."""
 
@@ -76,6 +84,8 @@ class SessionContext:
     """Token -> tenant, from ``daemon.tenant_salts``."""
     tenant_counters: dict[str, TenantCounters]
     """Tenant label -> its counters."""
+    inflight: InflightBudget
+    """The bytes of payloads and inline replies in flight, across connections (:mod:`kvstore.daemon.inflight`)."""
     config_source: str = "<unknown>"
     """The config file the daemon runs on, named when it refuses a client's layout."""
 
@@ -94,6 +104,7 @@ class Session:
         self.busy = False
         self.writer: asyncio.StreamWriter | None = None
         self.flush_mark = 0  # FLUSH reports write failures after this mark: since start, then since the last FLUSH
+        self._taken = 0  # bytes of the in-flight budget this connection holds now (its request and its reply)
         self._login_deadline = 0.0
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -144,6 +155,7 @@ class Session:
                 header = self._decode_header(raw)
                 if isinstance(header, ProtocolError) or header.length == 0:
                     return raw, header, b""
+                await self._take(header.length, f"a {header.op_name()} payload of {header.length} bytes")
                 deadline, what = self._limit(between_requests=False)
                 return raw, header, await asyncio.wait_for(reader.readexactly(header.length), max(0.0, deadline - loop.time()))
             async with asyncio.timeout_at(deadline) as scope:
@@ -153,11 +165,25 @@ class Session:
                 header = self._decode_header(raw)
                 if isinstance(header, ProtocolError) or header.length == 0:
                     return raw, header, b""
+                scope.reschedule(None)
+                await self._take(header.length, f"a {header.op_name()} payload of {header.length} bytes")
                 deadline, what = self._limit(between_requests=False)
                 scope.reschedule(deadline)
                 return raw, header, await reader.readexactly(header.length)
         except asyncio.TimeoutError:
             raise SessionTimeout(what) from None
+
+    async def _take(self, n: int, what: str) -> None:
+        """Take ``n`` bytes of the daemon's in-flight budget for this request (given back by :meth:`_one`
+        once it is answered); :class:`SessionTimeout` naming the limit when they do not come free within
+        ``read_timeout_s``. Frames before login (at most 4 KiB) are not counted."""
+        if self.hello is None:
+            return
+        cfg, budget = self.ctx.daemon, self.ctx.inflight
+        if not await budget.take(n, cfg.read_timeout_s):
+            raise SessionTimeout(f"{what} found no room within daemon.read_timeout_s = {cfg.read_timeout_s:g} s: "
+                                 f"{budget.used} of daemon.max_inflight_bytes = {budget.limit} bytes are in flight")
+        self._taken += n
 
     async def _header(self, read: Awaitable[bytes]) -> bytes | None:
         """The 16 header bytes, or ``None`` when the peer closed the connection before all of them came."""
@@ -178,7 +204,16 @@ class Session:
             return exc
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Read, run and answer one request; ``False`` ends the session."""
+        """Read, run and answer one request; ``False`` ends the session. Whatever in-flight budget the
+        request took (its payload, its reply) is given back when it has been answered or the session ends."""
+        try:
+            return await self._answer(reader, writer)
+        finally:
+            if self._taken:
+                self.ctx.inflight.give(self._taken)
+                self._taken = 0
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         frame = await self._read_frame(reader)
         if frame is None:
             return False
@@ -205,11 +240,16 @@ class Session:
         if quiet:
             self.ctx.metrics.observe(Op(header.op).name, time.perf_counter() - start)
             return True
-        await self._send(writer, encode_frame(header.op | REPLY_BIT, header.request_id, reply))
+        if isinstance(reply, m.PackedBlocks):
+            flags, blocks = reply.parts()
+            head = HEADER.pack(MAGIC, PROTOCOL_VERSION, header.op | REPLY_BIT, header.request_id, len(flags) + len(blocks))
+            await self._send(writer, head + flags, blocks)
+        else:
+            await self._send(writer, encode_frame(header.op | REPLY_BIT, header.request_id, reply))
         self.ctx.metrics.observe(Op(header.op).name, time.perf_counter() - start)
         return True
 
-    async def _handle(self, op_num: int, payload: bytes) -> bytes:
+    async def _handle(self, op_num: int, payload: bytes) -> bytes | m.PackedBlocks:
         msg = m.decode_request(op_num, payload, self.ctx.layout.bytes_per_block)
         is_challenge = isinstance(msg, m.EmptyRequest) and msg.op == Op.CHALLENGE
         if self.hello is None:
@@ -230,11 +270,55 @@ class Session:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{op.name}: shared memory is only for untenanted local clients that asked for it")
         if isinstance(msg, (m.KeysRequest, m.PutInline, m.GetRelease)):
             self._check_size(op, len(msg.keys))
+            if op in DISTINCT_OPS:
+                self._check_distinct(op, msg.keys)
         if isinstance(msg, m.GetRelease):
             self._check_size(op, len(msg.release), "keys to release")
             self.ctx.backend.release(self.conn_id, self._keys(msg.release))  # first: it frees what the get may need
             msg = msg.get
+        if isinstance(msg, m.KeysRequest) and msg.op in HOLDING_OPS:
+            self._check_holds(op, len(msg.keys))
+        if op == Op.GET_INLINE and isinstance(msg, m.KeysRequest):
+            await self._take_reply(self._inline_reply_bound(len(msg.keys)))
         return await self._run(self._dispatch, msg)
+
+    def _check_distinct(self, op: Op, keys: Sequence[bytes]) -> None:
+        """Refuse a request that names a key twice: a GET_INLINE reply repeats the block for every mention
+        (a 32 KiB request naming one key 1,023 times asked for a 67 MB reply) and a GET_SHM or a reserve
+        grants a hold per mention. The client library asks for each key once."""
+        if len(set(keys)) == len(keys):
+            return
+        seen: set[bytes] = set()
+        for twice in keys:
+            if twice in seen:
+                break
+            seen.add(twice)
+        raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{op.name}: key {twice.hex()[:16]}… is named "
+                            f"{list(keys).count(twice)} times in one request of {len(keys)} keys; name each key once")
+
+    def _check_holds(self, op: Op, n: int) -> None:
+        """Refuse a request whose holds would take this connection past the backend's limit (twice the host
+        slots): a client that keeps asking without releasing (100 GET_SHMs of one key made 1.6 M holds)."""
+        b = self.ctx.backend
+        have, limit = b.holds.owned_by(self.conn_id), b.hold_limit()
+        if have + n > limit:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"{op.name}: this connection holds {have} host slot references "
+                                f"and asks for up to {n} more; at most {limit} per connection (2 per host slot): "
+                                "RELEASE what it has copied")
+
+    def _inline_reply_bound(self, n: int) -> int:
+        """Most bytes a GET_INLINE reply of ``n`` keys takes (every block found)."""
+        return 4 + n * (1 + self.ctx.layout.bytes_per_block)
+
+    async def _take_reply(self, n: int) -> None:
+        """Take the in-flight budget for a reply of up to ``n`` bytes before it is built (given back once the
+        client has taken it); an UNAVAILABLE error (the connection stays) when none comes free in time."""
+        cfg, budget = self.ctx.daemon, self.ctx.inflight
+        if not await budget.take(n, cfg.read_timeout_s):
+            raise ProtocolError(ErrorCode.UNAVAILABLE, f"GET_INLINE: no room for a reply of up to {n} bytes within "
+                                f"daemon.read_timeout_s = {cfg.read_timeout_s:g} s: {budget.used} of "
+                                f"daemon.max_inflight_bytes = {budget.limit} bytes are in flight; retry")
+        self._taken += n
 
     def _check_size(self, op: Op, n: int, what: str = "keys") -> None:
         """Refuse a request over the key limit, or a GET_INLINE whose reply could exceed the frame bound,
@@ -243,7 +327,7 @@ class Session:
         if n > cfg.max_keys_per_request:
             raise ProtocolError(ErrorCode.TOO_LARGE,
                                 f"{op.name}: {n} {what}, limit is {cfg.max_keys_per_request} (daemon.max_keys_per_request)")
-        worst = 4 + n * (1 + self.ctx.layout.bytes_per_block)
+        worst = self._inline_reply_bound(n)
         if op == Op.GET_INLINE and worst > int(cfg.max_frame_bytes):
             raise ProtocolError(ErrorCode.TOO_LARGE, f"GET_INLINE: {n} keys need a reply of up to {worst} bytes, "
                                 f"limit is {int(cfg.max_frame_bytes)} (daemon.max_frame_bytes)")
@@ -288,7 +372,7 @@ class Session:
             cfg.max_keys_per_request,
         ))
 
-    async def _run(self, fn: Callable[[m.Request], bytes], msg: m.Request) -> bytes:
+    async def _run(self, fn: Callable[[m.Request], bytes | m.PackedBlocks], msg: m.Request) -> bytes | m.PackedBlocks:
         if isinstance(msg, m.EmptyRequest) and msg.op == Op.STATS:
             if self.tenant is not None:  # a tenant sees its own counters, nothing of anyone else
                 return m.encode_json({
@@ -325,7 +409,7 @@ class Session:
         """The backend's keys for what the client sent: the tenant's namespace, or as sent when untenanted."""
         return keys if self.tenant is None else self.tenant.keys(keys)
 
-    def _dispatch(self, msg: m.Request) -> bytes:
+    def _dispatch(self, msg: m.Request) -> bytes | m.PackedBlocks:
         """Run one request against the backend (on an executor thread); returns the reply payload."""
         b, me = self.ctx.backend, self.conn_id
         count = self._counters() if self.tenant is not None else None
@@ -353,11 +437,11 @@ class Session:
         if op == Op.GET_SHM:
             return m.encode_slots([(0, None) if s is None else (1, s) for s in b.hold_for_read(me, keys)])
         if op == Op.GET_INLINE:
-            blocks = self._read_inline(keys)
-            found = sum(x is not None for x in blocks)
+            flags, data = b.read_packed(keys)  # distinct keys (_check_distinct): each read once
+            found = sum(flags)
             if count is not None:
-                count.add(blocks_found=found, blocks_missed=len(blocks) - found)
-            return m.encode_blocks(blocks)
+                count.add(blocks_found=found, blocks_missed=len(flags) - found)
+            return m.PackedBlocks(flags, data)
         if op == Op.PUT_SHM_RESERVE:
             return m.encode_slots([(int(st), s) for st, s in b.reserve(me, keys)])
         if op == Op.PUT_SHM_COMMIT:
@@ -373,13 +457,6 @@ class Session:
             count.add(blocks_deleted=n)
         return m.encode_count(n)
 
-    def _read_inline(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """GET_INLINE's blocks, positional, with each distinct key read once (a key repeated
-        thousands of times costs one read; the reply size was bounded by :meth:`_check_size`)."""
-        distinct = list(dict.fromkeys(keys))
-        got = dict(zip(distinct, self.ctx.backend.read_inline(distinct)))
-        return [got[k] for k in keys]
-
     async def _error(self, writer: asyncio.StreamWriter, request_id: int, exc: ProtocolError, answer: bool = True) -> None:
         """Count and log ``exc``; send it as an ERROR reply unless ``answer`` is false (a RELEASE_QUIET or
         TOUCH_QUIET, whose client reads no reply: an unasked reply would be taken for the next request's)."""
@@ -393,15 +470,23 @@ class Session:
         except ConnectionError:
             pass  # the peer is gone already
 
-    async def _send(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
-        writer.write(frame)
-        self.ctx.metrics.bytes_out += len(frame)
-        if not writer.transport.get_write_buffer_size():
-            return  # the kernel took all of it: nothing to wait for (a broken peer shows at the next read)
-        try:  # a peer that never reads would pin the reply
-            await within(writer.drain(), self.ctx.daemon.read_timeout_s)
-        except asyncio.TimeoutError:
-            raise SessionTimeout(f"the reply was not read within daemon.read_timeout_s = {self.ctx.daemon.read_timeout_s:g} s") from None
+    async def _send(self, writer: asyncio.StreamWriter, *parts: bytes | memoryview) -> None:
+        """Write a reply (``parts`` back to back) in pieces of :data:`SEND_PIECE` bytes, each once the socket
+        took most of the one before, so the transport never copies more than a piece of a large reply;
+        all of it must be taken within ``read_timeout_s`` (a peer that never reads would pin it)."""
+        cfg = self.ctx.daemon
+        deadline = asyncio.get_running_loop().time() + cfg.read_timeout_s
+        for part in parts:
+            view = memoryview(part)
+            for at in range(0, len(view), SEND_PIECE):
+                writer.write(view[at : at + SEND_PIECE])
+                self.ctx.metrics.bytes_out += min(SEND_PIECE, len(view) - at)
+                if not writer.transport.get_write_buffer_size():
+                    continue  # the kernel took all of it (a broken peer shows at the next read)
+                try:
+                    await within(writer.drain(), max(0.0, deadline - asyncio.get_running_loop().time()))
+                except asyncio.TimeoutError:
+                    raise SessionTimeout(f"the reply was not read within daemon.read_timeout_s = {cfg.read_timeout_s:g} s") from None
 
     def _name(self) -> str:
         return self.hello.client_name if self.hello is not None and self.hello.client_name else "unnamed"

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from kvstore.codec import as_u8
 from kvstore.config.schema import KVStoreConfig
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient, DaemonUnavailable
@@ -91,7 +92,17 @@ class DaemonTier(Tier):
 
     # ---------------------------------------------------------------- data
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
-        """Copy found blocks into ``dests``; the daemon marks them recently used (and loads disk hits into its host tier)."""
+        """Copy found blocks into ``dests``; the daemon marks them recently used (and loads disk hits into its host tier).
+
+        A key named twice is asked for once (the daemon refuses repeats) and copied to its other places."""
+        first = _first_places(keys)
+        if len(first) < len(keys):
+            places = list(first.values())
+            got = dict(zip(first, self.get([keys[i] for i in places], [dests[i] for i in places])))
+            for i, key in enumerate(keys):
+                if got[key] and first[key] != i:
+                    as_u8(dests[i])[:] = as_u8(dests[first[key]])
+            return [got[k] for k in keys]
         addrs = buffer_addresses(keys, dests, self.bpb, "daemon")
         out: list[bool] = []
         step = self._batch()
@@ -110,7 +121,13 @@ class DaemonTier(Tier):
         return out
 
     def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
-        """Hand blocks to the daemon; ``result[i]`` says whether it holds ``keys[i]`` afterwards."""
+        """Hand blocks to the daemon; ``result[i]`` says whether it holds ``keys[i]`` afterwards (a key named
+        twice is sent once, with its first block)."""
+        first = _first_places(keys)
+        if len(first) < len(keys):
+            places = list(first.values())
+            stored = dict(zip(first, self.put([keys[i] for i in places], [srcs[i] for i in places])))
+            return [stored[k] for k in keys]
         addrs = buffer_addresses(keys, srcs, self.bpb, "daemon")
         out: list[bool] = []
         step = self._batch()
@@ -301,3 +318,11 @@ class DaemonTier(Tier):
                 c.keys_request(Op.PUT_SHM_COMMIT, [k for k, _, _ in mine]), Op.PUT_SHM_COMMIT) if mine else []))
             return [st == m.PutState.PRESENT or committed.get(k, False) for k, (st, _) in zip(keys, states)]
 
+
+
+def _first_places(keys: Sequence[bytes]) -> dict[bytes, int]:
+    """Each distinct key of ``keys`` with the index of its first mention, in order."""
+    first: dict[bytes, int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    return first

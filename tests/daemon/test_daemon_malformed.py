@@ -19,6 +19,7 @@ from kvstore.daemon import messages as m
 from kvstore.daemon.auth import login_proof
 from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.frames import HEADER, MAGIC, PROTOCOL_VERSION, ErrorCode, Op, encode_frame
+from kvstore.daemon.session import QUIET_OPS
 from kvstore.daemon.tier import DaemonTier
 
 TOKEN = "s3cret-token"
@@ -147,8 +148,12 @@ def test_fuzz_live_frames(daemon: Daemon, op: int, payload: bytes) -> None:
     with raw_unix(daemon) as s:
         handshake(s)
         s.sendall(encode_frame(op, 9, payload))
+        if op in QUIET_OPS:  # never answered, not even with an error (its client reads no reply): the next one is
+            s.sendall(encode_frame(Op.STATS, 10, b""))
         reply = read_reply(s)
         assert reply is not None  # a well-framed request always gets an answer
+        if op in QUIET_OPS:
+            assert reply[0] in (Op.STATS | 0x8000, Op.ERROR)  # an error only if the quiet one was fatal
     assert daemon.proc.poll() is None
 
 
