@@ -69,7 +69,8 @@ class ListenInfo:
     socket_path: str
     tcp: str | None
     metrics_url: str | None
-    shm_name: str
+    shm_name: str | None
+    """The shared segment local clients map; ``None`` when tenants are configured (private memory)."""
     events: str | None = None
     """Where the daemon publishes its KV events (``daemon.events``), or ``None``."""
     events_replay: str | None = None
@@ -121,12 +122,20 @@ class DaemonServer:
 
     async def _start(self) -> ListenInfo:
         cfg, d = self.cfg, self.cfg.daemon
-        shm_name = cfg.host.shm_name or default_shm_name(d.socket_path)
-        if clear_stale(d.socket_path, shm_name):
-            log.warning("removed a stale socket %s / segment %s left by a daemon that is gone", d.socket_path, shm_name)
+        named = cfg.host.shm_name or default_shm_name(d.socket_path)
+        if clear_stale(d.socket_path, named):
+            log.warning("removed a stale socket %s / segment %s left by a daemon that is gone", d.socket_path, named)
+        # Tenants' blocks never sit where a local process can map them: with tenants the host tier is this
+        # process's own memory, and every client (local ones too) is served inline.
+        shared = not d.tenant_salts
+        shm_name = named if shared else None
+        if not shared:
+            log.warning("tenants are configured (daemon.tenant_salts): the host tier is private memory, not the "
+                        "shared segment %s, so no local process can read or change a tenant's blocks; local clients "
+                        "are served inline (no zero-copy path)", named)
         orders = below_gpu_orders(cfg)  # policy.duel_scope: below_gpu: one duel for host and disk
         host = HostTier(self.layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory,
-                        shared_memory=True, shm_name=shm_name, auto_evict=True, eviction=cfg.host.eviction,
+                        shared_memory=shared, shm_name=shm_name, auto_evict=True, eviction=cfg.host.eviction,
                         order=orders.host, prefault=cfg.host.prefault)
         try:
             lower = self._lower_tier(orders.disk)  # refused if another process holds its data directory
@@ -176,10 +185,10 @@ class DaemonServer:
         self.info = ListenInfo(os.path.abspath(d.socket_path), tcp, metrics_url, shm_name, events, replay)
         disk = self.backend.disk
         log.info(
-            "kvstore daemon serving model %r (%d layers, block %d tokens, %d bytes/block): host %d slots in shm %s, "
+            "kvstore daemon serving model %r (%d layers, block %d tokens, %d bytes/block): host %d slots in %s, "
             "%s; unix %s (0600), tcp %s, metrics %s",
             self.layout.model_id, self.layout.num_layers, self.layout.block_size, self.layout.bytes_per_block,
-            host.num_slots, shm_name, f"disk {disk.name} at {getattr(disk, 'path', '?')}" if disk else "no disk tier",
+            host.num_slots, shm_name or "private memory (tenants)", f"disk {disk.name} at {getattr(disk, 'path', '?')}" if disk else "no disk tier",
             self.info.socket_path, tcp or "off", metrics_url or "off",
         )
         return self.info

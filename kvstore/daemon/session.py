@@ -75,7 +75,8 @@ class SessionContext:
     backend: DaemonBackend
     metrics: DaemonMetrics
     executor: Executor
-    shm_name: str
+    shm_name: str | None
+    """The shared segment, ``None`` when the host tier is private (tenants are configured)."""
     stats: Callable[[], Awaitable[dict[str, Any]]]
     throttle: LoginThrottle
     events: RateLimitedLog
@@ -361,7 +362,8 @@ class Session:
         self.hello = hello
         self.tenant = self.ctx.tenants.get(token) if token else None
         # A tenant never maps the shared arena: it holds every namespace's blocks.
-        self.shm = hello.want_shm and self.transport == "unix" and not self.observer and self.tenant is None
+        self.shm = (hello.want_shm and self.transport == "unix" and not self.observer and self.tenant is None
+                    and self.ctx.shm_name is not None)
         salt = cfg.tenant_salts.get(token) if token else None
         log.info("client %d (%s, %s) connected, shm=%s, tenant %s", self.conn_id, self.peer.ident, self._name(),
                  self.shm, self.tenant.label if self.tenant else "none")

@@ -29,7 +29,7 @@ def daemon() -> Iterator[Daemon]:
     root = short_tmpdir()
     d = None
     try:
-        d = start_daemon(write_config(root, daemon={"tenant_salts": {"tok-a": "tenant-a"}, "hold_timeout_s": 1.0}))
+        d = start_daemon(write_config(root, daemon={"hold_timeout_s": 1.0}))
         yield d
     finally:
         cleanup(d, root)
@@ -85,17 +85,23 @@ def test_blocks_evicted_from_host_come_back_from_disk(daemon: Daemon) -> None:
     tier.close()
 
 
-def test_tenant_salt_comes_from_the_daemon(daemon: Daemon) -> None:
-    tier = daemon.tier(client_name="tenant", token="tok-a")
-    assert tier.salt == b"tenant-a"
-    plain = daemon.tier(client_name="plain")
-    assert plain.salt is None
-    tokens = list(range(8))
-    assert block_keys(tokens, LAYOUT, tier.salt) != block_keys(tokens, LAYOUT, plain.salt)
-    tier.close()
-    plain.close()
-    with pytest.raises(DaemonError, match="UNAUTHORIZED"):
-        DaemonClient(LAYOUT, socket_path=daemon.socket_path, token="not-a-token").connect()
+def test_tenant_salt_comes_from_the_daemon() -> None:
+    root = short_tmpdir()
+    d = None
+    try:
+        d = start_daemon(write_config(root, daemon={"tenant_salts": {"tok-a": "tenant-a"}}))
+        tier = d.tier(client_name="tenant", token="tok-a")
+        assert tier.salt == b"tenant-a"
+        plain = d.tier(client_name="plain")
+        assert plain.salt is None
+        tokens = list(range(8))
+        assert block_keys(tokens, LAYOUT, tier.salt) != block_keys(tokens, LAYOUT, plain.salt)
+        tier.close()
+        plain.close()
+        with pytest.raises(DaemonError, match="UNAUTHORIZED"):
+            DaemonClient(LAYOUT, socket_path=d.socket_path, token="not-a-token").connect()
+    finally:
+        cleanup(d, root)
 
 
 def test_wrong_layout_is_refused(daemon: Daemon) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,8 +97,36 @@ def test_tenant_gets_its_salt_and_no_shared_memory(daemon: Daemon) -> None:
         client.keys_request(Op.GET_SHM, keys_for(1))
     client.close()
     admin = DaemonClient(LAYOUT, socket_path=daemon.socket_path, token=TOKEN)
-    assert admin.connect(10).salt is None and admin.arena is not None  # daemon.token: untenanted
+    hello = admin.connect(10)
+    assert hello.salt is None and hello.shm_name is None and admin.arena is None  # untenanted, yet no segment
     admin.close()
+
+
+def test_with_tenants_no_local_process_can_map_a_tenants_blocks(daemon: Daemon) -> None:
+    """Issue 30 item 8: a local process with access to the socket read, altered and got persisted a TCP
+    tenant's blocks through the shared segment every local client maps, and killed the daemon by
+    truncating it. With tenants configured the host tier is the daemon's private memory: there is no
+    segment to open, and every client is served inline."""
+    from kvstore.daemon.socketfile import default_shm_name
+
+    tenant = DaemonClient(LAYOUT, socket_path=daemon.socket_path, token=A_TOKEN, client_name="tenant a")
+    tenant.connect(10)
+    tier_a = DaemonTier(LAYOUT, tenant)
+    keys = keys_for(16, seed=930)
+    assert tier_a.put(keys, [block_for(k) for k in keys]) == [True] * 16
+    assert not Path("/dev/shm", default_shm_name(daemon.socket_path)).exists()
+    assert "/dev/shm/" not in Path(f"/proc/{daemon.proc.pid}/maps").read_text()  # the daemon maps no segment
+    local = DaemonClient(LAYOUT, socket_path=daemon.socket_path, token=TOKEN)  # asks for shared memory
+    assert local.connect(10).shm_name is None and local.arena is None
+    with pytest.raises(DaemonError, match="GET_SHM: shared memory is only for untenanted local clients"):
+        local.keys_request(Op.GET_SHM, keys)
+    local.close()
+    dests = empty_blocks(16)
+    assert tier_a.get(keys, dests) == [True] * 16
+    assert all(torch.equal(d, block_for(k)) for d, k in zip(dests, keys))
+    tier_a.close()
+    assert "the host tier is private memory" in daemon.log.read_text()
+
 
 
 def test_tenant_stats_show_only_its_own_counters(daemon: Daemon) -> None:
