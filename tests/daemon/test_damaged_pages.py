@@ -51,6 +51,15 @@ def zero_access_record_pages(data_file: Path, keys: list[bytes], page_size: int 
     return zeroed
 
 
+def put_flushed(tier: DaemonTier, n: int, seed: int) -> list[bytes]:
+    """Put ``n`` blocks through ``tier`` in batches of 50 and FLUSH them; their keys."""
+    keys = keys_for(n, seed=seed)
+    for i in range(0, n, 50):
+        assert tier.put(keys[i : i + 50], [block_for(k) for k in keys[i : i + 50]]) == [True] * len(keys[i : i + 50])
+    tier.flush()
+    return keys
+
+
 def test_zeroed_pages_refuse_the_start_with_a_message_and_salvage_recovers() -> None:
     root = short_tmpdir()
     d = None
@@ -58,10 +67,7 @@ def test_zeroed_pages_refuse_the_start_with_a_message_and_salvage_recovers() -> 
         config = write_config(root, host={"capacity": 512 * 64})
         d = start_daemon(config)
         tier = d.tier()
-        keys = keys_for(400, seed=81)
-        for i in range(0, len(keys), 50):
-            assert tier.put(keys[i : i + 50], [block_for(k) for k in keys[i : i + 50]]) == [True] * 50
-        tier.flush()
+        keys = put_flushed(tier, 400, seed=81)
         tier.close()
         assert d.stop() == 0
         assert zero_access_record_pages(root / "lmdb" / "data.mdb", keys) >= 2
@@ -165,10 +171,7 @@ def test_pages_zeroed_while_the_daemon_runs_are_misses_and_failed_writes_never_a
         config = write_config(root)
         d = start_daemon(config)
         tier = d.tier()
-        keys = keys_for(400, seed=83)
-        for i in range(0, len(keys), 50):
-            assert tier.put(keys[i : i + 50], [block_for(k) for k in keys[i : i + 50]]) == [True] * 50
-        tier.flush()
+        keys = put_flushed(tier, 400, seed=83)
         data = bytearray((root / "lmdb" / "data.mdb").read_bytes())
         tree = [p for p in range(2, len(data) // 4096)  # live leaf and branch pages (their own number inside)
                 if struct.unpack_from("<H", data, p * 4096 + 10)[0] in (1, 2) and struct.unpack_from("<Q", data, p * 4096)[0] == p]
