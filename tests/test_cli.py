@@ -87,5 +87,6 @@ def test_config_check_shows_sizes_in_the_units_they_were_given(tmp_path: Path) -
     assert shown == ["capacity: 4GiB", "max_size: 4GB", "sync_bytes: 1500", "max_size: 8GiB",  # file: its default
                      "max_size: 8GiB",  # slab: its default
                      "max_inflight_bytes: 256MiB",  # remote: its default
-                     "max_inflight_bytes: 1GB"], shown
+                     "max_inflight_bytes: 1GB",
+                     "max_inflight_bytes: 256MiB"], shown  # daemon: its default
     assert "3906250KiB" not in res.stdout

@@ -33,23 +33,32 @@ N = 24
 F_BIGDATA = 0x01
 
 
-def flip_size_bit(data_file: Path, key: bytes, bit: int, page_size: int = 4096) -> int:
-    """Flip ``bit`` of the data size in every ``blocks`` leaf node of ``key`` in ``data_file`` (stale
-    copies too); returns how many nodes were changed."""
-    data = bytearray(data_file.read_bytes())
-    changed = 0
-    for start in range(0, len(data) - page_size + 1, page_size):
-        page = data[start : start + page_size]
-        at = page.find(key)
-        if at < 24 or not struct.unpack_from("<H", page, 10)[0] & 0x02:  # P_LEAF pages only
-            continue
-        lo, hi, flags = struct.unpack_from("<HHH", page, at - 8)
-        if flags & F_BIGDATA:
-            size = (lo | hi << 16) ^ (1 << bit)
-            struct.pack_into("<HH", data, start + at - 8, size & 0xFFFF, size >> 16)
-            changed += 1
-    data_file.write_bytes(bytes(data))
-    return changed
+def flip_size_bit(data_file: Path, key: bytes, bit: int) -> int:
+    """Flip ``bit`` of the data size in the ``blocks`` leaf node LMDB reads for ``key`` in ``data_file`` (found
+    by LMDB itself: where its cursor's key lies in the map, less the map's start); returns the nodes changed."""
+    import lmdb
+
+    from kvstore.tiers.lmdb_value import address_of, file_mappings, new_mapping
+
+    before = file_mappings(str(data_file))
+    env = lmdb.open(str(data_file.parent), readonly=True, lock=False, max_dbs=2)
+    try:
+        base = new_mapping(str(data_file), before)
+        assert base is not None, "the map of data.mdb is not in /proc/self/maps"
+        with env.begin(db=env.open_db(b"blocks"), buffers=True) as txn:
+            cursor = txn.cursor()
+            assert cursor.set_key(key)
+            node = address_of(cursor.key()) - base - 8  # the node header right before its key
+    finally:
+        env.close()
+    with open(data_file, "r+b") as f:
+        f.seek(node)
+        lo, hi, flags = struct.unpack("<HHH", f.read(6))
+        assert flags & F_BIGDATA, f"the node of {key.hex()[:16]} has flags {flags:#x}: its value is not on overflow pages"
+        size = (lo | hi << 16) ^ (1 << bit)
+        f.seek(node)
+        f.write(struct.pack("<HH", size & 0xFFFF, size >> 16))
+    return 1
 
 
 def filled(path: Path) -> tuple[list[bytes], list[bytes]]:
