@@ -28,8 +28,8 @@ there is checked against the codec's bound only. The pages written are read once
 process runs (after the open-time check of :mod:`kvstore.tiers.lmdbcheck`) is outside what this can see.
 
 Cost, measured on the dev VM: ~2.5 us per block (``Transaction.get`` took 0.2), most of it reading the
-key's address through the buffer protocol; 15-25% of a warm 64 KiB read, under 5% at the default
-model's blocks (360 KiB).
+key's address through the buffer protocol; 15-25% of a warm 64 KiB read, about 1% at the default
+model's blocks (720 KiB).
 """
 
 from __future__ import annotations
