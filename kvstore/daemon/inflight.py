@@ -29,9 +29,9 @@ class InflightBudget:
         self.limit = limit
         self.used = 0
         self.waited = 0
-        """Frames that had to wait for room (a counter for STATS)."""
+        """Frames that had to wait for room (STATS ``daemon.inflight.waited``)."""
         self.refused = 0
-        """Frames that waited past their time limit (their connections were closed)."""
+        """Frames that waited past their time limit (STATS ``daemon.inflight.refused``)."""
         self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
 
     async def take(self, n: int, timeout_s: float) -> bool:

@@ -299,6 +299,8 @@ class DaemonServer:
             "clients": self.metrics.clients,
             "connections": self.metrics.connections,
             "connections_refused": self._limits.refused,
+            "inflight": {"bytes": self._inflight.used, "limit": self._inflight.limit,
+                         "waited": self._inflight.waited, "refused": self._inflight.refused},
             "tenants": {label: c.as_dict() for label, c in self._tenant_counters.items()},
             "requests": dict(self.metrics.requests),
             "errors": dict(self.metrics.errors),

@@ -33,7 +33,7 @@ from kvstore.config.schema import DaemonConfig
 from kvstore.daemon import messages as m
 from kvstore.daemon.admission import LoginThrottle, Peer
 from kvstore.daemon.auth import new_nonce, token_for_proof
-from kvstore.daemon.backend import DaemonBackend
+from kvstore.daemon.backend import HOLDS_PER_SLOT, DaemonBackend
 from kvstore.daemon.inflight import InflightBudget
 from kvstore.daemon.frames import (
     HEADER, HEADER_SIZE, MAGIC, OBSERVER_FINGERPRINT, PRELOGIN_FRAME_BYTES, PROTOCOL_VERSION, REPLY_BIT, ErrorCode,
@@ -298,13 +298,13 @@ class Session:
                             f"{list(keys).count(twice)} times in one request of {len(keys)} keys; name each key once")
 
     def _check_holds(self, op: Op, n: int) -> None:
-        """Refuse a request whose holds would take this connection past the backend's limit (twice the host
-        slots): a client that keeps asking without releasing (100 GET_SHMs of one key made 1.6 M holds)."""
+        """Refuse a request whose holds would take this connection past the backend's limit
+        (:data:`HOLDS_PER_SLOT` per host slot): a client that keeps asking without releasing (100 GET_SHMs of one key made 1.6 M holds)."""
         b = self.ctx.backend
         have, limit = b.holds.owned_by(self.conn_id), b.hold_limit()
         if have + n > limit:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"{op.name}: this connection holds {have} host slot references "
-                                f"and asks for up to {n} more; at most {limit} per connection (2 per host slot): "
+                                f"and asks for up to {n} more; at most {limit} per connection ({HOLDS_PER_SLOT} per host slot): "
                                 "RELEASE what it has copied")
 
     def _inline_reply_bound(self, n: int) -> int:
