@@ -73,15 +73,16 @@ def file_mappings(data_file: str) -> set[int]:
     (``Environment.info()["map_addr"]`` is 0 unless the map is fixed): an opener compares this set before
     and after it maps (:func:`new_mapping`)."""
     try:
-        inode = os.stat(data_file).st_ino
+        st = os.stat(data_file)
         with open("/proc/self/maps") as maps:
             lines = maps.read().splitlines()
     except OSError:
         return set()
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"  # an inode number is unique per device only
     found = set()
     for line in lines:
         fields = line.split(maxsplit=5)
-        if len(fields) >= 5 and fields[4] == str(inode) and int(fields[2], 16) == 0:
+        if len(fields) >= 5 and fields[4] == str(st.st_ino) and fields[3] == device and int(fields[2], 16) == 0:
             found.add(int(fields[0].split("-")[0], 16))
     return found
 
