@@ -112,6 +112,18 @@ def test_wrong_type_and_non_mapping(tmp_path: Path) -> None:
         parse_config({"host": {"shared_memory": "perhaps"}})
 
 
+def test_a_removed_field_names_what_replaced_it(tmp_path: Path) -> None:
+    p = tmp_path / "old.yaml"
+    p.write_text("host:\n  shm_name: kvstore-mine\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(p, environ={})
+    message = str(err.value)
+    assert str(p) in message and "'host.shm_name' was removed: the daemon's shared arena has no name" in message
+    assert "unknown key" not in message
+    with pytest.raises(ConfigError, match=r"unknown key 'host.shm_nam'"):  # a key that never existed: as before
+        parse_config({"host": {"shm_nam": "x"}})
+
+
 def test_tiers_by_name() -> None:
     assert parse_config({"tiers": ["host", "file"]}).tiers == ["host", "file"]
     assert parse_config({"tiers": []}).tiers == []

@@ -58,6 +58,8 @@ class SuiteOptions:
     """Length of the ``soak`` run's main phase; ``None``: the suite's default (fractions allowed)."""
     clients: int | None = None
     """Client processes of the ``soak`` run; ``None``: the suite's default."""
+    tenants: int | None = None
+    """Tenants of the ``soak`` run's daemon, its clients taking turns among them and untenanted ones; ``None``: 0."""
     model: str | None = None
     """Engine model of the ``e2e`` suite, as ``kvstore generate --model`` takes it (``default``, ``builtin``,
     a path); ``None``: the suite's default (``default``; ``builtin`` with ``quick``)."""

@@ -11,8 +11,14 @@ restarts it on the same data directory). It ends in three steps::
     kill -9 the daemon, restart it ─► read every acknowledged block back (lost? wrong bytes?)
     SIGTERM the daemon ─► its exit code
 
-It reports lost acknowledged blocks and wrong bytes served (both must be
-0), the daemon's memory growth per minute, holds and reserved slots left
+With ``--tenants N`` the daemon has N tenants (``daemon.tenant_salts``) and
+the clients take turns among N+1 identities: untenanted local clients and
+each tenant (:func:`~kvstore.bench.soak_blocks.identity`). Every client also
+asks for other identities' blocks, and the final check reads each identity's
+blocks as that identity and a sample of the others' blocks, which must miss.
+
+It reports lost acknowledged blocks, wrong bytes served and blocks served
+across identities (all must be 0), the daemon's memory growth per minute, holds and reserved slots left
 by dead clients, and counts of operations, kills and restarts. Temporary
 files and every child process are removed on exit, Ctrl-C and SIGTERM.
 """
@@ -35,12 +41,13 @@ from typing import Any
 import torch
 import yaml
 
-from kvstore.bench.harness import Progress, SuiteOptions
-from kvstore.bench.soak_blocks import block_bytes, read_journals
+from kvstore.bench.harness import Progress, SuiteError, SuiteOptions
+from kvstore.bench.soak_blocks import block_bytes, identity, read_journals, tenant_salt, tenant_token
 from kvstore.bench.soak_client import STOP_PUTS, connect
 from kvstore.bench.soak_procs import RssSample, SoakProcs, read_rss, wait_until
 from kvstore.bench.soak_report import HoldCheck, Marker, SoakRecord, SoakResults, plot, report
 from kvstore.daemon.client import DaemonClient
+from kvstore.daemon.tier import DaemonTier
 from kvstore.errors import KVStoreError
 from kvstore.interrupts import sigterm_raises
 
@@ -73,6 +80,8 @@ class SoakPlan:
     """Disk-tier cap (``disk.max_size``)."""
     hold_timeout_s: float = 4.0
     """``daemon.hold_timeout_s``: how long the hold check waits for the deadline."""
+    tenants: int = 0
+    """Tenants in ``daemon.tenant_salts``; clients take turns among them and untenanted local clients."""
 
     @property
     def seconds(self) -> float:
@@ -101,7 +110,8 @@ class SoakPlan:
             "model": dict(MODEL),
             "host": {"capacity": self.host_slots * bpb},
             "disk": {"path": str(data / "lmdb"), "max_size": f"{self.disk_mib}MiB", "sync": "interval"},
-            "daemon": {"socket_path": str(root / "d.sock"), "hold_timeout_s": self.hold_timeout_s},
+            "daemon": {"socket_path": str(root / "d.sock"), "hold_timeout_s": self.hold_timeout_s,
+                       "tenant_salts": {tenant_token(k): tenant_salt(k) for k in range(1, self.tenants + 1)}},
             "metrics": {"enabled": False},
             "logging": {"level": "WARNING"},
         }
@@ -119,10 +129,14 @@ MAX_TMP_PATH = 48
 
 
 def run(options: SuiteOptions, progress: Progress) -> SoakResults:
-    """Run the soak (``options.minutes``, ``options.clients``; ``quick``: 0.1 min, 2 clients) and report it."""
+    """Run the soak (``options.minutes``, ``options.clients``, ``options.tenants``; ``quick``: 0.1 min, 2 clients)
+    and report it."""
     plan = SoakPlan(minutes=options.minutes or (0.1 if options.quick else 2.0),
                     clients=options.clients or (2 if options.quick else 4), seed=options.seed,
-                    hold_timeout_s=2.0 if options.quick else 4.0)
+                    hold_timeout_s=2.0 if options.quick else 4.0, tenants=options.tenants or 0)
+    if plan.tenants >= plan.clients:
+        raise SuiteError(f"--tenants {plan.tenants} needs more than {plan.tenants} --clients: clients take turns "
+                         "among the untenanted identity and each tenant")
     record = SoakRecord()
     results = SoakResults(options, {**asdict(plan), "model": MODEL, "bytes_per_block": SoakPlan.bytes_per_block(),
                                     "puts_stop_fill": PUTS_STOP_FILL}, record)
@@ -133,7 +147,7 @@ def run(options: SuiteOptions, progress: Progress) -> SoakResults:
         data = Path(tempfile.mkdtemp(prefix="kvsoak-data-", dir=options.data_dir))
     config = root / "daemon.yaml"
     config.write_text(yaml.safe_dump(plan.config(root, data)))
-    procs = SoakProcs(config, root, options.seed)
+    procs = SoakProcs(config, root, options.seed, plan.tenants)
     with sigterm_raises():  # also set by the CLI; here for callers of run() outside it
         try:
             _Driver(plan, procs, record, progress, results).run()
@@ -143,6 +157,11 @@ def run(options: SuiteOptions, progress: Progress) -> SoakResults:
                 shutil.rmtree(root, ignore_errors=True)
                 shutil.rmtree(data, ignore_errors=True)
     report(results, record)
+    if plan.tenants:
+        results.note(f"Tenants: {plan.tenants} in daemon.tenant_salts; client i logs in as identity i mod "
+                     f"{plan.tenants + 1} (0: untenanted, on the Unix socket). With tenants the host tier is the "
+                     "daemon's private memory, so every client is served inline. served.foreign counts blocks of "
+                     "another identity that were served (asked: how many were asked for).")
     return results
 
 
@@ -342,7 +361,8 @@ class _Driver:
         return int(snap["holds"]), int(host["used_bytes"]) // bpb - int(host["num_blocks"])
 
     def verify_after_crash(self) -> None:
-        """``kill -9`` the daemon, restart it on the same data, and read every acknowledged block back."""
+        """``kill -9`` the daemon, restart it on the same data, and read every acknowledged block back as the
+        identity that stored it; each identity also asks for a sample of the others' blocks, which must miss."""
         self.read_stats()
         self.procs.kill_daemon()
         self.record.daemon_kills += 1
@@ -351,11 +371,33 @@ class _Driver:
         self.record.daemon_restarts += 1
         view = read_journals(self.procs.directory)
         self.record.counts = view.counts
-        tier = connect(self.procs.config, "soak verifier")
+        tenants = self.plan.tenants
+        owned: dict[int, list[bytes]] = {}
+        for client, keys in view.acked_by_client.items():
+            owned.setdefault(identity(client, tenants), []).extend(keys)
+        missing: list[bytes] = []
+        for k in range(tenants + 1):
+            tier = connect(self.procs.config, f"soak verifier {k}", tenant_token(k) if k else None)
+            missing += self.check_blocks(tier, owned.get(k, []))
+            others = [key for j, keys in owned.items() if j != k for key in keys]
+            sample = self.rng.sample(others, min(len(others), 256))
+            for start in range(0, len(sample), 64):
+                keys = sample[start : start + 64]
+                self.record.foreign_final += sum(tier.get(keys, [torch.empty(tier.layout.bytes_per_block,
+                                                                              dtype=torch.uint8) for _ in keys]))
+            self.record.foreign_checked += len(sample)
+            tier.client.close()
+        self.read_stats()
+        self.record.acked = len(view.acked)
+        self.record.lost = len(missing)
+
+    def check_blocks(self, tier: DaemonTier, acked: list[bytes]) -> list[bytes]:
+        """Read ``acked`` back through ``tier``, counting wrong bytes; the keys still missing on a second pass
+        (so only a block that is really gone counts as lost)."""
         bpb = tier.layout.bytes_per_block
         missing: list[bytes] = []
-        for attempt in range(2):  # a second pass, so only a block that is really gone counts as lost
-            todo, missing = (view.acked if attempt == 0 else missing), []
+        for attempt in range(2):
+            todo, missing = (acked if attempt == 0 else missing), []
             for start in range(0, len(todo), 64):
                 keys = todo[start : start + 64]
                 dests = [torch.empty(bpb, dtype=torch.uint8) for _ in keys]
@@ -364,7 +406,4 @@ class _Driver:
                         missing.append(key)
                     elif not (dest.numpy() == block_bytes(key, bpb)).all():
                         self.record.wrong_final += 1
-        tier.client.close()
-        self.read_stats()
-        self.record.acked = len(view.acked)
-        self.record.lost = len(missing)
+        return missing

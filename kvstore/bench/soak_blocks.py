@@ -12,6 +12,12 @@ skips a cut-short line. Lines::
     {"ev": "ack", "keys": ["<hex>", ...]}     keys a FLUSH acknowledged (durable from then on)
     {"ev": "wrong", "key": "<hex>"}           a get returned bytes other than block_bytes(key)
     {"ev": "ops", "puts": .., ...}            the incarnation's cumulative counters (last one wins)
+
+With tenants (``kvstore bench soak --tenants N``) each client has an
+identity (:func:`identity`): untenanted local clients share one namespace and
+each tenant has its own, so a block is readable only by clients of the
+identity that stored it; a hit on another identity's block is a leak
+(:attr:`OpCounts.foreign_hits`).
 """
 
 from __future__ import annotations
@@ -58,6 +64,10 @@ class OpCounts:
     """Blocks a successful FLUSH acknowledged on the connection that stored them."""
     wrong: int = 0
     """Served blocks whose bytes were wrong."""
+    foreign_gets: int = 0
+    """Blocks of another identity (another tenant, or untenanted clients) asked for: each must miss."""
+    foreign_hits: int = 0
+    """Blocks of another identity that were served: a breach of tenant isolation."""
 
     def add(self, other: OpCounts) -> None:
         """Add ``other``'s counters to these (changes ``self``)."""
@@ -71,6 +81,8 @@ class JournalView:
 
     acked: list[bytes] = field(default_factory=list)
     """Every acknowledged key, in journal order (no duplicates)."""
+    acked_by_client: dict[int, list[bytes]] = field(default_factory=dict)
+    """The same keys by the client index that stored them (its identity owns them)."""
     wrong: list[bytes] = field(default_factory=list)
     """Every key served with wrong bytes."""
     counts: OpCounts = field(default_factory=OpCounts)
@@ -105,6 +117,22 @@ class Journal:
         os.close(self._fd)
 
 
+def identity(client: int, tenants: int) -> int:
+    """Whose namespace client ``client`` uses among ``tenants`` tenants: 0 for untenanted local clients, ``k``
+    for tenant ``k`` (clients take turns: with 2 tenants, clients 0 and 3 are untenanted, 1 and 2 tenants)."""
+    return client % (tenants + 1)
+
+
+def tenant_token(k: int) -> str:
+    """The login token of tenant ``k`` (>= 1) in a soak run."""
+    return f"soak-tenant-{k}-token"
+
+
+def tenant_salt(k: int) -> str:
+    """The key salt of tenant ``k`` in a soak run (``daemon.tenant_salts``)."""
+    return f"soak-tenant-{k}-salt"
+
+
 def journal_path(directory: Path, client: int, incarnation: int) -> Path:
     """Where incarnation ``incarnation`` of client ``client`` writes its journal."""
     return directory / f"journal-{client}-{incarnation}.jsonl"
@@ -115,6 +143,7 @@ def read_journals(directory: Path) -> JournalView:
     view = JournalView()
     seen: set[bytes] = set()
     for path in sorted(directory.glob("journal-*.jsonl")):
+        client = int(path.name.split("-")[1])
         last = OpCounts()
         for line in path.read_text().splitlines():
             try:
@@ -126,6 +155,7 @@ def read_journals(directory: Path) -> JournalView:
                     if key not in seen:
                         seen.add(key)
                         view.acked.append(key)
+                        view.acked_by_client.setdefault(client, []).append(key)
             elif doc["ev"] == "wrong":
                 view.wrong.append(bytes.fromhex(doc["key"]))
             elif doc["ev"] == "ops":

@@ -1,7 +1,9 @@
 """One soak client process: put key-derived blocks, FLUSH, read earlier blocks back and check every byte.
 
-Run by the soak driver as ``python -m kvstore.bench.soak_client CONFIG DIR CLIENT INCARNATION SEED``
-and ended only by ``kill -9``. It talks to the daemon through the public
+Run by the soak driver as ``python -m kvstore.bench.soak_client CONFIG DIR CLIENT INCARNATION SEED
+[--tenants N]`` and ended only by ``kill -9``. With tenants the client logs in as its identity's tenant
+(:func:`~kvstore.bench.soak_blocks.identity`), reads back its own identity's blocks, and asks for a few of
+other identities' blocks every round, each of which must miss. It talks to the daemon through the public
 client API (:class:`DaemonTier` over :class:`DaemonClient`, shared memory on
 the Unix socket) and reports through its journal (:mod:`kvstore.bench.soak_blocks`).
 
@@ -21,7 +23,9 @@ from pathlib import Path
 
 import torch
 
-from kvstore.bench.soak_blocks import Journal, OpCounts, block_bytes, block_key, journal_path, read_journals
+from kvstore.bench.soak_blocks import (
+    Journal, OpCounts, block_bytes, block_key, identity, journal_path, read_journals, tenant_token,
+)
 from kvstore.config import load_config
 from kvstore.daemon.client import DaemonUnavailable
 from kvstore.daemon.tier import DaemonTier
@@ -35,13 +39,18 @@ REPORT_S = 0.5
 """Seconds between ``ops`` journal lines."""
 IDLE_S = 0.05
 """Pause after a round in which nothing was stored or found."""
+FOREIGN = 4
+"""Blocks of other identities asked for per round (with tenants)."""
 STOP_PUTS = "no-more-puts"
 """File in the journal directory whose presence means: the disk cap is near, only read from now on."""
 
 
-def connect(config: Path, name: str) -> DaemonTier:
-    """A :class:`DaemonTier` connected to the daemon of ``config``, waiting as long as it takes to answer."""
+def connect(config: Path, name: str, token: str | None = None) -> DaemonTier:
+    """A :class:`DaemonTier` connected to the daemon of ``config`` (logging in with ``token`` when given: a
+    tenant's), waiting as long as it takes to answer."""
     cfg = load_config(config)
+    if token is not None:
+        cfg.daemon.token = token
     while True:
         try:
             return DaemonTier.from_config(cfg, client_name=name, wait_s=5.0)
@@ -53,13 +62,17 @@ class SoakClient:
     """The work loop of one client incarnation."""
 
     def __init__(self, tier: DaemonTier, journal: Journal, directory: Path, client: int, incarnation: int,
-                 seed: int) -> None:
+                 seed: int, tenants: int = 0) -> None:
         self.tier, self.journal, self.directory = tier, journal, directory
         self.client, self.incarnation, self.seed = client, incarnation, seed
         self.bpb = tier.layout.bytes_per_block
         self.rng = random.Random(hash((seed, client, incarnation)))
         self.counts = OpCounts()
-        self.known: list[bytes] = read_journals(directory).acked  # earlier incarnations' (and other clients') blocks
+        mine = identity(client, tenants)
+        self.known: list[bytes] = []  # earlier incarnations' (and same-identity clients') blocks
+        self.foreign: list[bytes] = []  # other identities' blocks: never to be served to this client
+        for other, keys in read_journals(directory).acked_by_client.items():
+            (self.known if identity(other, tenants) == mine else self.foreign).extend(keys)
         self.pending: list[tuple[int, bytes]] = []  # (generation it was put in, key) awaiting a FLUSH
         self.seq = 0
 
@@ -109,7 +122,13 @@ class SoakClient:
         self.counts.acked += len(acked)
 
     def read_batch(self) -> None:
-        """Get up to :data:`BATCH` random earlier blocks and check each served one bit for bit."""
+        """Get up to :data:`BATCH` random earlier blocks and check each served one bit for bit; then ask for a
+        few of other identities' blocks, each of which must miss."""
+        if self.foreign:
+            keys = list(dict.fromkeys(self.rng.choice(self.foreign) for _ in range(FOREIGN)))
+            found = self.tier.get(keys, [torch.empty(self.bpb, dtype=torch.uint8) for _ in keys])
+            self.counts.foreign_gets += len(keys)
+            self.counts.foreign_hits += sum(found)
         if not self.known:
             return
         keys = list(dict.fromkeys(self.rng.choice(self.known) for _ in range(BATCH)))
@@ -132,11 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("client", type=int)
     p.add_argument("incarnation", type=int)
     p.add_argument("seed", type=int)
+    p.add_argument("--tenants", type=int, default=0, help="tenants of the run (this client's identity follows)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     journal = Journal(journal_path(a.directory, a.client, a.incarnation))
-    tier = connect(a.config, f"soak client {a.client}.{a.incarnation}")
-    client = SoakClient(tier, journal, a.directory, a.client, a.incarnation, a.seed)
+    k = identity(a.client, a.tenants)
+    tier = connect(a.config, f"soak client {a.client}.{a.incarnation}", tenant_token(k) if k else None)
+    client = SoakClient(tier, journal, a.directory, a.client, a.incarnation, a.seed, a.tenants)
     journal.counts(client.counts)  # the first line says: connected, working
     client.run()
     return 0

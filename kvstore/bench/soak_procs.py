@@ -6,7 +6,6 @@ the driver, which then kills them itself (:meth:`SoakProcs.kill_all`).
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-READY = re.compile(r"listening on unix:(\S+) .*?; shm: (\S+);")
+READY = re.compile(r"listening on unix:(\S+) ")
 """The line ``kvstore serve`` prints once it accepts connections."""
 
 
@@ -55,19 +54,17 @@ class DaemonProc:
 
     proc: subprocess.Popen[bytes]
     socket_path: str
-    shm_name: str
 
 
 class SoakProcs:
     """Starts, kills and restarts the daemon and the clients of one run; owns every child process."""
 
-    def __init__(self, config: Path, directory: Path, seed: int) -> None:
-        self.config, self.directory, self.seed = config, directory, seed
+    def __init__(self, config: Path, directory: Path, seed: int, tenants: int = 0) -> None:
+        self.config, self.directory, self.seed, self.tenants = config, directory, seed, tenants
         self.daemon: DaemonProc | None = None
         self.daemon_starts = 0
         self.clients: dict[int, subprocess.Popen[bytes]] = {}
         self.incarnations: dict[int, int] = {}
-        self.shm_names: set[str] = set()
 
     # ------------------------------------------------------------- daemon
     def start_daemon(self, timeout_s: float = 60.0) -> DaemonProc:
@@ -87,8 +84,7 @@ class SoakProcs:
             proc.kill()
             proc.wait()
             raise RuntimeError(f"the daemon did not start (stdout {line!r}); its log {log}:\n{log.read_text()[-3000:]}")
-        self.daemon = DaemonProc(proc, match.group(1), match.group(2))
-        self.shm_names.add(match.group(2))
+        self.daemon = DaemonProc(proc, match.group(1))
         return self.daemon
 
     def kill_daemon(self) -> None:
@@ -122,7 +118,7 @@ class SoakProcs:
         err = open(self.directory / f"client-{index}-{inc}.log", "wb")
         self.clients[index] = subprocess.Popen(
             [sys.executable, "-m", "kvstore.bench.soak_client", str(self.config), str(self.directory),
-             str(index), str(inc), str(self.seed)], stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
+             str(index), str(inc), str(self.seed), "--tenants", str(self.tenants)], stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
         err.close()
 
     def clients_ready(self) -> bool:
@@ -148,15 +144,10 @@ class SoakProcs:
 
     # ------------------------------------------------------------ cleanup
     def kill_all(self) -> None:
-        """``kill -9`` every child still running and remove shared memory a killed daemon left behind."""
+        """``kill -9`` every child still running (a killed daemon's arena goes with it: nothing to clean up)."""
         for proc in self.clients.values():
             _kill(proc)
         self.kill_daemon()
-        for name in self.shm_names:
-            try:
-                os.unlink(f"/dev/shm/{name.lstrip('/')}")
-            except FileNotFoundError:
-                pass
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -67,6 +67,10 @@ class SoakRecord:
     lost: int = 0
     wrong_final: int = 0
     """Wrong bytes in the final check (the clients' own checks are in ``counts.wrong``)."""
+    foreign_final: int = 0
+    """Blocks of another identity served in the final check (tenants; the clients' own in ``counts.foreign_hits``)."""
+    foreign_checked: int = 0
+    """Blocks of other identities asked for in the final check."""
     disk_evictions: int = 0
     write_failures: int = 0
     puts_stopped_at_s: float | None = None
@@ -106,6 +110,8 @@ def report(results: Results, r: SoakRecord) -> None:
     results.add("acked.lost", r.lost, "blocks", **must0, checked=r.acked)
     results.add("served.wrong", r.counts.wrong + r.wrong_final, "blocks", **must0)
     results.add("acked.checked", r.acked, "blocks")
+    results.add("served.foreign", r.counts.foreign_hits + r.foreign_final, "blocks", **must0,
+                asked=r.counts.foreign_gets + r.foreign_checked)
     main = [s for s in r.rss if s.t <= r.duration_s]
     results.add("daemon.rss_growth", growth_mb_per_min(main, "vm_rss"), "MB/min", measure="VmRSS")
     results.add("daemon.rss_anon_growth", growth_mb_per_min(main, "rss_anon"), "MB/min", measure="RssAnon")

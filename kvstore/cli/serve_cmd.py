@@ -52,7 +52,7 @@ async def _serve(cfg: KVStoreConfig, config_name: str) -> int:
     events = f"{info.events} (replay {info.events_replay or 'off'})" if info.events else "off"
     print(
         f"kvstore serve: listening on unix:{info.socket_path} (mode 0600); tcp: {info.tcp or 'off'}; "
-        f"metrics: {metrics}; shm: {info.shm_name or 'off (tenants configured: private memory)'}; config: {config_name}; kv events: {events}",
+        f"metrics: {metrics}; shm: {info.shm_name + ' (sealed memfd, passed to local clients at login)' if info.shm_name else 'off (tenants configured: private memory)'}; config: {config_name}; kv events: {events}",
         flush=True,
     )
     log.info("serving with config %s", config_name)

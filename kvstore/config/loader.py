@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from kvstore.config.removed import replacement
 from kvstore.config.schema import KVStoreConfig
 from kvstore.errors import KVStoreError
 
@@ -132,6 +133,9 @@ def _format_errors(exc: ValidationError, env_names: dict[tuple[str, ...], str]) 
         loc = tuple(str(p) for p in err["loc"])
         dotted = ".".join(loc) if loc else "(top level)"
         origin = f" (from environment variable {env_names[loc]})" if loc in env_names else ""
+        if err["type"] == "extra_forbidden" and replacement(dotted) is not None:
+            problems.append(f"'{dotted}'{origin} was removed: {replacement(dotted)}")
+            continue
         if err["type"] == "extra_forbidden":
             allowed = _allowed_keys(loc[:-1])
             hint = difflib.get_close_matches(loc[-1], allowed, n=1)

@@ -111,9 +111,8 @@ class HostConfig(Section):
     arena's is. Clients of ``kvstore serve`` map their view of the segment ahead the same way. ``false``: pages
     are mapped by the first put into each slot."""
     shared_memory: bool = False
-    """Back the arena with POSIX shared memory so other processes can attach (``kvstore serve`` always does)."""
-    shm_name: str | None = None
-    """Name of the shared-memory segment; default derived from the daemon's socket path."""
+    """Back the arena with a sealed shared-memory file whose descriptor other processes can map (``kvstore serve``
+    always does, and passes it to its local clients at login)."""
     eviction: Literal["lru", "s3fifo", "gdsf", "duel"] = "lru"
     """Which blocks the host gives up (to disk, or dropped) when it is full, as for ``disk.eviction``: ``lru``,
     ``s3fifo``, ``gdsf`` or ``duel``; with ``policy.carry_uses`` a block's GDSF count survives demotion (see

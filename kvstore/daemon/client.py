@@ -16,6 +16,7 @@ memory: slots and holds from an older generation mean nothing.
 from __future__ import annotations
 
 import logging
+import os
 import select
 import socket
 import threading
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 from kvstore.daemon import messages as m
 from kvstore.daemon.auth import login_proof
 from kvstore.daemon.frames import (
-    HEADER_SIZE, MAX_KEYS, MAX_NAME_BYTES, MAX_REPLY_BYTES, OBSERVER_FINGERPRINT, REPLY_BIT, DaemonError, ErrorCode, Op, ProtocolError, decode_header,
+    ARENA_BYTE, HEADER_SIZE, MAX_KEYS, MAX_NAME_BYTES, MAX_REPLY_BYTES, OBSERVER_FINGERPRINT, REPLY_BIT, DaemonError, ErrorCode, Op, ProtocolError, decode_header,
     encode_frame,
 )
 from kvstore.daemon.layout_check import LayoutMismatch, decode_bad_layout
@@ -169,6 +170,7 @@ class DaemonClient:
                 proof = login_proof(self.token, nonce, transport, self._fingerprint(), self.use_shm, self.client_name)
             payload = m.encode_hello(m.Hello(self._fingerprint(), proof, self.client_name, self.use_shm))
             hello = m.decode_hello_reply(self._roundtrip(Op.HELLO, payload))
+            arena_fd = self._receive_arena() if hello.shm_name is not None else None
         except (OSError, ProtocolError, DaemonError) as exc:
             self._drop()
             if isinstance(exc, ProtocolError) and exc.code == ErrorCode.BAD_VERSION:  # retrying cannot help either
@@ -180,27 +182,40 @@ class DaemonClient:
             self._backoff = min(self._backoff * 2, self.backoff_max_s)
             raise DaemonUnavailable(f"cannot reach the daemon at {self.address}: {exc}") from None
         self._detach()
-        if hello.shm_name is not None:
-            self._attach(hello)
+        if arena_fd is not None:
+            self._attach(hello, arena_fd)
         self.hello = hello
         self.generation += 1
         self._backoff = self.backoff_initial_s
         log.info("connected to the daemon at %s (generation %d, shm %s)", self.address, self.generation, hello.shm_name)
         return hello
 
-    def _attach(self, hello: m.HelloReply) -> None:
-        """Map the daemon's shared segment, and its slot directory where one is there and usable."""
+    def _receive_arena(self) -> int:
+        """The shared arena's descriptor, which the daemon sends right after a HELLO reply granting it: one
+        :data:`ARENA_BYTE` carrying it as ``SCM_RIGHTS``. Raises ``ProtocolError`` (closing any stray
+        descriptors) when something else comes."""
+        assert self._sock is not None
+        data, fds, flags, _ = socket.recv_fds(self._sock, 1, 4)
+        if data == ARENA_BYTE and len(fds) == 1 and not flags & socket.MSG_CTRUNC:
+            return fds[0]
+        for fd in fds:
+            os.close(fd)
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"HELLO: expected the arena's descriptor after the reply, got "
+                            f"{data!r} with {len(fds)} descriptors")
+
+    def _attach(self, hello: m.HelloReply, fd: int) -> None:
+        """Map the daemon's shared arena from ``fd`` (taken over), and its slot directory where one is there and usable."""
         from kvstore.tiers.arena import HostArena
         from kvstore.tiers.slot_directory import DirectoryReader, reads_supported
 
         assert hello.shm_name is not None
-        self.arena = HostArena.attach(hello.shm_name, hello.bytes_per_block, num_slots=hello.num_slots)
+        self.arena = HostArena.attach(fd, hello.shm_name, hello.bytes_per_block, num_slots=hello.num_slots)
         if self.prefault:
             self.arena.prefault("daemon client")  # this process's page table for the segment, in the background
         if self.read_directory and reads_supported() and self.arena.tail is not None:
             self.directory = DirectoryReader.attach(self.arena.tail.numpy(), hello.num_slots)
             if self.directory is None:
-                log.info("the daemon's shared segment carries no usable slot directory: every get asks the daemon")
+                log.info("the daemon's shared segment arena carries no usable slot directory: every get asks the daemon")
 
     def _detach(self) -> None:
         self.directory = None  # its arrays map the segment: dropped before the arena unmaps it

@@ -2,10 +2,10 @@
 
 ::
 
-    start ─► clear a stale socket/segment ─► host tier (POSIX shm) + disk tier
+    start ─► clear a stale socket ─► host tier (sealed memfd, passed to local clients) + disk tier
           ─► Unix socket (0600) [+ TCP] [+ HTTP /healthz /metrics] ─► reaper task
     stop  ─► stop accepting ─► wait for requests in flight ─► close connections
-          ─► flush (write-behind drained, disk synced) ─► unlink socket, unlink shm
+          ─► flush (write-behind drained, disk synced) ─► unlink socket, unmap the arena
           (:attr:`DaemonServer.durability_error` says whether acknowledged blocks were lost)
 
 A Unix client's process is identified at accept (:class:`PeerProcess`); when
@@ -42,7 +42,7 @@ from kvstore.build_info import build_info
 from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
 from kvstore.daemon.peer import PeerProcess
 from kvstore.daemon.session import Session, SessionContext
-from kvstore.daemon.socketfile import DaemonStartError, SocketOwner, bind_private, clear_stale, default_shm_name
+from kvstore.daemon.socketfile import DaemonStartError, SocketOwner, arena_label, bind_private, clear_stale
 from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import NotDurable
 from kvstore.ratelog import RateLimitedLog
@@ -70,7 +70,7 @@ class ListenInfo:
     tcp: str | None
     metrics_url: str | None
     shm_name: str | None
-    """The shared segment local clients map; ``None`` when tenants are configured (private memory)."""
+    """The label of the shared arena local clients map; ``None`` when tenants are configured (private memory)."""
     events: str | None = None
     """Where the daemon publishes its KV events (``daemon.events``), or ``None``."""
     events_replay: str | None = None
@@ -122,25 +122,25 @@ class DaemonServer:
 
     async def _start(self) -> ListenInfo:
         cfg, d = self.cfg, self.cfg.daemon
-        named = cfg.host.shm_name or default_shm_name(d.socket_path)
-        if clear_stale(d.socket_path, named):
-            log.warning("removed a stale socket %s / segment %s left by a daemon that is gone", d.socket_path, named)
+        named = arena_label(d.socket_path)
+        if clear_stale(d.socket_path):
+            log.warning("removed a stale socket %s left by a daemon that is gone", d.socket_path)
         # Tenants' blocks never sit where a local process can map them: with tenants the host tier is this
         # process's own memory, and every client (local ones too) is served inline.
         shared = not d.tenant_salts
         shm_name = named if shared else None
         if not shared:
             log.warning("tenants are configured (daemon.tenant_salts): the host tier is private memory, not the "
-                        "shared segment %s, so no local process can read or change a tenant's blocks; local clients "
+                        "shared arena %s, so no local process can read or change a tenant's blocks; local clients "
                         "are served inline (no zero-copy path)", named)
         orders = below_gpu_orders(cfg)  # policy.duel_scope: below_gpu: one duel for host and disk
         host = HostTier(self.layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory,
-                        shared_memory=shared, shm_name=shm_name, auto_evict=True, eviction=cfg.host.eviction,
+                        shared_memory=shared, label=named, auto_evict=True, eviction=cfg.host.eviction,
                         order=orders.host, prefault=cfg.host.prefault)
         try:
             lower = self._lower_tier(orders.disk)  # refused if another process holds its data directory
         except BaseException:
-            host.close()  # unlink our segment now, not at interpreter exit
+            host.close()  # free the arena now, not at interpreter exit
             raise
         durable = lower is not None and ((lower.name == "lmdb" and cfg.disk.sync == "always")
                                          or (lower.name == "slab" and cfg.slab.sync == "always"))
@@ -177,7 +177,7 @@ class DaemonServer:
             if self.backend.events is not None:
                 self._publisher = self._publish_events(self.backend.events)
         except BaseException:
-            await self.stop()  # the socket and segment are ours by now: remove them, do not leave them behind
+            await self.stop()  # the socket is ours by now: remove it, do not leave it behind
             raise
         self._spawn(self._reap_holds())
         events = self._publisher.endpoint if self._publisher is not None else None
@@ -188,7 +188,7 @@ class DaemonServer:
             "kvstore daemon serving model %r (%d layers, block %d tokens, %d bytes/block): host %d slots in %s, "
             "%s; unix %s (0600), tcp %s, metrics %s",
             self.layout.model_id, self.layout.num_layers, self.layout.block_size, self.layout.bytes_per_block,
-            host.num_slots, shm_name or "private memory (tenants)", f"disk {disk.name} at {getattr(disk, 'path', '?')}" if disk else "no disk tier",
+            host.num_slots, f"sealed memfd {shm_name}" if shm_name else "private memory (tenants)", f"disk {disk.name} at {getattr(disk, 'path', '?')}" if disk else "no disk tier",
             self.info.socket_path, tcp or "off", metrics_url or "off",
         )
         return self.info
@@ -373,7 +373,7 @@ class DaemonServer:
                 log.error("closing the tiers failed: %s", exc)
         self._executor.shutdown(wait=True)
         if self._owner is not None:
-            self._owner.release()  # last: the socket and segment are gone, a new daemon may take the path
+            self._owner.release()  # last: the socket is gone, a new daemon may take the path
         log.info("stopped")
 
 

@@ -6,7 +6,8 @@
                            bound: 4 KiB before login, daemon.max_frame_bytes after
     read payload       ─► decode_request (op, counts, lengths; error reply, go on)
     login              ─► CHALLENGE (nonce) then HELLO (HMAC proof of a token, layout fingerprint);
-                           the token decides the tenant; reply with salt + shm
+                           the token decides the tenant; reply with salt + shm, then (shm
+                           granted) one byte carrying the arena's descriptor (SCM_RIGHTS)
     dispatch           ─► keys mapped into the tenant's namespace ─► backend call ─► reply
                            (on the executor when it may wait for disk I/O, else on the event loop)
 
@@ -20,8 +21,10 @@ reset) just ends the session; its holds end at their deadlines.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import logging
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,7 +39,7 @@ from kvstore.daemon.auth import new_nonce, token_for_proof
 from kvstore.daemon.backend import HOLDS_PER_SLOT, DaemonBackend
 from kvstore.daemon.inflight import InflightBudget
 from kvstore.daemon.frames import (
-    HEADER, HEADER_SIZE, MAGIC, OBSERVER_FINGERPRINT, PRELOGIN_FRAME_BYTES, PROTOCOL_VERSION, REPLY_BIT, ErrorCode,
+    ARENA_BYTE, HEADER, HEADER_SIZE, MAGIC, OBSERVER_FINGERPRINT, PRELOGIN_FRAME_BYTES, PROTOCOL_VERSION, REPLY_BIT, ErrorCode,
     FrameHeader, Op, ProtocolError, decode_header, encode_frame,
 )
 from kvstore.daemon.layout_check import bad_layout_message
@@ -247,6 +250,8 @@ class Session:
             await self._send(writer, head + flags, blocks)
         else:
             await self._send(writer, encode_frame(header.op | REPLY_BIT, header.request_id, reply))
+            if header.op == Op.HELLO and self.shm:
+                await self._pass_arena(writer)
         self.ctx.metrics.observe(Op(header.op).name, time.perf_counter() - start)
         return True
 
@@ -489,6 +494,26 @@ class Session:
                     await within(writer.drain(), max(0.0, deadline - asyncio.get_running_loop().time()))
                 except asyncio.TimeoutError:
                     raise SessionTimeout(f"the reply was not read within daemon.read_timeout_s = {cfg.read_timeout_s:g} s") from None
+
+    async def _pass_arena(self, writer: asyncio.StreamWriter) -> None:
+        """Send the shared arena's descriptor right after the HELLO reply that granted it: one byte carrying it
+        as ``SCM_RIGHTS``. The arena has no name anywhere (:mod:`kvstore.tiers.arena`), so this is the only way
+        in, and only for a client that logged in. The reply is sent first and in full (a few dozen bytes into
+        an empty socket), so the byte cannot overtake it."""
+        fd = self.ctx.backend.host.arena.fd
+        assert fd is not None, "a shared host tier has a descriptor"
+        if writer.transport.get_write_buffer_size():
+            await within(writer.drain(), self.ctx.daemon.read_timeout_s)
+        raw = writer.get_extra_info("socket").dup()  # a plain socket object on the same connection, for sendmsg
+        try:
+            sent = raw.sendmsg([ARENA_BYTE], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))],
+                               socket.MSG_DONTWAIT)
+        except OSError as exc:
+            raise ConnectionError(f"cannot pass the arena's descriptor: {exc}") from None
+        finally:
+            raw.close()
+        if sent != 1:
+            raise ConnectionError("the client's socket took no byte of the arena's descriptor")
 
     def _name(self) -> str:
         return self.hello.client_name if self.hello is not None and self.hello.client_name else "unnamed"

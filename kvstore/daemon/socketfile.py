@@ -1,16 +1,15 @@
-"""The daemon's Unix socket file and shared-memory name: derive, detect stale ones, bind privately.
+"""The daemon's Unix socket file and its shared arena's label: derive, detect a stale socket, bind privately.
 
-A daemon killed with ``kill -9`` leaves its socket file (and possibly its
-shared-memory segment) behind. Ownership of a socket path is a lock, not a
+A daemon killed with ``kill -9`` leaves its socket file behind (its shared
+arena is a memfd the kernel frees with the process: nothing to clean up). Ownership of a socket path is a lock, not a
 guess: the serving daemon holds ``<socket_path>.lock`` (:class:`SocketOwner`,
 ``flock``, its pid inside) from before it looks at the path until it exits,
 and the kernel drops the lock when the process dies however it dies. A
 starting daemon takes that lock first, so while the owner lives (even paused,
 with its accept backlog full, so that a connect fails) the path is never
 touched. With the lock taken, the file is removed only if nothing answers on
-it, and the segment only if no live process holds its owner lock
-(:meth:`HostArena.remove_stale`); if another daemon answers or owns the
-segment, starting fails, naming it, instead of stealing its path or memory.
+it; if another daemon answers, starting fails, naming it, instead of
+stealing its path.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ import socket
 import stat
 from collections.abc import Awaitable, Callable
 
-from kvstore.errors import KVStoreError, TierError
-from kvstore.tiers.arena import HostArena
+from kvstore.errors import KVStoreError
 
 SOCKET_MODE = 0o600
 
@@ -33,8 +31,9 @@ class DaemonStartError(KVStoreError):
     """The daemon cannot start: its path is taken by a live daemon, or is not a socket."""
 
 
-def default_shm_name(socket_path: str) -> str:
-    """Segment name derived from the absolute socket path, so one path means one segment."""
+def arena_label(socket_path: str) -> str:
+    """The shared arena's label, from the absolute socket path: which daemon's memory a mapping in
+    ``/proc/<pid>/maps`` is (a label only; nothing is looked up by it)."""
     digest = hashlib.blake2b(os.path.abspath(socket_path).encode(), digest_size=8).hexdigest()
     return f"kvstore-{digest}"
 
@@ -82,29 +81,23 @@ def socket_is_live(path: str, timeout_s: float = 0.5) -> bool:
         sock.close()
 
 
-def clear_stale(path: str, shm_name: str) -> bool:
-    """Remove a socket file nobody answers on, and the segment ``shm_name`` if its owner is gone.
+def clear_stale(path: str) -> bool:
+    """Remove a socket file nobody answers on.
 
     Call it holding the path's :class:`SocketOwner` lock: only then is a socket nobody answers on
     provably left by a daemon that is gone, not one that is alive but slow to accept.
 
-    Raises :class:`DaemonStartError` if a daemon is live on ``path``, ``path``
-    is something other than a socket, or a live process owns ``shm_name``
-    (the message names its pid). Returns whether anything stale was removed.
+    Raises :class:`DaemonStartError` if a daemon is live on ``path`` or ``path``
+    is something other than a socket. Returns whether a stale socket was removed.
     """
-    removed = False
-    if os.path.lexists(path):
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise DaemonStartError(f"daemon.socket_path {path} exists and is not a socket; refusing to replace it")
-        if socket_is_live(path):
-            raise DaemonStartError(f"another daemon is serving on {path}")
-        os.unlink(path)
-        removed = True
-    try:
-        removed = HostArena.remove_stale(shm_name) or removed
-    except TierError as exc:
-        raise DaemonStartError(str(exc)) from None
-    return removed
+    if not os.path.lexists(path):
+        return False
+    if not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise DaemonStartError(f"daemon.socket_path {path} exists and is not a socket; refusing to replace it")
+    if socket_is_live(path):
+        raise DaemonStartError(f"another daemon is serving on {path}")
+    os.unlink(path)
+    return True
 
 
 async def bind_private(

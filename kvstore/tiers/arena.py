@@ -10,30 +10,28 @@ blocks after they are freed, which is how pinned memory "leaks" in long-lived
 servers. Registering our own range lets :meth:`HostArena.close` unregister it
 deterministically, and it works the same for a POSIX shared-memory segment.
 
-Shared memory: the owner creates the segment (mode 0600: only the owner's
-user can map it) and unlinks it on close; other processes
-:meth:`HostArena.attach` by name. The owner holds an exclusive ``flock`` on
-the segment for its life, which is how a segment is proven stale: the kernel
-drops the lock when the owner exits (even by ``kill -9``), so
-:meth:`HostArena.remove_stale` unlinks a segment only if it can take that lock,
-and otherwise refuses, naming the owner's pid. A second daemon configured
-with the same ``host.shm_name`` therefore never deletes a live daemon's
-segment (whose clients would then read another arena's bytes). Python < 3.13 registers every
-attached segment with the attaching process's resource tracker, which unlinks
-it when that process exits (destroying the owner's cache), so attachers
-unregister it immediately.
+Shared memory: the owner creates a sealed ``memfd`` (:func:`os.memfd_create`),
+not a named POSIX segment, and hands its descriptor to each client that logs
+in (``SCM_RIGHTS`` over the daemon's Unix socket, :mod:`kvstore.daemon.session`).
+Three consequences:
+
+- nothing to find: the segment has no name under ``/dev/shm``, so only processes
+  the daemon let in (and those that may ptrace it) can map it;
+- nothing to shrink: its size is sealed (``F_SEAL_SHRINK | F_SEAL_GROW |
+  F_SEAL_SEAL``), so an ``ftruncate`` by a client or any other process fails
+  with ``EPERM`` instead of turning the daemon's next touch of a page into
+  ``SIGBUS``; :meth:`HostArena.attach` refuses a descriptor without the seal;
+- nothing stale: the kernel frees the memory with its last descriptor or
+  mapping, so a daemon killed with ``kill -9`` leaves no segment behind, and
+  two daemons can never claim the same one.
 """
 
 from __future__ import annotations
 
 import ctypes
 import fcntl
+import mmap
 import os
-import sys
-from multiprocessing import resource_tracker
-from multiprocessing.shared_memory import SharedMemory
-
-import _posixshmem  # type: ignore[import-not-found]  # no stubs; the module SharedMemory itself uses (POSIX only, like the daemon)
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Literal
@@ -42,7 +40,6 @@ import torch
 
 from kvstore.errors import TierError
 from kvstore.tiers.prefault import Prefaulter
-from kvstore.tiers.datadir import FILE_MODE, describe_process, flock_holder
 
 PinMode = Literal["auto", "always", "never"]
 
@@ -57,28 +54,37 @@ def resolve_pin(mode: PinMode) -> bool:
     return available
 
 
-def _own(shm: SharedMemory) -> None:
-    """Make the just-created ``shm`` provably ours: mode 0600 and an exclusive ``flock`` held while it is open.
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+"""The seals on a shared arena: its size can never change, and no one can lift that."""
 
-    A :meth:`HostArena.remove_stale` running between our create and our lock could have unlinked it (and a
-    third process created a new one under the name); then the name no longer leads to our segment, and
-    we refuse rather than serve an arena no client can reach."""
-    fd = shm._fd  # type: ignore[attr-defined]
-    os.fchmod(fd, FILE_MODE)
+
+def _sealed_memfd(label: str, nbytes: int) -> int:
+    """A new anonymous shared-memory file of ``nbytes`` bytes (close-on-exec), its size sealed."""
+    fd = os.memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        ours = os.fstat(fd)
-        probe = _posixshmem.shm_open("/" + shm.name, os.O_RDONLY, 0)
+        os.ftruncate(fd, nbytes)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+    except OSError as exc:
+        os.close(fd)
+        raise TierError(f"cannot create the sealed shared arena {label!r} of {nbytes} bytes: {exc}") from None
+    return fd
+
+
+class _Mapping:
+    """One shared mapping of a memfd, and (owner only) the descriptor clients receive."""
+
+    def __init__(self, label: str, fd: int | None, mapped: mmap.mmap) -> None:
+        self.label, self.fd, self.map = label, fd, mapped
+
+    def close(self) -> None:
+        """Close the descriptor and unmap (a still-exported slot view keeps the mapping until it is gone)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
         try:
-            same = os.fstat(probe).st_ino == ours.st_ino
-        finally:
-            os.close(probe)
-    except OSError:
-        same = False
-    if not same:
-        shm.close()
-        raise TierError(f"shared memory segment {shm.name!r} was claimed by another process while this one created "
-                        "it; two daemons are starting with the same host.shm_name")
+            self.map.close()
+        except BufferError:
+            pass  # a caller still holds a slot view: the mapping lives until that view is collected
 
 
 class HostArena:
@@ -88,7 +94,7 @@ class HostArena:
     :meth:`attach` (another process's shared memory).
     """
 
-    def __init__(self, tensor: torch.Tensor, bytes_per_block: int, shm: SharedMemory | None, owner: bool,
+    def __init__(self, tensor: torch.Tensor, bytes_per_block: int, shm: _Mapping | None,
                  num_slots: int | None = None) -> None:
         self.bytes_per_block = bytes_per_block
         self.num_slots = tensor.numel() // bytes_per_block if num_slots is None else num_slots
@@ -98,85 +104,62 @@ class HostArena:
         if shm is not None and num_slots is not None:
             self.tail = tensor[num_slots * bytes_per_block :]
         self._shm = shm
-        self._owner = owner
         self.pinned = False
         self._prefaulter: Prefaulter | None = None
 
     # ------------------------------------------------------------ building
     @classmethod
     def allocate(
-        cls, num_slots: int, bytes_per_block: int, *, pin: bool, shm_name: str | None = None, shared: bool = False,
+        cls, num_slots: int, bytes_per_block: int, *, pin: bool, label: str = "kvstore-host", shared: bool = False,
         tail_bytes: int = 0,
     ) -> HostArena:
-        """New memory for ``num_slots`` slots; ``shared`` creates the segment ``shm_name`` (random name if None)
-        with ``tail_bytes`` more after the slots (:attr:`tail`).
+        """New memory for ``num_slots`` slots; ``shared`` makes it a sealed memfd (``label`` names it in
+        ``/proc/<pid>/maps`` and logs) with ``tail_bytes`` more after the slots (:attr:`tail`), whose
+        descriptor (:attr:`fd`) other processes :meth:`attach`.
 
-        Raises :class:`TierError` if the segment already exists or pinning fails.
+        Raises :class:`TierError` if the memory cannot be created or pinning fails.
         """
         if num_slots < 1:
             raise TierError(f"host arena needs at least one slot of {bytes_per_block} bytes")
         nbytes = num_slots * bytes_per_block
         shm = None
         if shared:
-            try:
-                shm = SharedMemory(name=shm_name, create=True, size=nbytes + tail_bytes)
-            except FileExistsError:
-                raise TierError(f"shared memory segment {shm_name!r} already exists (another daemon, or a stale one)") from None
-            _own(shm)
-            tensor = torch.frombuffer(shm.buf, dtype=torch.uint8)
+            fd = _sealed_memfd(label, nbytes + tail_bytes)
+            shm = _Mapping(label, fd, mmap.mmap(fd, nbytes + tail_bytes))
+            tensor = torch.frombuffer(shm.map, dtype=torch.uint8)
         else:
             tensor = torch.empty(nbytes, dtype=torch.uint8)
-        arena = cls(tensor, bytes_per_block, shm, owner=True, num_slots=num_slots)
+        arena = cls(tensor, bytes_per_block, shm, num_slots=num_slots)
         if pin:
             arena._pin()
         return arena
 
-    @staticmethod
-    def remove_stale(name: str) -> bool:
-        """Unlink the segment ``name`` if its owner is gone; ``False`` if there is no such segment.
-
-        Raises :class:`TierError` naming the owner if a live process holds the segment's lock.
-        """
-        try:
-            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, 0)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise TierError(f"cannot open shared memory segment {name!r} to check its owner: {exc.strerror or exc}") from None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise TierError(
-                    f"shared memory segment {name!r} belongs to a running daemon, {describe_process(flock_holder(fd))}; "
-                    "stop it, or give this daemon another host.shm_name (or daemon.socket_path, from which the "
-                    "default name derives)"
-                ) from None
-            _posixshmem.shm_unlink("/" + name)  # still locked by us: no new owner can have claimed it meanwhile
-            return True
-        finally:
-            os.close(fd)
-
     @classmethod
-    def attach(cls, name: str, bytes_per_block: int, *, pin: bool = False, num_slots: int | None = None) -> HostArena:
-        """Map the existing segment ``name`` read-write; closing it never unlinks the segment.
+    def attach(cls, fd: int, label: str, bytes_per_block: int, *, pin: bool = False,
+               num_slots: int | None = None) -> HostArena:
+        """Map another process's shared arena from its descriptor ``fd`` (closed here, mapped or not).
 
         ``num_slots``: how many slots the owner made (what its daemon said at login); the bytes after them are
-        :attr:`tail`. ``None``: as many as fit. Raises :class:`TierError` when the segment is smaller."""
+        :attr:`tail`. ``None``: as many as fit. Raises :class:`TierError`, naming ``label``, when the
+        descriptor is not a memfd whose size is sealed (another process could shrink it under this one's
+        mapping: ``SIGBUS`` at the next copy) or is smaller than that."""
         try:
-            if sys.version_info >= (3, 13):
-                shm = SharedMemory(name=name, track=False)  # type: ignore[call-arg]
-            else:
-                shm = SharedMemory(name=name)
-                resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-        except FileNotFoundError:
-            raise TierError(f"no shared memory segment named {name!r}; is the daemon running?") from None
-        if num_slots is not None and shm.size < num_slots * bytes_per_block:
-            size = shm.size
-            shm.close()
-            raise TierError(f"shared memory segment {name!r} has {size} bytes, too few for {num_slots} slots of "
-                            f"{bytes_per_block} bytes")
-        arena = cls(torch.frombuffer(shm.buf, dtype=torch.uint8), bytes_per_block, shm, owner=False, num_slots=num_slots)
+            try:
+                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+            except OSError as exc:
+                raise TierError(f"the shared arena {label!r} is not a sealable memfd ({exc.strerror})") from None
+            if seals & fcntl.F_SEAL_SHRINK == 0:
+                raise TierError(f"the shared arena {label!r} is not sealed against shrinking (seals {seals:#x}); "
+                                "refusing to map memory another process could truncate")
+            size = os.fstat(fd).st_size
+            if num_slots is not None and size < num_slots * bytes_per_block:
+                raise TierError(f"the shared arena {label!r} has {size} bytes, too few for {num_slots} slots of "
+                                f"{bytes_per_block} bytes")
+            mapped = mmap.mmap(fd, size)  # the mapping keeps the file; the descriptor is not needed after
+        finally:
+            os.close(fd)
+        arena = cls(torch.frombuffer(mapped, dtype=torch.uint8), bytes_per_block, _Mapping(label, None, mapped),
+                    num_slots=num_slots)
         if pin:
             arena._pin()
         return arena
@@ -184,8 +167,13 @@ class HostArena:
     # ----------------------------------------------------------- accessors
     @property
     def name(self) -> str | None:
-        """Name of the shared-memory segment (``None`` for private memory)."""
-        return None if self._shm is None else self._shm.name
+        """The shared arena's label (``None`` for private memory): how logs and ``/proc/<pid>/maps`` name it."""
+        return None if self._shm is None else self._shm.label
+
+    @property
+    def fd(self) -> int | None:
+        """The shared arena's descriptor, for the owner to pass to clients (``None``: private, or attached)."""
+        return None if self._shm is None else self._shm.fd
 
     def slot_view(self, slot: int) -> torch.Tensor:
         """Zero-copy ``uint8`` view of one slot."""
@@ -241,7 +229,8 @@ class HostArena:
         return self._prefaulter
 
     def close(self) -> None:
-        """Unpin, unmap, and (owner only) unlink the segment. Idempotent; slot views must not be used after."""
+        """Unpin and unmap (the kernel frees a shared arena with its last mapping and descriptor).
+        Idempotent; slot views must not be used after."""
         if self._prefaulter is not None:
             self._prefaulter.stop()  # before the pages it maps go away
             self._prefaulter = None
@@ -253,14 +242,7 @@ class HostArena:
         self.tensor = None
         self.tail = None
         if self._shm is not None:
-            if self._owner:
-                self._shm.unlink()
-            try:
-                self._shm.close()
-            except BufferError:
-                # A caller still holds a slot view. The mapping then lives until that view is
-                # garbage collected (the view keeps the mmap alive); the name is already unlinked.
-                pass
+            self._shm.close()
             self._shm = None
 
 

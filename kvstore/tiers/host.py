@@ -62,13 +62,16 @@ class HostTier(Tier):
         *,
         pin_memory: PinMode = "auto",
         shared_memory: bool = False,
-        shm_name: str | None = None,
+        label: str = "kvstore-host",
         auto_evict: bool = True,
         eviction: str = "lru",
         order: EvictionOrder | None = None,
         prefault: bool = True,
     ) -> None:
         """Allocate ``capacity_bytes // bytes_per_block`` slots now.
+
+        ``shared_memory``: the arena is a sealed memfd whose descriptor (:attr:`arena` ``.fd``) other processes
+        map (:mod:`kvstore.tiers.arena`), ``label`` naming it in logs and ``/proc/<pid>/maps``.
 
         ``prefault``: map the arena's pages on a background thread from now on (``host.prefault``,
         :mod:`kvstore.tiers.prefault`), so puts into fresh slots take no page faults.
@@ -83,7 +86,7 @@ class HostTier(Tier):
         self.bpb = layout.bytes_per_block
         num_slots = capacity_bytes // self.bpb
         self.arena = HostArena.allocate(
-            num_slots, self.bpb, pin=resolve_pin(pin_memory), shm_name=shm_name, shared=shared_memory,
+            num_slots, self.bpb, pin=resolve_pin(pin_memory), label=label, shared=shared_memory,
             tail_bytes=directory_bytes(num_slots) if shared_memory and num_slots > 0 else 0,
         )
         if prefault:
@@ -115,7 +118,6 @@ class HostTier(Tier):
             int(section.capacity),
             pin_memory=section.pin_memory,
             shared_memory=section.shared_memory,
-            shm_name=section.shm_name,
             auto_evict=auto_evict,
             eviction=section.eviction,
             order=order,
@@ -135,7 +137,7 @@ class HostTier(Tier):
 
     @property
     def shm_name(self) -> str | None:
-        """Name of the shared-memory segment other processes attach to (``None`` if private)."""
+        """The label of the shared arena other processes map (``None`` if private)."""
         return self.arena.name
 
     def slot_of(self, key: bytes) -> int | None:

@@ -27,7 +27,7 @@ from kvstore.bench.soak_report import growth_mb_per_min
 from test_suites_quick import _check_schema
 
 FIGURES = {
-    "acked.lost", "served.wrong", "acked.checked", "daemon.rss_growth", "daemon.rss_anon_growth",
+    "acked.lost", "served.wrong", "served.foreign", "acked.checked", "daemon.rss_growth", "daemon.rss_anon_growth",
     "daemon.rss_file_growth", "daemon.rss_peak", "daemon.rss_anon_peak", "holds.client_death",
     "host.reserved.client_death", "client.puts", "client.puts_ok", "client.gets", "client.hits", "client.flushes",
     "client.flush_failures", "client.acked", "client.block_ops_per_s", "kills.client", "kills.daemon",
@@ -78,6 +78,32 @@ def test_short_soak_loses_nothing_and_serves_nothing_wrong(tmp_path: Path, run_t
     assert _value(doc, "daemon.exit_code") == 0
     assert _value(doc, "holds.client_death", when="after_deadline") == 0
     assert _soak_dirs(run_tmp) == set(), "the run's temporary directory must be removed"
+
+
+def test_a_soak_with_tenants_and_local_clients_mixed_serves_no_block_across_identities(
+        tmp_path: Path, run_tmp: Path) -> None:
+    """Two tenants and untenanted local clients on one daemon, with kills: each identity's acknowledged blocks
+    survive, and no block of one identity is ever served to another (asked during the run and at the end)."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "kvstore", "bench", "soak", "--quick", "--minutes", "0.15", "--clients", "3",
+           "--tenants", "2", "--no-progress", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(run_tmp)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["config"]["tenants"] == 2
+    assert _value(doc, "acked.lost") == 0 and _value(doc, "served.wrong") == 0
+    assert _value(doc, "acked.checked") > 0
+    foreign = next(f for f in doc["figures"] if f["name"] == "served.foreign")
+    assert foreign["value"] == 0 and foreign["params"]["asked"] > 0, foreign
+    assert _value(doc, "crashes.client") == 0 and _value(doc, "crashes.daemon") == 0
+    assert _value(doc, "daemon.exit_code") == 0
+
+
+def test_tenants_need_more_clients_than_tenants(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "kvstore", "bench", "soak", "--quick", "--clients", "2", "--tenants",
+                          "2", "--no-progress", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1
+    assert "--tenants 2 needs more than 2 --clients" in res.stderr
 
 
 def test_sigterm_stops_the_soak_and_removes_its_children_and_files(tmp_path: Path, run_tmp: Path) -> None:

@@ -23,7 +23,7 @@ import yaml
 from kvstore.config import load_config
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.frames import HEADER, HEADER_SIZE, REPLY_BIT, ErrorCode, Op, encode_frame
+from kvstore.daemon.frames import ARENA_BYTE, HEADER, HEADER_SIZE, REPLY_BIT, ErrorCode, Op, encode_frame
 from kvstore.daemon.tier import DaemonTier
 from kvstore.layout import KVLayout
 
@@ -149,9 +149,14 @@ def empty_blocks(n: int) -> list[torch.Tensor]:
     return [torch.zeros(LAYOUT.bytes_per_block, dtype=torch.uint8) for _ in range(n)]
 
 
-def shm_exists(name: str) -> bool:
-    """Whether the POSIX shared-memory segment ``name`` exists."""
-    return os.path.exists(f"/dev/shm/{name}")
+def dev_shm() -> set[str]:
+    """The names in ``/dev/shm`` (a daemon creates none: its arena is an unnamed memfd)."""
+    return set(os.listdir("/dev/shm"))
+
+
+def maps_arena(pid: int) -> bool:
+    """Whether process ``pid`` maps a daemon's shared arena (a ``memfd:kvstore-...`` mapping)."""
+    return "/memfd:kvstore-" in Path(f"/proc/{pid}/maps").read_text()
 
 
 def signal_name(rc: int) -> str:
@@ -195,11 +200,23 @@ def read_reply(s: socket.socket) -> tuple[int, bytes] | None:
     return None if body is None else (op, body)
 
 
-def raw_login(s: socket.socket, want_shm: bool = True) -> None:
-    """Log a raw socket in without a token (a local client), asking for shared memory or not."""
-    s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, None, "raw", want_shm))))
+def raw_login(s: socket.socket, want_shm: bool = True, keep_arena: bool = False,
+              layout: KVLayout | None = None) -> int | None:
+    """Log a raw socket in without a token (a local client), asking for shared memory or not. The arena's
+    descriptor that follows a reply granting it is read off the socket; returned with ``keep_arena``
+    (the caller closes it), else closed. ``layout``: the daemon's, when not :data:`LAYOUT`."""
+    fingerprint = (layout or LAYOUT).fingerprint
+    s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(fingerprint, None, "raw", want_shm))))
     reply = read_reply(s)
     assert reply is not None and reply[0] == Op.HELLO | REPLY_BIT
+    if m.decode_hello_reply(reply[1]).shm_name is None:
+        return None
+    data, fds, _, _ = socket.recv_fds(s, 1, 1)
+    assert data == ARENA_BYTE and len(fds) == 1, (data, fds)
+    if keep_arena:
+        return fds[0]
+    os.close(fds[0])
+    return None
 
 
 def raw_stats(s: socket.socket, rid: int) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from daemonlib import Daemon, cleanup, keys_for, raw_stats, read_reply, short_tmpdir, start_daemon, write_config
+from daemonlib import Daemon, cleanup, keys_for, raw_login, raw_stats, read_reply, short_tmpdir, start_daemon, write_config
 
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient
@@ -91,9 +91,7 @@ def logged_in(d: Daemon, want_shm: bool = False) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(20)
     s.connect(d.socket_path)
-    s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, None, "raw", want_shm))))
-    reply = read_reply(s)
-    assert reply is not None and reply[0] == Op.HELLO | REPLY_BIT
+    raw_login(s, want_shm, layout=LAYOUT)
     return s
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from daemonlib import (
-    LAYOUT, Daemon, block_for, cleanup, expect_error, free_port, keys_for, raw_tcp, raw_unix, read_reply, short_tmpdir,
+    LAYOUT, Daemon, block_for, cleanup, expect_error, free_port, keys_for, raw_login, raw_tcp, raw_unix, read_reply, short_tmpdir,
     start_daemon, write_config,
 )
 from kvstore.config import load_config
@@ -48,9 +48,7 @@ def daemon() -> Iterator[Daemon]:
 
 
 def login(s, want_shm: bool = False) -> None:  # noqa: ANN001 - a socket
-    s.sendall(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(LAYOUT.fingerprint, None, "raw", want_shm))))
-    reply = read_reply(s)
-    assert reply is not None and reply[0] == Op.HELLO | 0x8000
+    raw_login(s, want_shm)
 
 
 def ask(s, op: Op, payload: bytes) -> tuple[int, bytes]:  # noqa: ANN001 - a socket

@@ -15,10 +15,9 @@ import pytest
 import torch
 
 from daemonlib import (
-    REPO, assert_acknowledged_survive, block_for, cleanup, empty_blocks, keys_for, shm_exists, short_tmpdir, signal_name,
+    REPO, assert_acknowledged_survive, block_for, cleanup, empty_blocks, keys_for, dev_shm, maps_arena, short_tmpdir, signal_name,
     start_daemon, write_config,
 )
-from kvstore.daemon.socketfile import default_shm_name
 from kvstore.errors import TierError
 
 
@@ -57,7 +56,7 @@ def test_kill9_loses_nothing_flushed_and_serves_nothing_corrupt() -> None:
         acked = [k for ks in flushed for k in ks]
         assert len(acked) >= 30 * 6
 
-        daemon = start_daemon(config)  # same config: stale socket and segment are cleared
+        daemon = start_daemon(config)  # same config: the stale socket is cleared (the killed daemon's arena died with it)
         tier = daemon.tier(client_name="checker")
         assert_acknowledged_survive(tier, attempted, acked, "flushed")
         stats = tier.client.stats()
@@ -75,15 +74,14 @@ def test_sigterm_flushes_cleans_up_and_clients_reconnect() -> None:
         config = write_config(root, disk={"sync": "interval", "sync_interval_ms": 10_000})
         daemon = start_daemon(config)
         tier = daemon.tier(client_name="survivor", backoff_initial_s=0.01)
-        shm = tier.client.hello.shm_name  # type: ignore[union-attr]
-        assert shm is not None and shm_exists(shm)
+        assert tier.client.hello.shm_name is not None and maps_arena(daemon.proc.pid)  # type: ignore[union-attr]
         keys = keys_for(20, seed=42)
         assert all(tier.put(keys, [block_for(k) for k in keys]))  # acknowledged, never explicitly flushed
         rc = daemon.stop(signal.SIGTERM)
         assert rc == 0, signal_name(rc)
         log = daemon.log.read_text()
         assert "flushed: every acknowledged block is on disk" in log and "stopped" in log
-        assert not os.path.exists(daemon.socket_path) and not shm_exists(shm)
+        assert not os.path.exists(daemon.socket_path)
 
         assert tier.contains_prefix(keys) == 0  # daemon down: the tier degrades to misses, it does not raise
         daemon = start_daemon(config)
@@ -129,6 +127,7 @@ def test_socket_path_that_is_a_file_is_not_replaced(bad: str) -> None:
 
 def test_metrics_port_in_use_is_a_one_line_error_and_leaves_nothing_behind() -> None:
     root = short_tmpdir()
+    before = dev_shm()
     try:
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
@@ -141,7 +140,7 @@ def test_metrics_port_in_use_is_a_one_line_error_and_leaves_nothing_behind() -> 
         assert out.stderr == (f"error: cannot start the daemon: metrics.port {port}: cannot listen on "
                               f"127.0.0.1:{port} (Address already in use)\n")
         assert not (root / "d.sock").exists()
-        assert not shm_exists(default_shm_name(str(root / "d.sock")))
+        assert dev_shm() == before  # and no segment: the arena is a memfd that died with the process
     finally:
         cleanup(None, root)
 
@@ -149,7 +148,7 @@ def test_metrics_port_in_use_is_a_one_line_error_and_leaves_nothing_behind() -> 
 def test_a_second_daemon_never_removes_a_paused_daemons_socket() -> None:
     """A paused first daemon with a full accept backlog (a connect fails) still owns its socket path.
 
-    The second daemon has its own data directory and shared-memory name, so only the socket path is
+    The second daemon has its own data directory (and, as every daemon, its own arena), so only the socket path is
     shared: it must be refused naming the first daemon's pid, and leave the socket file in place.
     """
     root, other = short_tmpdir(), short_tmpdir()
@@ -170,8 +169,7 @@ def test_a_second_daemon_never_removes_a_paused_daemons_socket() -> None:
             fillers.append(s)
         else:
             raise AssertionError("the accept backlog never filled")
-        second = write_config(other, daemon={"socket_path": first.socket_path},
-                              host={"shm_name": f"kvstore-second-{os.getpid()}"})
+        second = write_config(other, daemon={"socket_path": first.socket_path})
         out = subprocess.run([sys.executable, "-m", "kvstore", "serve", "--config", str(second)],
                              capture_output=True, text=True, cwd=REPO, timeout=60)
         assert out.returncode == 1, out.stderr[-2000:]

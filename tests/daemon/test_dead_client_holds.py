@@ -31,6 +31,7 @@ s = socket.socket(socket.AF_UNIX)
 s.connect({sock!r})
 s.sendall(bytes.fromhex({hello!r}))
 reply(s)
+socket.recv_fds(s, 1, 1)  # the arena's descriptor (kept open: the process holds the arena as a client does)
 s.sendall(bytes.fromhex({reserve!r}))
 print(reply(s).hex(), flush=True)
 if {close!r}:

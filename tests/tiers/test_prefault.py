@@ -9,7 +9,6 @@ import logging
 import os
 import resource
 import threading
-from multiprocessing import resource_tracker
 
 import pytest
 import torch
@@ -25,9 +24,10 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 ARENA = 8 << 20
 
 
-def _allocated(name: str) -> int:
-    """Bytes the kernel has allocated to the POSIX shared memory segment ``name``."""
-    return os.stat(f"/dev/shm/{name}").st_blocks * 512
+def _allocated(arena: HostArena) -> int:
+    """Bytes the kernel has allocated to the shared arena (its owner's memfd)."""
+    assert arena.fd is not None
+    return os.fstat(arena.fd).st_blocks * 512
 
 
 def _populate(p: Prefaulter | None) -> None:
@@ -38,9 +38,9 @@ def _populate(p: Prefaulter | None) -> None:
 def test_the_owner_allocates_its_segment_ahead_and_a_client_maps_its_view_ahead() -> None:
     owner = HostArena.allocate(ARENA // 4096, 4096, pin=False, shared=True)
     assert owner.name is not None
-    assert _allocated(owner.name) < ARENA // 4  # a new segment has (almost) no pages yet
+    assert _allocated(owner) < ARENA // 4  # a new arena has (almost) no pages yet
     _populate(owner.prefault("test owner"))
-    assert _allocated(owner.name) >= ARENA
+    assert _allocated(owner) >= ARENA
     assert owner.prefault("again") is None  # one prefaulter per arena
 
     def faults_writing(arena: HostArena) -> int:
@@ -50,11 +50,9 @@ def test_the_owner_allocates_its_segment_ahead_and_a_client_maps_its_view_ahead(
         arena.tensor.copy_(src)
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-    plain = HostArena.attach(owner.name, 4096)
-    ahead = HostArena.attach(owner.name, 4096)
-    # attach() unregisters the name from this process's resource tracker, as a client must; the owner is
-    # in this process too, and its unlink at close unregisters it once more
-    resource_tracker.register(owner._shm._name, "shared_memory")  # type: ignore[union-attr]
+    assert owner.fd is not None
+    plain = HostArena.attach(os.dup(owner.fd), owner.name, 4096)
+    ahead = HostArena.attach(os.dup(owner.fd), owner.name, 4096)
     assert faults_writing(plain) >= ARENA // PAGE // 2  # every page of a fresh view traps once
     _populate(ahead.prefault("test client"))
     assert faults_writing(ahead) < ARENA // PAGE // 8

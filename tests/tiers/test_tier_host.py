@@ -203,7 +203,7 @@ def test_pinning_modes_without_cuda() -> None:
 _CHILD = """
 import sys, torch
 from kvstore.tiers.arena import HostArena
-arena = HostArena.attach(sys.argv[1], int(sys.argv[2]))
+arena = HostArena.attach(int(sys.argv[1]), "test", int(sys.argv[2]))
 view = arena.slot_view(0)
 sys.stdout.write(bytes(view.numpy()).hex())
 arena.slot_view(1).copy_(view.flip(0))
@@ -213,21 +213,48 @@ arena.close()
 
 
 def test_shared_memory_seen_by_another_process() -> None:
-    name = f"kvstore-test-{uuid.uuid4().hex[:12]}"
-    section = HostConfig(capacity=4 * BPB, shared_memory=True, shm_name=name, pin_memory="never")
+    """Another process maps the arena from its descriptor (as a daemon's client does after login) and sees and
+    changes the same bytes; the arena has no name in /dev/shm, and its size cannot change."""
+    import os
+    before = set(os.listdir("/dev/shm"))
+    section = HostConfig(capacity=4 * BPB, shared_memory=True, pin_memory="never")
     tier = HostTier.from_config(section, L)
+    assert set(os.listdir("/dev/shm")) == before
     k, b = make_keys(L, 1), make_blocks(L, 1)
     tier.put(k, b)
     slot = tier.slot_of(k[0])
-    assert slot == 0 and tier.shm_name == name
-    for _ in range(2):  # a second attach proves the first child's exit did not unlink the segment
-        out = subprocess.run([sys.executable, "-c", _CHILD, name, str(BPB)], capture_output=True, text=True, check=True)
+    fd = tier.arena.fd
+    assert slot == 0 and fd is not None and tier.shm_name == "kvstore-host"
+    for _ in range(2):  # a second attach proves the first child's exit changed nothing for the owner
+        out = subprocess.run([sys.executable, "-c", _CHILD, str(fd), str(BPB)], capture_output=True, text=True,
+                             check=True, pass_fds=(fd,))
         assert bytes.fromhex(out.stdout) == bytes(b[0].numpy())
         assert "leaked" not in out.stderr and "Warning" not in out.stderr
     assert torch.equal(tier.slot_view(1), b[0].flip(0))
+    for size in (0, BPB, 100 * BPB):
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, size)  # sealed: a truncation would be SIGBUS at the next copy
     tier.close()
-    with pytest.raises(TierError, match="no shared memory segment"):
-        HostArena.attach(name, BPB)
+
+
+def test_attach_refuses_memory_whose_size_is_not_sealed() -> None:
+    """A descriptor another process could shrink (a POSIX shm file, a memfd without the seal) is refused:
+    mapping it would hand that process a way to make this one's next copy a SIGBUS."""
+    import os
+    plain = os.memfd_create("unsealed")
+    os.ftruncate(plain, 4 * BPB)
+    with pytest.raises(TierError, match="'x' is not sealed against shrinking"):
+        HostArena.attach(plain, "x", BPB)
+    with open("/dev/shm/kvstore-test-%s" % uuid.uuid4().hex[:8], "w+b") as f:
+        os.unlink(f.name)
+        f.truncate(4 * BPB)
+        with pytest.raises(TierError, match="'y' is not sealed against shrinking"):  # tmpfs: F_SEAL_SEAL only
+            HostArena.attach(os.dup(f.fileno()), "y", BPB)
+    small = HostArena.allocate(2, BPB, pin=False, shared=True)
+    assert small.fd is not None
+    with pytest.raises(TierError, match="has 131072 bytes, too few for 3 slots|too few for 3 slots"):
+        HostArena.attach(os.dup(small.fd), "z", BPB, num_slots=3)
+    small.close()
 
 
 def test_gdsf_order_exact_with_pins_seeds_and_inflation() -> None:
