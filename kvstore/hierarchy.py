@@ -24,7 +24,7 @@ from kvstore.radix import BlockEntry, RadixIndex
 from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
 from kvstore.tiers.host import HostTier
-from kvstore.use_memory import UseMemory
+from kvstore.policy.use_memory import UseMemory
 
 LOWER_TIERS = ("host", "disk", "remote")
 """The lower tiers in their fixed order, fastest first; a store has any subset of them."""
@@ -67,9 +67,11 @@ class Hierarchy:
         *,
         carry_uses: bool = False,
         use_memory: UseMemory | None = None,
+        exclusive: bool = False,
     ) -> None:
-        """``carry_uses``: seed the lower tiers' use counts from the index entries (``policy.carry_uses``);
-        ``use_memory``: where the counts of dropped entries are remembered (``policy.use_memory``)."""
+        """``carry_uses``: seed the lower tiers' use counts from the index entries; ``use_memory``: where the
+        counts of dropped entries are remembered; ``exclusive``: each block lives in one of GPU, host and disk
+        (all three from the placement policy, ``policy.placement``, :mod:`kvstore.policy.named`)."""
         if pool.layout != layout:
             raise ValueError("the GPU pool's layout differs from the store's")
         self.layout = layout
@@ -83,6 +85,8 @@ class Hierarchy:
         """Whether a block entering host or disk brings its use count (:meth:`Placement.uses_of`) to the tier's order."""
         self.use_memory = use_memory
         """Counts of blocks that left every tier, restored when they are indexed again (``None``: forgotten)."""
+        self.exclusive = exclusive
+        """Whether a block loaded into the GPU leaves host and disk (GPU victims go to host, host victims to disk)."""
         self.has_lower_tiers = host is not None or disk is not None or remote is not None
         """Whether any tier lies below the GPU (a lookup hashes the tail past its match only to probe them)."""
         self.disk_reports_evictions = disk is None or disk.reports_evictions

@@ -15,7 +15,7 @@ pool asserts a block's previous state.
 Every method must be called with the hierarchy's lock held; none does I/O
 (tier calls here are slot bookkeeping in memory, never a disk or socket).
 
-The GPU eviction queue (:class:`~kvstore.gpu_lru.GpuLru`) is kept here: a
+The GPU eviction queue (:class:`~kvstore.policy.gpu_lru.GpuLru`) is kept here: a
 GPU block is evictable when the index records it, nobody else holds a
 reference (``ref_count == 1``) and its radix node is not pinned by a request,
 and each of those three facts changes only in a method below, which updates
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvstore.errors import BlockStateError, PlacementError, short_key
-from kvstore.gpu_lru import GpuLru
+from kvstore.policy.gpu_lru import GpuLru
 from kvstore.hashing import Salt
 from kvstore.host_slot import HostSlot
 from kvstore.radix import BlockEntry, InsertResult, RadixNode

@@ -338,7 +338,7 @@ class Prefetcher:
     def _register_loaded(self, lease: Lease, loaded: list[BlockPlan]) -> None:
         """Record the new GPU copies in the index (the index takes its own reference) and unpin their host slots.
 
-        With ``policy.exclusive_tiers`` the loaded blocks then leave host and disk (the disk deletes run here,
+        With exclusive tiers (``policy.placement``) the loaded blocks then leave host and disk (the disk deletes run here,
         outside the lock, before the lease can be released)."""
         h = self.h
         leaving: list[bytes] = []
@@ -354,7 +354,7 @@ class Prefetcher:
                 h.counters.loaded_blocks[p.source] += 1
                 h.events.put("loaded", p.key, "gpu")
                 self.release_host(p)
-            if self.policy.exclusive_tiers:
+            if self.h.exclusive:
                 leaving = [p.key for p in loaded if h.placement.leave_lower_tiers(p.key)]
         if leaving:
             assert h.disk is not None

@@ -35,7 +35,7 @@ tenants (salts) and models apart exactly as the keys do.
 
 Each node records its last access on a logical clock (an int bumped on every
 match or insert), exact and deterministic. The index chooses no victims:
-GPU eviction order is kept by :class:`kvstore.gpu_lru.GpuLru` in O(1), and
+GPU eviction order is kept by :class:`kvstore.policy.gpu_lru.GpuLru` in O(1), and
 the lower tiers keep their own.
 """
 

@@ -5,13 +5,13 @@ copies outside it and publishes under it again::
 
     GPU full  -> least recently used blocks only the cache holds (Placement.gpu_lru, O(1)):
                  free it if a lower tier has it, else copy it to host (or disk), then free it
-    host full -> unpinned host slots in the host's order (host.eviction; LRU by default):
+    host full -> unpinned host slots in the host's order (the placement policy's, policy.placement):
                  drop it if the disk has it, else copy it to disk first (next round uses the slot)
-    disk full -> the disk tier deletes entries itself, in its order (disk.eviction; under remote
+    disk full -> the disk tier deletes entries itself, in its order (the placement policy's; under remote
                  write_back it shows them to the remote writer first: RemoteWriter.disk_victims)
 
-With ``policy.carry_uses`` each copy down brings the block's use count to the
-tier it enters (``Tier.seed_uses``). Under ``policy.exclusive_tiers`` the
+Where the placement policy carries use counts, each copy down brings the
+block's use count to the tier it enters (``Tier.seed_uses``). With exclusive tiers the
 cascade is the same: a loaded block has no lower copy left (the prefetcher
 removes them), so its GPU eviction copies it to host again.
 

@@ -36,7 +36,8 @@ from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
 from kvstore.tiers.host import HostTier
 from kvstore.transfer import CopyStreams
-from kvstore.use_memory import use_memory_for
+from kvstore.policy.named import PlacementPolicy
+from kvstore.policy.use_memory import use_memory_for
 
 log = logging.getLogger("kvstore.store")
 
@@ -62,10 +63,16 @@ class TieredStore:
         remote_write: RemoteWrite = "write_through",
         remote_selective_hits: int = SELECTIVE_HITS_DEFAULT,
         remote_max_queued_bytes: int = MAX_QUEUED_BYTES,
+        placement: PlacementPolicy | None = None,
     ) -> None:
+        """``placement``: the placement policy itself instead of the one ``policy.placement`` names, for the
+        benchmarks and tests that study a variant no name stands for; the host and disk tiers must already
+        evict through its orders (:meth:`PlacementPolicy.orders`)."""
         self.policy = policy or PolicyConfig()
-        self.h = Hierarchy(layout, pool, host, disk, remote, carry_uses=self.policy.carry_uses,
-                           use_memory=use_memory_for(self.policy, layout, host, disk))
+        placement = placement or self.policy.placement_policy()
+        self.h = Hierarchy(layout, pool, host, disk, remote, carry_uses=placement.carry_uses,
+                           use_memory=use_memory_for(placement.use_memory, layout, host, disk),
+                           exclusive=placement.exclusive(self.policy.write))
         self.spiller = Spiller(self.h, self.policy)
         self.remote_writer = (RemoteWriter(self.h, remote, remote_write, remote_selective_hits, remote_max_queued_bytes)
                               if remote is not None else None)
@@ -95,9 +102,10 @@ class TieredStore:
         tiers = build_lower_tiers(cfg, layout)
         host, disk, remote = tiers.host, tiers.disk, tiers.remote
         log.info(
-            "tiered store: gpu %d blocks on %s, host %s, disk %s, remote %s, write %s (remote %s), prefetch %s",
-            pool.num_blocks, pool.device, host.name if host else "off", disk.name if disk else "off",
-            remote.name if remote else "off", cfg.policy.write, cfg.remote.write, cfg.policy.prefetch,
+            "tiered store: gpu %d blocks on %s, host %s, disk %s, remote %s, placement %s, write %s (remote %s), "
+            "prefetch %s", pool.num_blocks, pool.device, host.name if host else "off", disk.name if disk else "off",
+            remote.name if remote else "off", cfg.policy.placement, cfg.policy.write, cfg.remote.write,
+            cfg.policy.prefetch,
         )
         return cls(layout, pool, host, disk, cfg.policy, remote=remote, remote_write=cfg.remote.write,
                    remote_selective_hits=cfg.remote.selective_hits,
@@ -136,7 +144,7 @@ class TieredStore:
         n_full = len(toks) // bs
         h = self.h
         h.sync_tier_events()
-        count_hits = self.policy.write == "write_through_selective" or self.policy.carry_uses or (
+        count_hits = self.policy.write == "write_through_selective" or h.carry_uses or (
             self.remote_writer is not None and self.remote_writer.counts_hits)
         with h.lock:
             m = h.index.match(toks, salt, count_hits=count_hits)
@@ -253,7 +261,7 @@ class TieredStore:
         need = sum(1 for p in sources if p.source != "gpu")
         if need:
             self.spiller.make_gpu_room(need)
-            if not self.policy.exclusive_tiers:  # exclusive: loads from disk take no host slot (see _plan_block)
+            if not self.h.exclusive:  # exclusive: loads from disk take no host slot (see _plan_block)
                 self.spiller.ensure_host_free(sum(1 for p in sources if p.source in ("disk", "remote")))
         plan: list[BlockPlan] = []
         with h.lock:
@@ -319,7 +327,7 @@ class TieredStore:
     def _plan_block(self, p: BlockPlan) -> str | None:
         """Take a GPU block and, for a disk or remote source, a host slot for ``p`` (under the lock); a string
         says why not. The host slot is the promotion: the loaded block stays in the host tier (not with
-        ``policy.exclusive_tiers``: then the block is staged privately and leaves the lower tiers once loaded)."""
+        exclusive tiers (``policy.placement``): then the block is staged privately and leaves the lower tiers once loaded)."""
         h, pl = self.h, self.h.placement
         if p.source == "gpu":
             return None
@@ -333,7 +341,7 @@ class TieredStore:
         if promoted is not None:
             p.source, p.host, p.ready = "host", promoted, True
             return None
-        if self.policy.exclusive_tiers:
+        if self.h.exclusive:
             return None  # no promotion into host: the block goes to the GPU only (staged privately)
         try:
             p.host = pl.reserve_host(p.key)

@@ -267,13 +267,30 @@ def test_sizes_are_shown_in_the_unit_family_they_were_given_in(n: int, exact: st
     assert TypeAdapter(Size).validate_python(exact) == n  # the text reads back as the same number
 
 
-def test_eviction_policy_by_name_and_error_names_field_and_file(tmp_path: Path) -> None:
-    assert parse_config({"disk": {"eviction": "gdsf"}, "file": {"eviction": "gdsf"}}).disk.eviction == "gdsf"
+def test_placement_policy_by_name_and_error_names_field_and_file(tmp_path: Path) -> None:
+    from kvstore.policy.named import DEFAULT_PLACEMENT, POLICIES
+
+    assert parse_config({}).policy.placement == DEFAULT_PLACEMENT == "adaptive"
+    for name in POLICIES:
+        assert parse_config({"policy": {"placement": name}}).policy.placement_policy() is POLICIES[name]
     p = tmp_path / "kv.yaml"
-    p.write_text("disk:\n  eviction: gdsf2\n")
-    with pytest.raises(ConfigError, match=r"disk\.eviction: Input should be 'lru', 's3fifo', 'gdsf' or 'duel'") as info:
+    p.write_text("policy:\n  placement: arc\n")
+    with pytest.raises(ConfigError, match=r"policy\.placement: Input should be 'lru', 's3fifo', 'gdsf' or 'adaptive'") as info:
         load_config(p, environ={})
     assert str(p) in str(info.value)
+
+
+@pytest.mark.parametrize("old", [{"disk": {"eviction": "gdsf"}}, {"host": {"eviction": "duel"}},
+                                 {"file": {"eviction": "s3fifo"}}, {"slab": {"eviction": "lru"}},
+                                 {"policy": {"carry_uses": True}}, {"policy": {"exclusive_tiers": True}},
+                                 {"policy": {"use_memory": 4}}, {"policy": {"duel_scope": "below_gpu"}},
+                                 {"policy": {"gdsf_weight": "damped"}}])
+def test_every_removed_placement_knob_says_policy_placement_replaced_it(old: dict) -> None:
+    section, fields = next(iter(old.items()))
+    with pytest.raises(ConfigError) as info:
+        parse_config(old, "old.yaml")
+    message = str(info.value)
+    assert f"'{section}.{next(iter(fields))}' was removed: policy.placement" in message and "old.yaml" in message
 
 
 def test_events_report_interval_is_bounded_and_named_with_its_file() -> None:
@@ -287,22 +304,3 @@ def test_events_report_interval_is_bounded_and_named_with_its_file() -> None:
         parse_config({}, "f.yaml", {"KVSTORE_EVENTS__REPORT_INTERVAL_S": "soon"})
 
 
-def test_duel_scope_below_gpu_needs_host_and_disk_duels() -> None:
-    both = {"host": {"eviction": "duel"}, "disk": {"eviction": "duel"}}
-    assert parse_config({"policy": {"duel_scope": "below_gpu"}, **both}).policy.duel_scope == "below_gpu"
-    assert parse_config({}).policy.duel_scope == "tier"
-    with pytest.raises(ConfigError, match="below_gpu needs host.eviction: duel, not gdsf"):
-        parse_config({"policy": {"duel_scope": "below_gpu"}, "host": {"eviction": "gdsf"}, "disk": {"eviction": "duel"}})
-    with pytest.raises(ConfigError, match="below_gpu needs file.eviction: duel, not lru"):
-        parse_config({"policy": {"duel_scope": "below_gpu"}, "tiers": ["host", "file"], **both})
-    with pytest.raises(ConfigError, match="needs a host and a disk tier"):
-        parse_config({"policy": {"duel_scope": "below_gpu"}, "tiers": ["host"], **both})
-    with pytest.raises(ConfigError, match="duel_scope: Input should be 'tier' or 'below_gpu'"):
-        parse_config({"policy": {"duel_scope": "pair"}})
-
-
-def test_gdsf_weight_is_linear_or_damped() -> None:
-    assert parse_config({}).policy.gdsf_weight == "linear"
-    assert parse_config({"policy": {"gdsf_weight": "damped"}}).policy.gdsf_weight == "damped"
-    with pytest.raises(ConfigError, match="gdsf_weight: Input should be 'linear' or 'damped'"):
-        parse_config({"policy": {"gdsf_weight": "log"}})

@@ -1,12 +1,11 @@
-"""``UseMemory``: the bounded memory of use counts of blocks that left every tier (``policy.use_memory``)."""
+"""``UseMemory``: the bounded memory of use counts of blocks that left every tier (``policy.placement: adaptive``)."""
 
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
 
-from kvstore.config.schema import PolicyConfig
-from kvstore.use_memory import UseMemory
+from kvstore.policy.named import POLICIES
+from kvstore.policy.use_memory import UseMemory
 
 
 def _k(i: int) -> bytes:
@@ -48,10 +47,7 @@ def test_capacity_zero_remembers_nothing_and_negative_is_refused() -> None:
         UseMemory(-1)
 
 
-def test_config_use_memory_needs_carry_uses_and_is_bounded() -> None:
-    assert PolicyConfig().use_memory == 0
-    assert PolicyConfig(carry_uses=True, use_memory=4).use_memory == 4
-    with pytest.raises(ValidationError, match=r"policy.use_memory \(4.0\) needs policy.carry_uses: true"):
-        PolicyConfig(use_memory=4)
-    with pytest.raises(ValidationError, match="use_memory"):
-        PolicyConfig(carry_uses=True, use_memory=-1)
+def test_only_adaptive_remembers_counts_and_it_carries_them() -> None:
+    remembering = {name: p.use_memory for name, p in POLICIES.items() if p.use_memory > 0}
+    assert remembering == {"adaptive": 4.0}
+    assert all(POLICIES[name].carry_uses for name in remembering)  # a remembered count is resumed into an entry

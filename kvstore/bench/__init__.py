@@ -35,7 +35,7 @@ SUITE_HELP: dict[str, str] = {
     "tiers": "host / LMDB / file tier bandwidth against memcpy and raw direct I/O; block sizes; codecs",
     "lookup": "TieredStore.lookup / commit and the hash chain against SGLang's radix cache and a vLLM-style baseline, 1k-128k",
     "evict": "GPU victim selection time with 1k / 10k / 100k host-only radix nodes (must stay flat)",
-    "hitrate": "replayed workloads: tiered hit rate against GPU-only LRU and Belady's optimum",
+    "hitrate": "replayed workloads: each named placement policy against pooled caches, GPU-only LRU and Belady",
     "e2e": "TTFT on SmolLM2 with a long shared prefix: recompute vs cached in the GPU pool, host RAM, LMDB",
     "plan": "capacity plan of model presets from the bandwidths measured in the same run",
     "soak": "reliability: daemon + client processes under kill -9; lost/wrong blocks, memory growth, holds",

@@ -20,22 +20,22 @@ The model follows the store's request flow (``write_back``):
 With ``carry_uses`` (``policy.carry_uses``) a block's use count (its insert
 plus every request that matched it, the store's ``BlockEntry.hits + 1``) is
 kept while the block is in any tier and seeds the order of a tier it
-enters (:meth:`~kvstore.tiers.eviction.EvictionOrder.seed`: GDSF starts it
+enters (:meth:`~kvstore.policy.order.EvictionOrder.seed`: GDSF starts it
 at that count). The store drops an orphan (a lower-tier block whose prefix
 left every tier) and its count; the simulator keeps both, as it keeps the
 orphan itself. With ``use_memory`` (``policy.use_memory``) the count of a
-block dropped from every tier goes to a :class:`~kvstore.use_memory.UseMemory`
+block dropped from every tier goes to a :class:`~kvstore.policy.use_memory.UseMemory`
 of ``use_memory x (host + disk)`` blocks, the store's class, and a block
 indexed again resumes it.
 
 With no host and no disk this is "GPU-only LRU" (SGLang's radix cache).
 The host and disk tiers evict through the real tiers' order classes
-(:mod:`kvstore.tiers.eviction`), so a policy is simulated by the code that
+(:mod:`kvstore.policy.order`), so a policy is simulated by the code that
 runs it: the host tier whatever ``host_policy`` names (``host.eviction``,
 LRU by default), the disk tier whatever ``disk_policy`` names
 (``disk.eviction``). With ``duel_scope="below_gpu"`` (``policy.duel_scope``) both
 are ``duel`` orders of one shared referee, built by
-:func:`~kvstore.tiers.duel.shared_duel` as the store builds them. ``gdsf_weight``
+:func:`~kvstore.policy.duel.shared_duel` as the store builds them. ``gdsf_weight``
 (``policy.gdsf_weight``) is the count weight their GDSF orders are built with.
 
 The index chooses no victims itself; replaying 12k requests needs millions
@@ -54,10 +54,11 @@ from dataclasses import dataclass
 from kvstore.bench.workloads import Request
 from kvstore.layout import KVLayout
 from kvstore.radix import RadixIndex, RadixNode
-from kvstore.tiers.duel import shared_duel
-from kvstore.tiers.eviction import EvictionOrder, make_order
-from kvstore.tiers.gdsf import LINEAR, WEIGHTS, CountWeight
-from kvstore.use_memory import UseMemory
+from kvstore.policy.duel import shared_duel
+from kvstore.policy.order import EvictionOrder, make_order
+from kvstore.policy.gdsf import LINEAR, WEIGHTS, CountWeight
+from kvstore.policy.named import PlacementPolicy
+from kvstore.policy.use_memory import UseMemory
 
 _LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, block_size=1, model_id="bench-sim")
 
@@ -110,7 +111,7 @@ class _LeafHeap:
 class SimTier:
     """A lower tier counted in blocks, evicting through the same order class as the real tier.
 
-    The order is :func:`~kvstore.tiers.eviction.make_order`'s (``LRUIndex`` or ``S3FIFOIndex``), each
+    The order is :func:`~kvstore.policy.order.make_order`'s (``LRUIndex`` or ``S3FIFOIndex``), each
     block accounted as 1 unit against a budget of ``capacity`` units, with the call sequence of
     ``DiskTier.put``: ``victims`` for the incoming block, ``remove`` each, then ``add``.
     """
@@ -150,15 +151,14 @@ class TieredCacheSim:
                  disk_policy: str | EvictionOrder = "lru", host_policy: str | EvictionOrder = "lru",
                  carry_uses: bool = False, exclusive: bool = False, use_memory: float = 0.0,
                  duel_scope: str = "tier", gdsf_weight: str = "linear") -> None:
-        """``disk_policy`` / ``host_policy``: each tier's order (``lru``, ``s3fifo``, ``gdsf`` or an order object);
-        ``carry_uses``: seed a tier's order with a block's use count when the block enters it (``policy.carry_uses``);
-        ``exclusive``: a loaded block leaves host and disk (``policy.exclusive_tiers``);
-        ``use_memory``: remember the counts of dropped blocks, this many x (host + disk) of them
-        (``policy.use_memory``, needs ``carry_uses``);
-        ``duel_scope``: ``below_gpu`` makes host and disk one shared duel (``policy.duel_scope``; both policies
-        must be ``duel``);
-        ``gdsf_weight``: the count weight of the GDSF orders named by ``host_policy`` / ``disk_policy``
-        (``policy.gdsf_weight``: ``linear`` or ``damped``)."""
+        """The parameters of a placement policy (:class:`~kvstore.policy.named.PlacementPolicy`), one by one, so
+        the bench can replay variants no named policy stands for (:meth:`for_policy` builds a named one):
+        ``disk_policy`` / ``host_policy``: each tier's order (``lru``, ``s3fifo``, ``gdsf``, ``duel`` or an order
+        object); ``carry_uses``: seed a tier's order with a block's use count when the block enters it;
+        ``exclusive``: a loaded block leaves host and disk; ``use_memory``: remember the counts of dropped
+        blocks, this many x (host + disk) of them (needs ``carry_uses``); ``duel_scope``: ``below_gpu`` makes
+        host and disk one shared duel (both policies must be ``duel``); ``gdsf_weight``: the count weight of
+        the GDSF orders (``linear`` or ``damped``)."""
         if gpu_blocks <= 0:
             raise ValueError("the GPU tier needs at least one block")
         if use_memory > 0 and not carry_uses:
@@ -184,6 +184,17 @@ class TieredCacheSim:
         self._held: set[bytes] = set()
         self.exclusive = exclusive
         self._pinned_host: set[bytes] = set()
+
+    @classmethod
+    def for_policy(cls, policy: PlacementPolicy, gpu_blocks: int, host_blocks: int, disk_blocks: int,
+                   write: str = "write_back") -> TieredCacheSim:
+        """The store under the named placement ``policy``: its own orders (:meth:`PlacementPolicy.orders`), counts
+        carried and remembered as it says, exclusive tiers where it makes them under ``write`` (the replay
+        itself follows ``write_back``'s flow; ``write="write_through"`` stands for a write policy that keeps the
+        tiers inclusive)."""
+        orders = policy.orders(both_tiers=host_blocks > 0 and disk_blocks > 0)
+        return cls(gpu_blocks, host_blocks, disk_blocks, host_policy=orders.host, disk_policy=orders.disk,
+                   carry_uses=policy.carry_uses, exclusive=policy.exclusive(write), use_memory=policy.use_memory)
 
     def request(self, req: Request) -> HitCounts:
         """Serve one prompt: count its cached prefix per tier, then cache its full blocks."""
@@ -281,3 +292,35 @@ class TieredCacheSim:
             uses = self.uses.pop(block, None)
             if uses is not None and self.memory is not None:
                 self.memory.remember(block, uses)
+
+
+class PooledCacheSim:
+    """One flat cache of ``capacity`` blocks with no tiers, under an eviction order: the pooled online cache of
+    the same total size as a tiered store's GPU + host + disk, to compare placement against.
+
+    A request finds the longest prefix of its blocks in the cache (each touched, deepest first), then every
+    block of it is kept, evicting through ``order`` (blocks of the request itself are never its victims).
+    """
+
+    def __init__(self, capacity: int, order: str = "lru") -> None:
+        if capacity <= 0:
+            raise ValueError("the pooled cache needs at least one block")
+        self.tier = SimTier(capacity, order)
+
+    def request(self, req: Request) -> int:
+        """Serve one prompt; returns the blocks of its prefix that were cached."""
+        keys = [i.to_bytes(8, "little") for i in req.blocks.tolist()]
+        hit = 0
+        for block in keys:
+            if block not in self.tier:
+                break
+            hit += 1
+        for block in reversed(keys[:hit]):
+            self.tier.touch(block)
+        mine = set(keys)
+        for block in reversed(keys[hit:]):  # deepest first, so the prompt's head ends up the most recent
+            if block in self.tier:  # kept past a gap in the prefix: a use, not a new block
+                self.tier.touch(block)
+            else:
+                self.tier.add(block, mine)
+        return hit

@@ -7,7 +7,7 @@ N host-only nodes and a GPU full of cached blocks nobody holds. Then
 copied to the host tier, then freed), and the time per evicted block is
 reported for N = 1k, 10k, 100k.
 
-Victims come from :class:`kvstore.gpu_lru.GpuLru` (an ``OrderedDict`` of
+Victims come from :class:`kvstore.policy.gpu_lru.GpuLru` (an ``OrderedDict`` of
 blocks only the cache holds), so the time must not grow with N: the ratio
 ``evict.per_block(1k)/evict.per_block(N max)`` has a target of at least 0.5
 (flat within 2x; recorded, not asserted). Before it, a victim search walked a heap of every

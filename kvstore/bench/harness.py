@@ -58,6 +58,8 @@ class SuiteOptions:
     """Length of the ``soak`` run's main phase; ``None``: the suite's default (fractions allowed)."""
     clients: int | None = None
     """Client processes of the ``soak`` run; ``None``: the suite's default."""
+    research: bool = False
+    """``hitrate``: also replay the research variants (placement parameters no named policy stands for)."""
     tenants: int | None = None
     """Tenants of the ``soak`` run's daemon, its clients taking turns among them and untenanted ones; ``None``: 0."""
     model: str | None = None

@@ -18,14 +18,19 @@ dicts. Every generator is a pure function of its sizes and ``seed``.
 - ``zipf``: prompt templates drawn with Zipf(1.1) popularity plus a unique
   suffix.
 
-Held out (added after the eviction policies were tuned on the five above,
-to check that a policy's gain is not fitted to them):
+Held out from the placement policies' tuning (added after it, each to check
+that a policy's gain is not fitted to the workloads it was chosen on):
 
 - ``rag``: a system prompt, then three passages retrieved from a pool with
   Zipf(0.8) popularity, then a question; only the system prompt and the
   first passage's prefix are shared between requests.
 - ``code-session``: coding sessions over a few large repositories; each turn
   resends the repository context plus the session's growing edit history.
+- ``tenants``, ``drift``, ``scan-mix`` (written after the named placement
+  policies were fixed, never replayed while choosing them): tenants with
+  their own system prompts mixing chats and document questions; templates
+  whose popularity ranking is reshuffled every 500 requests; hot templates
+  between one-time long prompts.
 """
 
 from __future__ import annotations
@@ -178,6 +183,59 @@ def code_session(rng: np.random.Generator, keyer: _Keyer, quick: bool) -> list[R
     return out
 
 
+def tenants(rng: np.random.Generator, keyer: _Keyer, quick: bool) -> list[Request]:
+    """Tenants (Zipf(1.0) traffic) with their own system prompts, each mixing chat sessions and document questions."""
+    ntenants, nreq = (3, 60) if quick else (12, 3000)
+    systems = [_tokens(rng, 512, 2048) for _ in range(ntenants)]
+    docs = [[_tokens(rng, 1024, 4096) for _ in range(4)] for _ in range(ntenants)]
+    sessions: list[list[np.ndarray]] = [[] for _ in range(ntenants)]
+    weights = 1.0 / np.arange(1, ntenants + 1)
+    out: list[Request] = []
+    for _ in range(nreq):
+        t = int(rng.choice(ntenants, p=weights / weights.sum()))
+        if rng.random() < 0.5:
+            live = sessions[t]
+            if not live or rng.random() < 0.2:
+                live.append(systems[t].copy())
+            s = int(rng.integers(len(live)))
+            prompt = np.concatenate([live[s], _tokens(rng, 30, 300)])
+            live[s] = np.concatenate([prompt, _tokens(rng, 80, 400)])
+            if len(live) > 16:
+                live.pop(0)  # the tenant's oldest session ends
+        else:
+            prompt = np.concatenate([systems[t], docs[t][int(rng.integers(4))], _tokens(rng, 20, 80)])
+        out.append(keyer.request(prompt))
+    return out
+
+
+def drift(rng: np.random.Generator, keyer: _Keyer, quick: bool) -> list[Request]:
+    """Templates with Zipf(1.2) popularity whose ranking is reshuffled every 500 requests (what is hot changes)."""
+    ntemplates, nreq, phase = (30, 120, 40) if quick else (300, 4000, 500)
+    templates = [_tokens(rng, 512, 3072) for _ in range(ntemplates)]
+    weights = 1.0 / np.arange(1, ntemplates + 1) ** 1.2
+    out: list[Request] = []
+    for start in range(0, nreq, phase):
+        ranking = rng.permutation(ntemplates)
+        picks = ranking[rng.choice(ntemplates, size=min(phase, nreq - start), p=weights / weights.sum())]
+        out += [keyer.request(np.concatenate([templates[t], _tokens(rng, 20, 100)])) for t in picks]
+    return out
+
+
+def scan_mix(rng: np.random.Generator, keyer: _Keyer, quick: bool) -> list[Request]:
+    """Hot templates (Zipf(1.0)) between one-time long prompts (4k-12k tokens, 30 % of requests) that are never reused."""
+    nhot, nreq = (8, 80) if quick else (40, 3000)
+    hot = [_tokens(rng, 1024, 2048) for _ in range(nhot)]
+    weights = 1.0 / np.arange(1, nhot + 1)
+    out: list[Request] = []
+    for _ in range(nreq):
+        if rng.random() < 0.3:
+            out.append(keyer.request(_tokens(rng, 4096, 12288)))
+        else:
+            t = int(rng.choice(nhot, p=weights / weights.sum()))
+            out.append(keyer.request(np.concatenate([hot[t], _tokens(rng, 20, 100)])))
+    return out
+
+
 GENERATORS: dict[str, Callable[[np.random.Generator, _Keyer, bool], list[Request]]] = {
     "chat": chat,
     "docqa-random": docqa_random,
@@ -186,15 +244,25 @@ GENERATORS: dict[str, Callable[[np.random.Generator, _Keyer, bool], list[Request
     "zipf": zipf,
     "rag": rag,
     "code-session": code_session,
+    "tenants": tenants,
+    "drift": drift,
+    "scan-mix": scan_mix,
 }
 """Synthetic workload name -> generator (new names go last: a generator's seed includes its position)."""
 HELD_OUT = ("rag", "code-session")
 """Families added after the GDSF policy was chosen, to validate it on workloads it was not tuned on."""
+HELD_OUT_PLACEMENT = ("tenants", "drift", "scan-mix")
+"""Families written after the placement policies were fixed (``policy.placement``, :mod:`kvstore.policy.named`)
+and before any of them was replayed: the named policies are judged on these, and on the earlier families
+replayed with another seed (:data:`OTHER_SEED_FAMILIES`), none of which any parameter was chosen on."""
+OTHER_SEED_FAMILIES = ("rag", "code-session", "chat", "agent")
+"""Families also replayed with seed + 1 (new sessions, documents and orders) as held-out workloads."""
 
 
-def synthetic(name: str, quick: bool, seed: int, block_tokens: int = 16) -> Trace:
-    """Build synthetic workload ``name`` (see :data:`GENERATORS`) with ``block_tokens``-token blocks."""
+def synthetic(name: str, quick: bool, seed: int, block_tokens: int = 16, label: str | None = None) -> Trace:
+    """Build synthetic workload ``name`` (see :data:`GENERATORS`) with ``block_tokens``-token blocks, called
+    ``label`` (default ``name``)."""
     gen = GENERATORS[name]
     keyer = _Keyer(block_tokens)
     requests = gen(np.random.default_rng([seed, list(GENERATORS).index(name)]), keyer, quick)
-    return Trace(name, block_tokens, requests, (gen.__doc__ or "").strip().splitlines()[0])
+    return Trace(label or name, block_tokens, requests, (gen.__doc__ or "").strip().splitlines()[0])

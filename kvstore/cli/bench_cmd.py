@@ -27,7 +27,7 @@ def _bench(args: argparse.Namespace) -> int:
         out = base / name if (args.suite == "all" or args.out is None) else base
         options = SuiteOptions(out_dir=out, quick=args.quick, seed=args.seed,
                                trace=args.trace, trace_limit=args.trace_limit, data_dir=args.data_dir,
-                               minutes=args.minutes, clients=args.clients, tenants=args.tenants, model=args.model,
+                               minutes=args.minutes, clients=args.clients, tenants=args.tenants, research=args.research, model=args.model,
                                prefix_tokens=args.prefix_tokens, repeats=args.repeats, vllm_python=args.vllm_python,
                                command="kvstore " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "kvstore bench")
         try:
@@ -77,6 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="soak: length of the run with kills, in minutes, fractions allowed (default 2; 0.1 with --quick)")
     p.add_argument("--clients", type=_positive(int), default=None, metavar="N",
                    help="soak: client processes putting, flushing and reading (default 4; 2 with --quick)")
+    p.add_argument("--research", action="store_true",
+                   help="hitrate: also replay research variants of the placement policies (one order per tier, "
+                   "switches one at a time), which no config field selects")
     p.add_argument("--tenants", type=_positive(int), default=None, metavar="N",
                    help="soak: give the daemon N tenants (daemon.tenant_salts); the clients take turns among them "
                    "and untenanted local clients, each also asking for the others' blocks, which must miss "

@@ -19,6 +19,7 @@ from kvstore.config.units import PositiveSize, Size
 from kvstore.config.write_policy import SELECTIVE_HITS_DEFAULT, WritePolicy
 from kvstore.daemon.frames import KEY_BYTES, PRELOGIN_FRAME_BYTES
 from kvstore.layout import DTypeName, KVLayout, auto_dtype
+from kvstore.policy.named import DEFAULT_PLACEMENT, PlacementPolicy, placement_policy
 
 
 TierName = Literal["host", "lmdb", "file", "slab", "remote"]
@@ -113,10 +114,6 @@ class HostConfig(Section):
     shared_memory: bool = False
     """Back the arena with a sealed shared-memory file whose descriptor other processes can map (``kvstore serve``
     always does, and passes it to its local clients at login)."""
-    eviction: Literal["lru", "s3fifo", "gdsf", "duel"] = "lru"
-    """Which blocks the host gives up (to disk, or dropped) when it is full, as for ``disk.eviction``: ``lru``,
-    ``s3fifo``, ``gdsf`` or ``duel``; with ``policy.carry_uses`` a block's GDSF count survives demotion (see
-    docs/BENCHMARKS.md "hitrate")."""
 
 
 class DiskConfig(Section):
@@ -151,15 +148,6 @@ class DiskConfig(Section):
     read_threads: int = Field(4, ge=1, le=64)
     """Threads one large get is split over (contiguous runs of at least 1 MiB, each in its own read
     transaction), so several cold reads are in flight at once; 1 reads on the calling thread only."""
-    eviction: Literal["lru", "s3fifo", "gdsf", "duel"] = "lru"
-    """Which blocks go when the cap is reached: ``lru`` (least recently used), ``s3fifo`` (small, main
-    and ghost FIFO queues; keeps blocks that are reused over distances longer than the tier, which LRU
-    loses), ``gdsf`` (lowest ``L + hits`` first, ``L`` the last victim's priority: frequency with aging;
-    ahead on chat, agent and coding sessions, see docs/BENCHMARKS.md "hitrate") or ``duel`` (GDSF or
-    S3-FIFO, chosen online by which one's miniature on a 1/16 sample of the keys hits more; about 3x the
-    order's memory and time). On reopen the order is rebuilt from recorded access times (under ``s3fifo``:
-    all in main; under ``gdsf``: all at count 1)."""
-
     def directory(self) -> str:
         """:attr:`path`; ``ValueError`` when unset (:meth:`KVStoreConfig.for_role` sets each process's default)."""
         return _set_path(self.path, "disk.path")
@@ -177,9 +165,6 @@ class FileConfig(Section):
     """Payload encoding, as for the disk tier."""
     codec_level: int = Field(1, ge=1, le=22)
     """zstd compression level."""
-    eviction: Literal["lru", "s3fifo", "gdsf", "duel"] = "lru"
-    """Which files go when the cap is reached, as for the disk tier (the order is rebuilt from file times)."""
-
     def directory(self) -> str:
         """:attr:`path`; ``ValueError`` when unset (:meth:`KVStoreConfig.for_role` sets each process's default)."""
         return _set_path(self.path, "file.path")
@@ -209,8 +194,6 @@ class SlabConfig(Section):
     """Reads of one get in flight at once (each a run of consecutive slots)."""
     grow_step: PositiveSize = "256MiB"  # type: ignore[assignment]
     """The data file is preallocated (``posix_fallocate``) in steps of this many bytes, up to ``max_size``."""
-    eviction: Literal["lru", "s3fifo", "gdsf", "duel"] = "lru"
-    """Which blocks go when every slot is taken, as for ``disk.eviction`` (rebuilt from recorded access times)."""
     direct_io: bool = True
     """Write and read the data file with ``O_DIRECT`` (bypassing the page cache); ``false``, or a file system
     that refuses it (tmpfs), uses buffered I/O."""
@@ -221,7 +204,7 @@ class SlabConfig(Section):
 
 
 class PolicyConfig(Section):
-    """Write and prefetch policies (eviction is chosen per tier: ``disk.eviction``, ``file.eviction``)."""
+    """Placement, write and prefetch policies."""
 
     write: WritePolicy = "write_through"
     """When committed blocks are copied down: at once, after ``selective_hits`` hits, or only on eviction."""
@@ -235,48 +218,17 @@ class PolicyConfig(Section):
     """Budget added per 1000 prefix tokens under ``timeout``."""
     max_inflight_bytes: PositiveSize = "256MiB"  # type: ignore[assignment]
     """Bound on bytes being loaded at once; further loads wait (backpressure)."""
-    carry_uses: bool = False
-    """A block's use count follows it across tiers: when it enters host or disk, a GDSF order there
-    (``host.eviction`` / ``disk.eviction: gdsf``) starts it at its uses so far (the lookups that matched it,
-    plus its insert, kept in its index entry) instead of 1. No effect on LRU or S3-FIFO tiers."""
-    exclusive_tiers: bool = False
-    """Each block is in one of GPU, host, disk (the lower tiers add capacity instead of holding copies of the
-    GPU's blocks): a block loaded into the GPU leaves host and disk, a GPU victim is written to host, a host
-    victim to disk. Needs ``write: write_back``. Durability changes: a block is on disk only while neither
-    the GPU nor host holds it, so a flush (or a restart) keeps only those; a block loaded back to the GPU is
-    durable again only once it is demoted to disk (docs/BENCHMARKS.md "hitrate")."""
-    use_memory: float = Field(0.0, ge=0, le=64)
-    """Remember the use counts of blocks that left every tier, for as many blocks as this multiple of the
-    host + disk capacity in blocks (0: off; 4 is what docs/BENCHMARKS.md "hitrate" measured), so a block
-    indexed again resumes its count instead of restarting at 1 (:class:`kvstore.use_memory.UseMemory`,
-    about 100 bytes of RAM per block remembered). Needs ``carry_uses``; counts also feed
-    ``write_through_selective``'s hit threshold."""
+    placement: Literal["lru", "s3fifo", "gdsf", "adaptive"] = DEFAULT_PLACEMENT  # type: ignore[assignment]
+    """How the host and disk tiers choose what to give up, and whether use counts follow blocks between tiers
+    (:mod:`kvstore.policy.named`; measured in docs/BENCHMARKS.md "hitrate"). ``adaptive`` (the default): GDSF
+    with damped counts or S3-FIFO, chosen online for host and disk together by which one hits more on a
+    sample, counts carried between tiers and remembered for blocks that left, and under ``write: write_back``
+    each block in one tier only. ``lru``: least recently used first. ``s3fifo``: scan-resistant FIFO queues.
+    ``gdsf``: lowest ``L + use count`` first, counts carried."""
 
-    duel_scope: Literal["tier", "below_gpu"] = "tier"
-    """Who scores an ``eviction: duel`` tier's choice of policy. ``tier``: each duel tier its own miniatures,
-    fed its own hits. ``below_gpu``: the host tier and the disk tier (``tiers`` names both, each with
-    ``eviction: duel``) share one referee, whose miniatures model the two as one cache of their summed
-    capacity in blocks, fed the hits of both and the blocks entering them from the GPU, and whose leader
-    chooses the victims of both; a tier's own miniatures see only its own hits, so a host duel alone keeps
-    what helps the host even when the disk loses more. Its S3-FIFO orders remember a block loaded to the
-    GPU in their ghost (it returns to main), a trailing one the leader's victims too, and it switches at a
-    1.1x lead instead of 1.25x
-    (:func:`kvstore.tiers.duel.shared_duel`; measured in docs/BENCHMARKS.md "hitrate")."""
-
-    gdsf_weight: Literal["linear", "damped"] = "linear"
-    """How a use count enters the priority of the host and disk tiers' GDSF orders (``eviction: gdsf``, and
-    ``duel``'s GDSF contender): ``linear``, ``L + count`` (GDSF's own); ``damped``, ``L + min(count, 8) **
-    0.8``, a count worth less than in proportion and nothing beyond 8 uses, so a block used often long ago
-    ages out sooner (:data:`kvstore.tiers.gdsf.DAMPED`; measured in docs/BENCHMARKS.md "hitrate"). No effect
-    on LRU or S3-FIFO tiers."""
-
-    @model_validator(mode="after")
-    def _check_dependencies(self) -> PolicyConfig:
-        if self.exclusive_tiers and self.write != "write_back":
-            raise ValueError(f"policy.exclusive_tiers needs policy.write: write_back, not {self.write}")
-        if self.use_memory > 0 and not self.carry_uses:
-            raise ValueError(f"policy.use_memory ({self.use_memory}) needs policy.carry_uses: true")
-        return self
+    def placement_policy(self) -> PlacementPolicy:
+        """The named policy :attr:`placement` selects."""
+        return placement_policy(self.placement)
 
 
 class DaemonConfig(Section):
@@ -422,20 +374,6 @@ class KVStoreConfig(Section):
             raise ValueError(f"tiers: 'host' must come first (fastest first), got {t}")
         if "remote" in t and t[-1] != "remote":
             raise ValueError(f"tiers: 'remote' must come last (fastest first), got {t}")
-        return self
-
-    @model_validator(mode="after")
-    def _shared_duel(self) -> "KVStoreConfig":
-        if self.policy.duel_scope == "below_gpu":
-            disks = [name for name in self.tiers if name in DISK_TIERS]
-            if "host" not in self.tiers or not disks:
-                raise ValueError(f"policy.duel_scope: below_gpu needs a host and a disk tier in tiers, got {self.tiers}")
-            sections = {"host": self.host.eviction, "lmdb": self.disk.eviction, "file": self.file.eviction,
-                        "slab": self.slab.eviction}
-            section = {"lmdb": "disk"}.get(disks[0], disks[0])
-            for name, key in (("host", "host"), (disks[0], section)):
-                if sections[name] != "duel":
-                    raise ValueError(f"policy.duel_scope: below_gpu needs {key}.eviction: duel, not {sections[name]}")
         return self
 
     @model_validator(mode="after")

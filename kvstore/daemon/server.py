@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvstore.config.schema import KVStoreConfig
+from kvstore.config.schema import DISK_TIERS, KVStoreConfig
 from kvstore.daemon.admission import ConnectionLimits, LoginThrottle, Transport, peer_of
 from kvstore.daemon.backend import QUARANTINE_FACTOR, DaemonBackend
 from kvstore.daemon.events import DaemonEvents
@@ -47,8 +47,7 @@ from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import NotDurable
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Tier
-from kvstore.tiers.build import below_gpu_orders
-from kvstore.tiers.eviction import EvictionOrder
+from kvstore.policy.order import EvictionOrder
 from kvstore.tiers.host import HostTier
 
 if TYPE_CHECKING:
@@ -133,9 +132,10 @@ class DaemonServer:
             log.warning("tenants are configured (daemon.tenant_salts): the host tier is private memory, not the "
                         "shared arena %s, so no local process can read or change a tenant's blocks; local clients "
                         "are served inline (no zero-copy path)", named)
-        orders = below_gpu_orders(cfg)  # policy.duel_scope: below_gpu: one duel for host and disk
+        # policy.placement: the host and disk orders (one duel for both under adaptive; the daemon always has a host tier)
+        orders = cfg.policy.placement_policy().orders(both_tiers=any(name in DISK_TIERS for name in cfg.tiers))
         host = HostTier(self.layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory,
-                        shared_memory=shared, label=named, auto_evict=True, eviction=cfg.host.eviction,
+                        shared_memory=shared, label=named, auto_evict=True,
                         order=orders.host, prefault=cfg.host.prefault)
         try:
             lower = self._lower_tier(orders.disk)  # refused if another process holds its data directory

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvstore.config.schema import KVStoreConfig
+from kvstore.config.schema import DISK_TIERS, KVStoreConfig
 from kvstore.layout import KVLayout
+from kvstore.policy.named import TierOrders
 from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
-from kvstore.tiers.duel import shared_duel
-from kvstore.tiers.eviction import EvictionOrder, make_order
-from kvstore.tiers.gdsf import LINEAR, WEIGHTS
 from kvstore.tiers.host import HostTier
 
 
@@ -23,29 +21,12 @@ class LowerTiers:
     remote: ChainTier | None = None
 
 
-@dataclass(frozen=True)
-class BelowGPUOrders:
-    """Eviction orders built for the host and the disk tier by the config (``None``: the tier builds its own)."""
-
-    host: EvictionOrder | None = None
-    disk: EvictionOrder | None = None
-
-
-def below_gpu_orders(cfg: KVStoreConfig) -> BelowGPUOrders:
-    """The host and the disk tier's eviction orders where the policy section shapes them: under
-    ``policy.duel_scope: below_gpu`` the two :class:`~kvstore.tiers.duel.DuelIndex` of one shared referee
-    (host level 0, disk level 1); under a ``policy.gdsf_weight`` other than ``linear`` each tier's order
-    built with that weight (:func:`~kvstore.tiers.eviction.make_order`); otherwise none. The store and the
-    daemon pass them to the tiers they build."""
-    weight = WEIGHTS[cfg.policy.gdsf_weight]
-    if cfg.policy.duel_scope == "below_gpu":
-        host, disk = shared_duel(2, weight)  # the config checked that both tiers exist and name eviction: duel
-        return BelowGPUOrders(host, disk)
-    if weight == LINEAR:
-        return BelowGPUOrders()
-    disks = {"lmdb": cfg.disk.eviction, "file": cfg.file.eviction, "slab": cfg.slab.eviction}
-    named = [disks[t] for t in cfg.tiers if t in disks]
-    return BelowGPUOrders(make_order(cfg.host.eviction, weight), make_order(named[0], weight) if named else None)
+def tier_orders(cfg: KVStoreConfig) -> TierOrders:
+    """The host and the disk tier's eviction orders, built by the placement policy ``policy.placement``
+    (one shared duel when the policy has one and ``tiers`` names both). The store and the daemon hand them
+    to the tiers they build."""
+    both = "host" in cfg.tiers and any(name in DISK_TIERS for name in cfg.tiers)
+    return cfg.policy.placement_policy().orders(both_tiers=both)
 
 
 def build_lower_tiers(cfg: KVStoreConfig, layout: KVLayout) -> LowerTiers:
@@ -60,7 +41,7 @@ def build_lower_tiers(cfg: KVStoreConfig, layout: KVLayout) -> LowerTiers:
     host: HostTier | None = None
     disk: Tier | None = None
     remote: ChainTier | None = None
-    orders = below_gpu_orders(cfg)
+    orders = tier_orders(cfg)
     for name in cfg.tiers:
         if name == "host":
             built = build_tier(name, sections[name], layout, auto_evict=False, order=orders.host)

@@ -84,7 +84,7 @@ from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, VictimSend, check_buffers
 from kvstore.tiers.datadir import DirLock, make_private_dir
-from kvstore.tiers.eviction import EvictionOrder, order_for
+from kvstore.policy.order import EvictionOrder, order_for
 from kvstore.tiers.lmdb_env import LRU_RECORD, LmdbEnv
 from kvstore.tiers.lmdb_reads import RunReader, split_runs, txn_reader
 from kvstore.tiers.lmdb_value import ValueOutOfBounds
@@ -122,20 +122,18 @@ class DiskTier(PooledTier):
         read_threads: int = 4,
         map_step: int = 64 << 20,
         readahead: bool = True,
-        eviction: str = "lru",
         order: EvictionOrder | None = None,
     ) -> None:
         """Open (creating if needed) the environment and load the LRU order; starts the I/O and sync threads.
 
         ``readahead=False``: LMDB's ``MADV_RANDOM`` map, every cold page a separate read (module docstring).
-        ``eviction``: ``lru``, ``s3fifo`` or ``gdsf`` (:mod:`kvstore.tiers.eviction`); see :meth:`_load_lru` for reopen.
-        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared
-        duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
+        ``order``: the empty eviction order the placement policy built for this tier
+        (:meth:`~kvstore.policy.named.PlacementPolicy.orders`; ``None``: LRU); see :meth:`_load_lru` for reopen.
         ``read_threads``: how many runs one large get is read in at once (:meth:`get`); 1 reads on the caller's thread.
         """
         if read_threads < 1:
             raise ValueError(f"disk.read_threads must be at least 1, got {read_threads}")
-        chosen = order_for(eviction, order)  # refused before anything is opened
+        chosen = order_for(order)  # refused before anything is opened
         super().__init__(layout)
         CODECS.get(codec)  # unknown names fail here, not on the first put
         self.path = os.fspath(path)
@@ -197,8 +195,7 @@ class DiskTier(PooledTier):
         return cls(
             layout, section.directory(), int(section.max_size), codec=section.codec, codec_level=section.codec_level,
             sync=section.sync, sync_interval_ms=section.sync_interval_ms, sync_bytes=int(section.sync_bytes),
-            io_threads=section.io_threads, read_threads=section.read_threads, eviction=section.eviction,
-            order=order,
+            io_threads=section.io_threads, read_threads=section.read_threads, order=order,
         )
 
     # ------------------------------------------------------------- queries

@@ -12,8 +12,8 @@ The file system is the source of truth (content-addressed); one process at a
 time holds the directory (an exclusive lock on ``<root>/kvstore.lock``, see
 :mod:`kvstore.tiers.datadir`: a second one is refused with the holder's pid,
 since two eviction orders over one tree would each miscount the cap). The
-root and its subdirectories are 0700, block files 0600. The eviction order (``lru``, ``s3fifo`` or ``gdsf``,
-:mod:`kvstore.tiers.eviction`) is kept in memory, seeded from file
+root and its subdirectories are 0700, block files 0600. The eviction order (the placement policy's,
+:mod:`kvstore.policy.order`) is kept in memory, seeded from file
 modification times on open and refreshed with ``utime`` on every hit, so a
 restart evicts the coldest files first. The cap counts file sizes
 rounded up to 4 KiB blocks.
@@ -47,7 +47,7 @@ from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, check_buffers
 from kvstore.tiers.datadir import DIR_MODE, FILE_MODE, DirLock, make_private_dir, narrow
-from kvstore.tiers.eviction import EvictionOrder, order_for
+from kvstore.policy.order import EvictionOrder, order_for
 from kvstore.tiers.victims import Handover
 
 log = logging.getLogger(__name__)
@@ -79,14 +79,12 @@ class FileTier(PooledTier):
         codec: str = "none",
         codec_level: int = 1,
         io_threads: int = 2,
-        eviction: str = "lru",
         order: EvictionOrder | None = None,
     ) -> None:
         """Scan ``path`` (creating it), delete leftover ``.tmp`` files, and start the event-loop thread.
 
-        ``eviction``: ``lru``, ``s3fifo`` or ``gdsf`` (:mod:`kvstore.tiers.eviction`); see :meth:`_scan` for reopen.
-        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared
-        duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
+        ``order``: the empty eviction order the placement policy built for this tier
+        (:meth:`~kvstore.policy.named.PlacementPolicy.orders`; ``None``: LRU). See :meth:`_scan` for reopen.
         """
         super().__init__(layout)
         CODECS.get(codec)
@@ -96,7 +94,7 @@ class FileTier(PooledTier):
         self._fp, self._itemsize = layout.fingerprint, layout.itemsize
         self._lock = threading.Lock()
         self._log = RateLimitedLog(log)  # corrupt files: once per interval, not per block
-        self._lru = order_for(eviction, order)
+        self._lru = order_for(order)
         self._handover = Handover(self.name)  # the victim hook (set_victim_hook) and its pending sends
         make_private_dir(self.root)
         self._dirlock = DirLock(self.root, "file.path")
@@ -117,7 +115,7 @@ class FileTier(PooledTier):
         """Build from the ``file`` section of the config (``order``: see :meth:`__init__`)."""
         return cls(
             layout, section.directory(), int(section.max_size), codec=section.codec, codec_level=section.codec_level,
-            eviction=section.eviction, order=order,
+            order=order,
         )
 
     def path_of(self, key: bytes) -> str:

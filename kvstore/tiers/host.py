@@ -1,9 +1,8 @@
 """Host-RAM tier (L2): a fixed arena of block slots with an eviction order and reference counts.
 
 Plain containers (nano-vllm style): a dict from published key to slot and its
-inverse, an eviction order over the published keys (``host.eviction``: LRU by
-default, S3-FIFO or GDSF, the same classes as the disk tier's, each slot
-accounted as 1), a dict of reserved slots, a dict of reference counts and a
+inverse, an eviction order over the published keys (the placement policy's,
+``policy.placement``, :mod:`kvstore.policy`; each slot accounted as 1), a dict of reserved slots, a dict of reference counts and a
 list of free slots. Every state change happens under one lock; the byte
 copies happen outside it, on slots that hold a reference so nothing can evict
 or reuse them meanwhile.
@@ -32,8 +31,8 @@ from kvstore.errors import BlockStateError, IntegrityError, TierError, short_key
 from kvstore.layout import KVLayout
 from kvstore.tiers.arena import HostArena, PinMode, SlotCopy, copy_split, resolve_pin
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
-from kvstore.tiers.eviction import EvictionOrder, make_order, order_for
-from kvstore.tiers.exclude import KeyFilter
+from kvstore.policy.order import EvictionOrder, order_for
+from kvstore.policy.exclude import KeyFilter
 from kvstore.tiers.slot_directory import DirectoryWriter, directory_bytes
 
 
@@ -64,7 +63,6 @@ class HostTier(Tier):
         shared_memory: bool = False,
         label: str = "kvstore-host",
         auto_evict: bool = True,
-        eviction: str = "lru",
         order: EvictionOrder | None = None,
         prefault: bool = True,
     ) -> None:
@@ -78,9 +76,8 @@ class HostTier(Tier):
 
         ``auto_evict=False`` makes ``put``/``reserve`` fail instead of evicting,
         so the tiered store can spill the :meth:`victims` to disk first.
-        ``eviction``: the order's name for :func:`~kvstore.tiers.eviction.make_order`.
-        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared
-        duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
+        ``order``: the empty eviction order the placement policy built for this tier
+        (:meth:`~kvstore.policy.named.PlacementPolicy.orders`); ``None``: LRU.
         """
         super().__init__(layout)
         self.bpb = layout.bytes_per_block
@@ -99,9 +96,7 @@ class HostTier(Tier):
         self._lock = threading.Lock()
         self._slots: dict[bytes, int] = {}  # published key -> slot
         self._keys: dict[int, bytes] = {}  # its inverse, changed with it
-        self.eviction = eviction
-        """The eviction order's name (``host.eviction``)."""
-        self._order: EvictionOrder = order_for(eviction, order)  # the published keys, 1 unit each
+        self._order: EvictionOrder = order_for(order)  # the published keys, 1 unit each
         self._reserved: dict[bytes, int] = {}
         self._refs: dict[int, int] = {}  # slot -> reference count, only while > 0
         self._pinned = _Pinned(self._slots, self._refs)  # what victims skip (reads the two maps above)
@@ -119,7 +114,6 @@ class HostTier(Tier):
             pin_memory=section.pin_memory,
             shared_memory=section.shared_memory,
             auto_evict=auto_evict,
-            eviction=section.eviction,
             order=order,
             prefault=section.prefault,
         )
@@ -371,7 +365,7 @@ class HostTier(Tier):
             self.arena.close()
             self._slots.clear()
             self._keys.clear()
-            self._order = make_order(self.eviction)
+            self._order = order_for(None)
             self._reserved.clear()
         self._copier.shutdown(wait=True)
 

@@ -26,7 +26,7 @@ key whose index entry no longer names that slot is a plain miss, otherwise a cou
 ``"corrupt"`` miss. Wrong bytes are never served.
 
 Only the ``none`` codec (fixed-size values); ``slab.codec`` refuses others. Capacity is
-``max_size // slot_bytes`` slots; the eviction order (``lru``, ``s3fifo``, ``gdsf``) is rebuilt from the
+``max_size // slot_bytes`` slots; the eviction order (the placement policy's) is rebuilt from the
 recorded access counters at open. The in-memory ``_slots`` dict is a cache of the index, changed only
 under the write lock right after each commit, so reads never open an LMDB transaction.
 """
@@ -52,7 +52,7 @@ from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, check_buffers
 from kvstore.tiers.datadir import DirLock, make_private_dir
-from kvstore.tiers.eviction import EvictionOrder, order_for
+from kvstore.policy.order import EvictionOrder, order_for
 from kvstore.tiers.slab_file import Run, SlotFile, runs, slot_bytes
 from kvstore.tiers.slab_index import SlabIndex
 from kvstore.tiers.sync_loop import SyncLoop
@@ -88,14 +88,13 @@ class SlabTier(PooledTier):
         io_threads: int = 2,
         read_threads: int = 4,
         grow_step: int = 256 << 20,
-        eviction: str = "lru",
         order: EvictionOrder | None = None,
         direct_io: bool = True,
     ) -> None:
         """Open (creating) the data file and index, rebuild the free slots and eviction order, start the threads.
 
-        ``order``: an empty eviction order built by the caller instead of one from ``eviction`` (a shared
-        duel's, :func:`kvstore.tiers.build.below_gpu_orders`).
+        ``order``: the empty eviction order the placement policy built for this tier
+        (:meth:`~kvstore.policy.named.PlacementPolicy.orders`; ``None``: LRU).
         """
         if codec != "none":
             raise ValueError(f"slab.codec must be 'none' (fixed-size slots), got {codec!r}")
@@ -108,7 +107,7 @@ class SlabTier(PooledTier):
         if self.capacity < 1:
             raise TierError(f"slab.max_size {max_size} bytes cannot hold one slot of {self.slot_size} bytes")
         self._lock = threading.RLock()  # the one writer; guards the order, `_slots`, `_free`, `_touched`
-        self._order = order_for(eviction, order)
+        self._order = order_for(order)
         self._slots: dict[bytes, int] = {}
         self._free: list[int] = []  # a heap: the lowest free slot first, so batches land in consecutive slots
         self._touched: dict[bytes, int] = {}
@@ -146,7 +145,7 @@ class SlabTier(PooledTier):
         """Build from the ``slab`` section of the config (``order``: see :meth:`__init__`)."""
         return cls(layout, section.directory(), int(section.max_size), codec=section.codec, sync=section.sync,
                    sync_interval_ms=section.sync_interval_ms, io_threads=section.io_threads,
-                   read_threads=section.read_threads, grow_step=int(section.grow_step), eviction=section.eviction,
+                   read_threads=section.read_threads, grow_step=int(section.grow_step),
                    order=order, direct_io=section.direct_io)
 
     # ------------------------------------------------------------- queries

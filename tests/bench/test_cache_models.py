@@ -13,12 +13,12 @@ from kvstore.bench.belady import belady_hits
 from kvstore.bench.cache_sim import HitCounts, SimTier, TieredCacheSim
 from kvstore.bench.workloads import Request, synthetic
 from kvstore.layout import KVLayout
-from kvstore.tiers.duel import DuelIndex
-from kvstore.tiers.eviction import make_order
-from kvstore.tiers.gdsf import DAMPED, WEIGHTS, GDSFIndex
+from kvstore.policy.duel import DuelIndex
+from kvstore.policy.order import make_order
+from kvstore.policy.gdsf import DAMPED, WEIGHTS, GDSFIndex
 from kvstore.tiers.host import HostTier
-from kvstore.tiers.lru import LRUIndex
-from kvstore.tiers.s3fifo import S3FIFOIndex
+from kvstore.policy.lru import LRUIndex
+from kvstore.policy.s3fifo import S3FIFOIndex
 
 LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4, model_id="sim-agreement")
 
@@ -158,10 +158,10 @@ def test_inclusive_tiers_keep_the_lower_copies() -> None:
 def test_simulated_host_keeps_what_the_real_host_tier_keeps(policy: str, weight: str,
                                                             ops: list[tuple[str, int, int]]) -> None:
     """The simulator's host (``SimTier``) and a real ``HostTier`` under one order (GDSF with either count weight,
-    ``policy.gdsf_weight``, as ``below_gpu_orders`` builds it), fed the same puts, hits and seeded counts,
+    as the placement policies build them), fed the same puts, hits and seeded counts,
     hold the same blocks after every step and give up the same victims."""
     slots = 4
-    real = HostTier(LAYOUT, slots * LAYOUT.bytes_per_block, pin_memory="never", eviction=policy,
+    real = HostTier(LAYOUT, slots * LAYOUT.bytes_per_block, pin_memory="never",
                     order=make_order(policy, WEIGHTS[weight]))
     sim = SimTier(slots, policy, WEIGHTS[weight])
     block = torch.zeros(LAYOUT.bytes_per_block, dtype=torch.uint8)

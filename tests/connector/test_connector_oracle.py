@@ -111,10 +111,9 @@ def test_tenant_salt_isolates(tmp_path: Path, reference) -> None:  # noqa: ANN00
 
 @pytest.mark.parametrize(("offload", "tier"), [(("gpu",), "host"), (("gpu", "host"), "disk")])
 def test_prefix_from_exclusive_tiers(tmp_path: Path, reference, offload: tuple[str, ...], tier: str) -> None:  # noqa: ANN001
-    """``policy.exclusive_tiers`` (with GDSF and carried counts): the output equals the recompute oracle, and
-    the loaded prefix has left host and disk."""
-    llm = make_llm(tmp_path, host={"capacity": 64 * 2048, "eviction": "gdsf"},
-                   policy={"write": "write_back", "exclusive_tiers": True, "carry_uses": True})
+    """Exclusive tiers (``policy.placement: adaptive`` under ``write: write_back``: one duel for host and disk,
+    counts carried): the output equals the recompute oracle, and the loaded prefix has left host and disk."""
+    llm = make_llm(tmp_path, host={"capacity": 64 * 2048}, policy={"write": "write_back", "placement": "adaptive"})
     _, second, logits = _second_run(llm, offload=offload)
     assert second.metrics.cached_tokens_by_tier == {"gpu": 0, "host": 0, "disk": 0, tier: 44}
     _assert_same(second, logits, reference)

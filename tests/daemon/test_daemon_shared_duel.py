@@ -1,5 +1,5 @@
-"""The daemon under ``policy.duel_scope: below_gpu``: its host and disk tiers evict through one duel referee,
-and blocks the host evicts still come back from disk bit-identical."""
+"""The daemon under ``policy.placement: adaptive`` (the default): its host and disk tiers evict through one duel
+referee, and blocks the host evicts still come back from disk bit-identical."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from daemonlib import block_for, cleanup, empty_blocks, keys_for, short_tmpdir, 
 
 from kvstore.config import load_config
 from kvstore.daemon.server import DaemonServer
-from kvstore.tiers.duel import DuelIndex
+from kvstore.policy.duel import DuelIndex
 
-SHARED = {"policy": {"duel_scope": "below_gpu"}, "host": {"eviction": "duel"}, "disk": {"eviction": "duel"}}
+SHARED = {"policy": {"placement": "adaptive"}}
 
 
 def test_the_daemon_builds_its_host_and_disk_tiers_on_one_referee() -> None:

@@ -1,5 +1,6 @@
-"""``policy.carry_uses``: a block's use count lives in its index entry and seeds the GDSF order of each tier
-it is demoted to (host, then disk), so a block used often keeps its priority below the GPU."""
+"""Carried use counts (``policy.placement: gdsf`` and ``adaptive``): a block's use count lives in its index entry
+and seeds the GDSF order of each tier it is demoted to (host, then disk), so a block used often keeps its
+priority below the GPU; a GDSF variant that does not carry them starts every block at 1."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from kvstore.config.schema import PolicyConfig
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.store import TieredStore
 from kvstore.tiers.disk import DiskTier
-from kvstore.tiers.gdsf import GDSFIndex
+from kvstore.policy.gdsf import GDSFIndex
+from kvstore.policy.named import POLICIES, PlacementPolicy
 from kvstore.tiers.host import HostTier
 from storelib import LAYOUT, prefill, read_lease
 
@@ -25,9 +27,11 @@ def _toks(start: int, nblocks: int) -> list[int]:
 
 def _store(root: Path, carry: bool) -> TieredStore:
     pool = GPUBlockPool(LAYOUT, 4, device="cpu")
-    host = HostTier(LAYOUT, 2 * LAYOUT.bytes_per_block, auto_evict=False, eviction="gdsf")
-    disk = DiskTier(LAYOUT, root, 1 << 20, sync="interval", eviction="gdsf")
-    return TieredStore(LAYOUT, pool, host, disk, PolicyConfig(write="write_back", carry_uses=carry))
+    policy = POLICIES["gdsf"] if carry else PlacementPolicy("gdsf without carried counts", "gdsf")
+    orders = policy.orders()
+    host = HostTier(LAYOUT, 2 * LAYOUT.bytes_per_block, auto_evict=False, order=orders.host)
+    disk = DiskTier(LAYOUT, root, 1 << 20, sync="interval", order=orders.disk)
+    return TieredStore(LAYOUT, pool, host, disk, PolicyConfig(write="write_back"), placement=policy)
 
 
 def _count(order: object, key: bytes) -> int | None:

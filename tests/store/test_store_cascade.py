@@ -1,7 +1,8 @@
-"""The eviction cascade on real tiers: every block stays reachable until the disk cap drops it, under
-every host and disk eviction order (``host.eviction``, ``disk.eviction``), with and without use counts
-carried across tiers (``policy.carry_uses``, with the counts of dropped blocks remembered: ``policy.use_memory``), inclusive or exclusive (``policy.exclusive_tiers``): a policy changes which blocks the tiers keep, never
-whether what is served is what was written or whether a block is reported where it is not."""
+"""The eviction cascade on real tiers: every block stays reachable until the disk cap drops it, under every
+named placement policy (``policy.placement``) and every variant of one (any host and disk eviction order, use
+counts carried across tiers or not, the counts of dropped blocks remembered, inclusive or exclusive tiers): a
+policy changes which blocks the tiers keep, never whether what is served is what was written or whether a
+block is reported where it is not."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from kvstore.config.schema import PolicyConfig
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.store import TieredStore
 from kvstore.tiers.disk import DiskTier
-from kvstore.tiers.eviction import ORDERS
+from kvstore.policy.named import POLICIES, PlacementPolicy
+from kvstore.policy.order import ORDERS, make_order
 from kvstore.tiers.host import HostTier
 from storelib import LAYOUT, fill_keyed
 
@@ -23,13 +25,21 @@ BS = LAYOUT.block_size
 
 
 def _store(root: Path, write: str, disk_cap: int, eviction: str = "lru", host_eviction: str = "lru",
-           carry_uses: bool = False, exclusive: bool = False) -> TieredStore:
+           carry_uses: bool = False, exclusive: bool = False, named: str | None = None) -> TieredStore:
+    """A store on real tiers: under the named policy ``named`` (its orders, its ``policy.placement``), or else
+    under a variant of a policy (``placement=``) with these orders and switches."""
     pool = GPUBlockPool(LAYOUT, 6, device="cpu")
-    host = HostTier(LAYOUT, 5 * LAYOUT.bytes_per_block, auto_evict=False, eviction=host_eviction)
-    disk = DiskTier(LAYOUT, root, disk_cap, sync="interval", eviction=eviction)
-    return TieredStore(LAYOUT, pool, host, disk, PolicyConfig(write="write_back" if exclusive else write, carry_uses=carry_uses,
-                                                             exclusive_tiers=exclusive,
-                                                             use_memory=2.0 if carry_uses else 0.0))
+    if named is not None:
+        orders = POLICIES[named].orders()
+        host = HostTier(LAYOUT, 5 * LAYOUT.bytes_per_block, auto_evict=False, order=orders.host)
+        disk = DiskTier(LAYOUT, root, disk_cap, sync="interval", order=orders.disk)
+        return TieredStore(LAYOUT, pool, host, disk, PolicyConfig(write=write, placement=named))  # type: ignore[arg-type]
+    host = HostTier(LAYOUT, 5 * LAYOUT.bytes_per_block, auto_evict=False, order=make_order(host_eviction))
+    disk = DiskTier(LAYOUT, root, disk_cap, sync="interval", order=make_order(eviction))
+    variant = PlacementPolicy("variant", "lru", carry_uses=carry_uses, exclusive_when_write_back=exclusive,
+                              use_memory=2.0 if carry_uses else 0.0)
+    return TieredStore(LAYOUT, pool, host, disk, PolicyConfig(write="write_back" if exclusive else write),
+                       placement=variant)
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["write", "read"]), st.integers(0, 14), st.integers(1, 3)),
@@ -57,14 +67,24 @@ def test_every_eviction_order_serves_only_loadable_blocks_under_a_small_disk(tmp
             host_eviction=host_eviction, carry_uses=carry, exclusive=exclusive)
 
 
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, write=st.sampled_from(["write_back", "write_through"]), named=st.sampled_from(sorted(POLICIES)),
+       small=st.booleans())
+def test_every_named_policy_keeps_every_block_reachable_and_serves_only_what_was_written(
+        tmp_path_factory, ops, write, named, small) -> None:  # noqa: ANN001
+    _replay(tmp_path_factory.mktemp("named"), ops, write, "lru", disk_cap=SMALL_DISK if small else 256 * 1024,
+            named=named)
+
+
 def _replay(root: Path, ops: list[tuple[str, int, int]], write: str, eviction: str, disk_cap: int, *,
-            host_eviction: str = "lru", carry_uses: bool = False, exclusive: bool = False) -> None:
+            host_eviction: str = "lru", carry_uses: bool = False, exclusive: bool = False,
+            named: str | None = None) -> None:
     """Writes and reads through a store on real tiers; checks served bytes, integrity and reachability each step.
 
     A read holds its lease (GPU references) while its bytes are compared, so a block a request holds that
     was evicted or reused would show as wrong bytes.
     """
-    s = _store(root, write, disk_cap, eviction, host_eviction, carry_uses, exclusive)
+    s = _store(root, write, disk_cap, eviction, host_eviction, carry_uses, exclusive, named)
     truth: dict[bytes, torch.Tensor] = {}  # key -> bytes of every block ever committed
     prefix: dict[bytes, list[bytes]] = {}  # key -> the keys before it in its prompt
     dropped_by_disk: set[bytes] = set()

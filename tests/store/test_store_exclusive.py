@@ -1,4 +1,5 @@
-"""``policy.exclusive_tiers``: each block lives in one of GPU, host and disk. A load moves a block up (its host
+"""Exclusive tiers (``policy.placement: adaptive`` under ``policy.write: write_back``, and variants): each block
+lives in one of GPU, host and disk. A load moves a block up (its host
 and disk copies go), an eviction moves it down (GPU -> host -> disk), and every load returns the bytes stored."""
 
 from __future__ import annotations
@@ -7,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from pydantic import ValidationError
 
 from kvstore.config.schema import PolicyConfig
 from kvstore.gpu_pool import GPUBlockPool
+from kvstore.policy.named import POLICIES, PlacementPolicy
 from kvstore.store import TieredStore
 from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.host import HostTier
@@ -24,11 +25,14 @@ def _toks(start: int, nblocks: int) -> list[int]:
 
 
 def _store(root: Path, eviction: str, carry: bool) -> TieredStore:
+    """Exclusive tiers under ``eviction`` orders: ``adaptive`` (a named policy) or a variant of one."""
     pool = GPUBlockPool(LAYOUT, 4, device="cpu")
-    host = HostTier(LAYOUT, 2 * LAYOUT.bytes_per_block, auto_evict=False, eviction=eviction)
-    disk = DiskTier(LAYOUT, root, 1 << 20, sync="interval", eviction=eviction)
-    return TieredStore(LAYOUT, pool, host, disk,
-                       PolicyConfig(write="write_back", carry_uses=carry, exclusive_tiers=True))
+    policy = (POLICIES["adaptive"] if eviction == "duel" else
+              PlacementPolicy("exclusive variant", eviction, carry_uses=carry, exclusive_when_write_back=True))  # type: ignore[arg-type]
+    orders = policy.orders()
+    host = HostTier(LAYOUT, 2 * LAYOUT.bytes_per_block, auto_evict=False, order=orders.host)
+    disk = DiskTier(LAYOUT, root, 1 << 20, sync="interval", order=orders.disk)
+    return TieredStore(LAYOUT, pool, host, disk, PolicyConfig(write="write_back"), placement=policy)
 
 
 def _where(s: TieredStore, tokens: list[int]) -> list[tuple[bool, bool, bool]]:
@@ -42,12 +46,20 @@ def _where(s: TieredStore, tokens: list[int]) -> list[tuple[bool, bool, bool]]:
     return out
 
 
-def test_exclusive_needs_write_back() -> None:
-    with pytest.raises(ValidationError, match="exclusive_tiers needs policy.write: write_back"):
-        PolicyConfig(write="write_through", exclusive_tiers=True)
+def test_adaptive_is_exclusive_only_under_write_back(tmp_path: Path) -> None:
+    """Other write policies copy a block down before it leaves the GPU, so the tiers hold copies there."""
+    adaptive = POLICIES["adaptive"]
+    assert adaptive.exclusive("write_back")
+    assert not adaptive.exclusive("write_through") and not adaptive.exclusive("write_through_selective")
+    assert not any(p.exclusive("write_back") for p in POLICIES.values() if p.name != "adaptive")
+    pool = GPUBlockPool(LAYOUT, 4, device="cpu")
+    for write, exclusive in (("write_back", True), ("write_through", False)):
+        s = TieredStore(LAYOUT, pool, None, None, PolicyConfig(write=write))  # type: ignore[arg-type]
+        assert s.h.exclusive is exclusive  # adaptive is the default placement
+        s.close()
 
 
-@pytest.mark.parametrize(("eviction", "carry"), [("lru", False), ("gdsf", True)])
+@pytest.mark.parametrize(("eviction", "carry"), [("lru", False), ("gdsf", True), ("duel", True)])
 def test_each_block_in_one_tier_and_loads_return_what_was_stored(tmp_path: Path, eviction: str, carry: bool) -> None:
     s = _store(tmp_path, eviction, carry)
     try:

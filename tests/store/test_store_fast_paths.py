@@ -6,7 +6,7 @@ import pytest
 
 from kvstore.errors import PlacementError
 from kvstore.events import EventQueue, StoreEvent
-from kvstore.gpu_lru import GpuLru
+from kvstore.policy.gpu_lru import GpuLru
 from kvstore.radix import RadixIndex
 
 from storelib import LAYOUT, make_store, prefill

@@ -1,4 +1,4 @@
-"""``policy.use_memory``: a block dropped from every tier leaves its use count in the store's ``UseMemory``,
+"""Remembered counts (``policy.placement: adaptive`` remembers 4x the capacity; here a variant with 2x): a block dropped from every tier leaves its use count in the store's ``UseMemory``,
 and resumes it when it is indexed again, so its GDSF priority below the GPU survives the trip."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import pytest
 
 from kvstore.config.schema import PolicyConfig
 from kvstore.gpu_pool import GPUBlockPool
+from kvstore.policy.named import PlacementPolicy
 from kvstore.store import TieredStore
 from kvstore.tiers.host import HostTier
 from storelib import LAYOUT, prefill
@@ -21,9 +22,9 @@ def _toks(start: int, nblocks: int) -> list[int]:
 
 def _store(use_memory: float) -> TieredStore:
     pool = GPUBlockPool(LAYOUT, 2, device="cpu")
-    host = HostTier(LAYOUT, 2 * LAYOUT.bytes_per_block, auto_evict=False, eviction="gdsf")
-    return TieredStore(LAYOUT, pool, host, None, PolicyConfig(write="write_back", carry_uses=True,
-                                                              use_memory=use_memory))
+    policy = PlacementPolicy("gdsf remembering counts", "gdsf", carry_uses=True, use_memory=use_memory)
+    host = HostTier(LAYOUT, 2 * LAYOUT.bytes_per_block, auto_evict=False, order=policy.orders(both_tiers=False).host)
+    return TieredStore(LAYOUT, pool, host, None, PolicyConfig(write="write_back"), placement=policy)
 
 
 @pytest.mark.parametrize("use_memory", [0.0, 2.0])

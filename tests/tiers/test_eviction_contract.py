@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore.tiers.eviction import ORDERS, EvictionOrder, make_order
-from kvstore.tiers.exclude import KeyFilter, skip_set
-from kvstore.tiers.lru import LRUIndex
-from kvstore.tiers.s3fifo import S3FIFOIndex
+from kvstore.policy.order import ORDERS, EvictionOrder, make_order
+from kvstore.policy.exclude import KeyFilter, skip_set
+from kvstore.policy.lru import LRUIndex
+from kvstore.policy.s3fifo import S3FIFOIndex
 
 NAMES = sorted(ORDERS)
 

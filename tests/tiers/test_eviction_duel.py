@@ -1,5 +1,5 @@
 """``DuelIndex`` (``eviction: duel``): contenders over the same keys, victims from the one whose miniature hits
-more; a referee shared by the host and disk duels (``policy.duel_scope: below_gpu``); and S3-FIFO's
+more; a referee shared by the host and disk duels (``policy.placement: adaptive``); and S3-FIFO's
 ``seed_to_main`` and ``ghost_loaded``, the contenders' options; a trailing S3-FIFO contender's ghost; GDSF's count weight (``policy.gdsf_weight``)."""
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ import pytest
 
 from kvstore.config import parse_config
 from kvstore.layout import KVLayout
-from kvstore.tiers.build import BelowGPUOrders, below_gpu_orders, build_lower_tiers
+from kvstore.tiers.build import build_lower_tiers
 from kvstore.tiers.disk import DiskTier
-from kvstore.tiers.duel import MARGIN, SHARED_MARGIN, DuelIndex, DuelReferee, shared_duel
-from kvstore.tiers.eviction import make_order, order_for
-from kvstore.tiers.gdsf import DAMPED, LINEAR, GDSFIndex
-from kvstore.tiers.s3fifo import S3FIFOIndex
+from kvstore.policy.duel import MARGIN, SHARED_MARGIN, DuelIndex, DuelReferee, shared_duel
+from kvstore.policy.order import make_order, order_for
+from kvstore.policy.gdsf import DAMPED, LINEAR, GDSFIndex
+from kvstore.policy.lru import LRUIndex
+from kvstore.policy.named import placement_policy
+from kvstore.policy.s3fifo import S3FIFOIndex
 
 
 def _k(i: int) -> bytes:
@@ -177,14 +179,12 @@ def test_shared_duel_arguments_are_checked() -> None:
         DuelReferee(levels=0)
 
 
-def test_a_tier_takes_only_an_empty_order_of_its_policy() -> None:
+def test_a_tier_takes_only_an_empty_order_and_evicts_lru_when_given_none() -> None:
     host, _ = shared_duel(2)
-    assert order_for("duel", host) is host and isinstance(order_for("gdsf", None), GDSFIndex)
-    with pytest.raises(ValueError, match="not the 'gdsf' order"):
-        order_for("gdsf", host)
+    assert order_for(host) is host and isinstance(order_for(None), LRUIndex)
     host.add(_k(1), 1)
     with pytest.raises(ValueError, match="already holds 1 keys"):
-        order_for("duel", host)
+        order_for(host)
 
 
 @pytest.mark.parametrize("ghost_loaded", [False, True])
@@ -201,24 +201,35 @@ def test_s3fifo_ghost_loaded_sends_a_returning_block_to_main(ghost_loaded: bool)
     assert order.queue_of(_k(1)) == ("main" if ghost_loaded else "small") and order.queue_of(_k(2)) == "small"
 
 
-def test_the_store_builds_host_and_disk_on_one_referee(tmp_path: Path) -> None:
-    """``policy.duel_scope: below_gpu``: the tiers the store builds evict through the two duels of one referee;
-    ``tier`` (the default): each duel tier has its own."""
-    layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4, model_id="duel-scope")
-    for scope in ("below_gpu", "tier"):
-        cfg = parse_config({"tiers": ["host", "lmdb"], "host": {"eviction": "duel", "capacity": "64KiB"},
-                            "disk": {"eviction": "duel", "path": str(tmp_path / scope), "max_size": "1MiB"},
-                            "policy": {"duel_scope": scope}})
-        tiers = build_lower_tiers(cfg, layout)
-        assert tiers.host is not None and isinstance(tiers.disk, DiskTier)
-        try:
-            host_order, disk_order = tiers.host._order, tiers.disk._lru  # noqa: SLF001 - the orders are the point
-            assert isinstance(host_order, DuelIndex) and isinstance(disk_order, DuelIndex)
-            assert (host_order.referee is disk_order.referee) == (scope == "below_gpu")
-            assert (host_order.level, disk_order.level) == ((0, 1) if scope == "below_gpu" else (0, 0))
-        finally:
-            tiers.host.close()
-            tiers.disk.close()
+@pytest.mark.parametrize("placement", ["lru", "s3fifo", "gdsf", "adaptive"])
+def test_the_store_builds_host_and_disk_with_the_named_policys_orders(tmp_path: Path, placement: str) -> None:
+    """``policy.placement``: the tiers the store builds evict through the orders the named policy builds;
+    ``adaptive``'s are two duels of one referee, GDSF weighed damped; ``gdsf``'s weigh linearly."""
+    layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4, model_id="placement-orders")
+    cfg = parse_config({"tiers": ["host", "lmdb"], "host": {"capacity": "64KiB"},
+                        "disk": {"path": str(tmp_path / placement), "max_size": "1MiB"},
+                        "policy": {"placement": placement}})
+    tiers = build_lower_tiers(cfg, layout)
+    assert tiers.host is not None and isinstance(tiers.disk, DiskTier)
+    kind = {"lru": LRUIndex, "s3fifo": S3FIFOIndex, "gdsf": GDSFIndex, "adaptive": DuelIndex}[placement]
+    try:
+        host_order, disk_order = tiers.host._order, tiers.disk._lru  # noqa: SLF001 - the orders are the point
+        assert type(host_order) is kind and type(disk_order) is kind and host_order is not disk_order
+        if isinstance(host_order, DuelIndex) and isinstance(disk_order, DuelIndex):
+            assert host_order.referee is disk_order.referee and (host_order.level, disk_order.level) == (0, 1)
+            assert host_order.referee.weight == DAMPED
+        if isinstance(host_order, GDSFIndex) and isinstance(disk_order, GDSFIndex):
+            assert host_order.weight == disk_order.weight == LINEAR
+    finally:
+        tiers.host.close()
+        tiers.disk.close()
+
+
+def test_adaptive_without_a_disk_tier_gives_the_host_its_own_duel() -> None:
+    policy = placement_policy("adaptive")
+    alone = policy.orders(both_tiers=False)
+    assert isinstance(alone.host, DuelIndex) and isinstance(alone.disk, DuelIndex)
+    assert alone.host.referee is not alone.disk.referee and alone.host.referee.weight == DAMPED
 
 
 @pytest.mark.parametrize("ghost_victims", [False, True])
@@ -266,22 +277,3 @@ def test_the_gdsf_count_weight_reaches_every_gdsf_order_and_miniature() -> None:
         minis = [m for m in d.referee._minis if isinstance(m, GDSFIndex)]  # noqa: SLF001
         assert [o.weight for o in gdsf + minis] == [DAMPED, DAMPED] and d.referee.weight == DAMPED
     assert isinstance(make_order("duel", DAMPED), DuelIndex) and make_order("duel").referee.weight == LINEAR  # type: ignore[attr-defined]
-
-
-def test_the_store_builds_host_and_disk_with_the_gdsf_weight(tmp_path: Path) -> None:
-    """``policy.gdsf_weight: damped`` reaches the orders the store builds, with a shared duel or without."""
-    layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4, model_id="gdsf-weight")
-    for scope, eviction in (("below_gpu", "duel"), ("tier", "gdsf")):
-        cfg = parse_config({"tiers": ["host", "lmdb"], "host": {"eviction": eviction, "capacity": "64KiB"},
-                            "disk": {"eviction": eviction, "path": str(tmp_path / scope), "max_size": "1MiB"},
-                            "policy": {"duel_scope": scope, "gdsf_weight": "damped"}})
-        tiers = build_lower_tiers(cfg, layout)
-        assert tiers.host is not None and isinstance(tiers.disk, DiskTier)
-        try:
-            for order in (tiers.host._order, tiers.disk._lru):  # noqa: SLF001 - the orders are the point
-                weight = order.referee.weight if isinstance(order, DuelIndex) else order.weight  # type: ignore[attr-defined]
-                assert weight == DAMPED
-        finally:
-            tiers.host.close()
-            tiers.disk.close()
-    assert below_gpu_orders(parse_config({})) == BelowGPUOrders()  # linear, tier scope: each tier builds its own

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.tiers.eviction import make_order
-from kvstore.tiers.gdsf import DAMPED, LINEAR, WEIGHTS, CountWeight, GDSFIndex
+from kvstore.policy.order import make_order
+from kvstore.policy.gdsf import DAMPED, LINEAR, WEIGHTS, CountWeight, GDSFIndex
 
 
 def _k(i: int) -> bytes:

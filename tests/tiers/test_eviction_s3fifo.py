@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.tiers.s3fifo import S3FIFOIndex
+from kvstore.policy.s3fifo import S3FIFOIndex
 
 
 def _k(name: str) -> bytes:

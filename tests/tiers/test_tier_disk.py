@@ -21,14 +21,18 @@ from kvstore.config.schema import DiskConfig
 from kvstore.errors import TierError
 from kvstore.tiers import DiskTier, build_tier
 from kvstore.tiers import disk as disk_module
-from kvstore.tiers.s3fifo import S3FIFOIndex
+from kvstore.policy.s3fifo import S3FIFOIndex
+from kvstore.policy.order import make_order
 
 L = LAYOUTS["float16"]
 EVICTIONS = ("lru", "s3fifo", "gdsf")
 
 
-def open_disk(path: Path, layout=L, max_size: int = 32 << 20, **kw: object) -> DiskTier:  # type: ignore[no-untyped-def]
-    return DiskTier(layout, path, max_size, **kw)  # type: ignore[arg-type]
+def open_disk(path: Path, layout=L, max_size: int = 32 << 20, eviction: str | None = None,  # type: ignore[no-untyped-def]
+              **kw: object) -> DiskTier:
+    """A disk tier; ``eviction``: the name of the order to hand it (:func:`make_order`), else LRU."""
+    order = make_order(eviction) if eviction is not None else None
+    return DiskTier(layout, path, max_size, order=order, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("dtype", sorted(LAYOUTS))
@@ -243,9 +247,8 @@ def test_cap_never_exceeded_under_random_workload(ops: list[tuple[str, list[int]
 
 
 def test_build_from_config_and_tiny_cap_rejected(tmp_path: Path) -> None:
-    section = DiskConfig(path=str(tmp_path / "db"), max_size="4MiB", codec="shuffle_zstd", sync="always",
-                         eviction="s3fifo")
-    tier = build_tier("lmdb", section, L)
+    section = DiskConfig(path=str(tmp_path / "db"), max_size="4MiB", codec="shuffle_zstd", sync="always")
+    tier = build_tier("lmdb", section, L, order=make_order("s3fifo"))
     assert isinstance(tier, DiskTier) and tier.codec == "shuffle_zstd" and tier.sync_mode == "always"
     assert isinstance(tier._lru, S3FIFOIndex)
     tier.close()

@@ -12,7 +12,8 @@ from tiers_testlib import CODEC_NAMES, LAYOUTS, empty_blocks, make_blocks, make_
 from kvstore.codec import encode
 from kvstore.config.schema import FileConfig, HostConfig
 from kvstore.tiers import TIERS, FileTier, HostTier, build_tier
-from kvstore.tiers.s3fifo import S3FIFOIndex
+from kvstore.policy.s3fifo import S3FIFOIndex
+from kvstore.policy.order import make_order
 
 L = LAYOUTS["float16"]
 
@@ -100,7 +101,7 @@ def test_corrupt_file_is_a_counted_deleted_miss(tmp_path: Path, damage: str) -> 
 @pytest.mark.parametrize("eviction", ["lru", "s3fifo"])
 def test_cap_and_lru_from_mtimes(tmp_path: Path, eviction: str) -> None:
     cap = 6 * 4096  # six files of one 4 KiB block each
-    tier = FileTier(L, tmp_path, cap, eviction=eviction)
+    tier = FileTier(L, tmp_path, cap, order=make_order(eviction))
     keys, blocks = make_keys(L, 30), make_blocks(L, 1)
     for i in range(24):
         assert tier.put([keys[i]], blocks) == [True]
@@ -111,7 +112,7 @@ def test_cap_and_lru_from_mtimes(tmp_path: Path, eviction: str) -> None:
     tier.close()
     for rank, key in enumerate(reversed(held)):  # against write order: keys[23] oldest on disk, keys[18] newest
         os.utime(tier.path_of(key), (1_000_000 + rank, 1_000_000 + rank))
-    tier = FileTier(L, tmp_path, cap, eviction=eviction)
+    tier = FileTier(L, tmp_path, cap, order=make_order(eviction))
     assert list(tier._lru) == list(reversed(held))  # mtime order (s3fifo: all in main)
     tier.drain_events()
     tier.put(keys[24:26], [blocks[0]] * 2)
@@ -121,7 +122,8 @@ def test_cap_and_lru_from_mtimes(tmp_path: Path, eviction: str) -> None:
 
 def test_registry_builds_every_tier(tmp_path: Path) -> None:
     assert sorted(TIERS.factories) == ["file", "host", "lmdb", "remote", "slab"]
-    tier = build_tier("file", FileConfig(path=str(tmp_path), max_size="1MiB", codec="zstd", eviction="s3fifo"), L)
+    tier = build_tier("file", FileConfig(path=str(tmp_path), max_size="1MiB", codec="zstd"), L,
+                      order=make_order("s3fifo"))
     assert isinstance(tier, FileTier) and tier.codec == "zstd" and isinstance(tier._lru, S3FIFOIndex)
     tier.close()
     host = build_tier("host", HostConfig(capacity="64KiB", pin_memory="never"), L, auto_evict=False)

@@ -17,13 +17,17 @@ from kvstore.config.schema import HostConfig
 from kvstore.errors import BlockStateError, TierError
 from kvstore.tiers.arena import HostArena
 from kvstore.tiers.host import HostTier
+from kvstore.policy.named import POLICIES
+from kvstore.policy.order import make_order
 
 L = LAYOUTS["float16"]
 BPB = L.bytes_per_block
 
 
-def host(slots: int = 4, **kw: object) -> HostTier:
-    return HostTier(L, slots * BPB + BPB // 2, pin_memory="never", **kw)  # type: ignore[arg-type]
+def host(slots: int = 4, eviction: str | None = None, **kw: object) -> HostTier:
+    """A host tier; ``eviction``: the name of the order to hand it (:func:`make_order`), else LRU."""
+    order = make_order(eviction) if eviction is not None else None
+    return HostTier(L, slots * BPB + BPB // 2, pin_memory="never", order=order, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("dtype", sorted(LAYOUTS))
@@ -278,15 +282,16 @@ def test_gdsf_order_exact_with_pins_seeds_and_inflation() -> None:
     tier.check_integrity()
 
 
-@pytest.mark.parametrize("eviction", ["lru", "s3fifo", "gdsf"])
-def test_every_eviction_order_from_config(eviction: str) -> None:
-    tier = HostTier.from_config(HostConfig(capacity=4 * BPB, pin_memory="never", eviction=eviction), L)
+@pytest.mark.parametrize("placement", ["lru", "s3fifo", "gdsf", "adaptive"])
+def test_every_named_policys_host_order_from_config(placement: str) -> None:
+    order = POLICIES[placement].orders().host
+    tier = HostTier.from_config(HostConfig(capacity=4 * BPB, pin_memory="never"), L, order=order)
     k, b = make_keys(L, 8), make_blocks(L, 8)
     for i in range(8):
         assert tier.put(k[i : i + 1], b[i : i + 1]) == [True]
         tier.check_integrity()
     assert tier.stats().num_blocks == 4 and tier.stats().evictions == 4
-    assert type(tier._order).__name__.lower().startswith(eviction[:3])  # noqa: SLF001 - the order it built
+    assert tier._order is order  # noqa: SLF001 - the policy's order, not one of its own
 
 
 def test_a_batch_into_a_full_tier_makes_room_in_one_pass_keeping_pins_and_its_own_present_keys() -> None:

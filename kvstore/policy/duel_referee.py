@@ -1,6 +1,6 @@
 """The scoring half of ``eviction: duel``: miniatures of each contender, their hits, and which one leads.
 
-A :class:`~kvstore.tiers.duel.DuelIndex` keeps a full order per contender
+A :class:`~kvstore.policy.duel.DuelIndex` keeps a full order per contender
 over its tier's keys and asks a :class:`DuelReferee` which one chooses
 victims. The referee runs the contenders' miniatures (one policy each, over
 the keys of a fixed 1-in-``sample`` hash sample, with ``1 / sample`` of the
@@ -48,8 +48,8 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from kvstore.tiers.gdsf import LINEAR, CountWeight, GDSFIndex
-from kvstore.tiers.s3fifo import S3FIFOIndex
+from kvstore.policy.gdsf import LINEAR, CountWeight, GDSFIndex
+from kvstore.policy.s3fifo import S3FIFOIndex
 
 SAMPLE = 16
 """One key in this many (by CRC-32 of the key) feeds the miniatures."""
@@ -60,7 +60,7 @@ MARGIN = 1.25
 
 
 SHARED_MARGIN = 1.1
-""":data:`MARGIN` of a referee shared below the GPU (:func:`~kvstore.tiers.duel.shared_duel`): its
+""":data:`MARGIN` of a referee shared below the GPU (:func:`~kvstore.policy.duel.shared_duel`): its
 miniatures score the hits of host and disk together, where a policy's lead is smaller than in one tier's."""
 
 
@@ -93,11 +93,11 @@ class DuelReferee:
         """``contenders``: names in :data:`CONTENDERS` (at least two); ``sample``: 1 key in ``sample`` feeds
         the miniatures; ``window``: sampled accesses between halvings of the scores; ``levels``: how many
         tiers share the referee, 0 the uppermost (the host tier); ``ghost_loaded``: the tiers' S3-FIFO
-        contenders remember a loaded block in their ghost (:class:`~kvstore.tiers.s3fifo.S3FIFOIndex`), so a
+        contenders remember a loaded block in their ghost (:class:`~kvstore.policy.s3fifo.S3FIFOIndex`), so a
         block that went up to the GPU and came back returns to main; ``ghost_victims``: the tiers' S3-FIFO
         contenders that do not lead put the leader's victims from their small queue in their ghost
-        (:meth:`~kvstore.tiers.duel.DuelIndex.remove`); ``weight``: the GDSF contender's count weight
-        (:class:`~kvstore.tiers.gdsf.CountWeight`, ``policy.gdsf_weight``), in the tiers' orders and the
+        (:meth:`~kvstore.policy.duel.DuelIndex.remove`); ``weight``: the GDSF contender's count weight
+        (:class:`~kvstore.policy.gdsf.CountWeight`, ``policy.gdsf_weight``), in the tiers' orders and the
         miniature alike."""
         names = list(contenders)
         unknown = [n for n in names if n not in CONTENDERS]

@@ -27,7 +27,6 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvstore.config.schema import PolicyConfig
     from kvstore.layout import KVLayout
     from kvstore.tiers.base import Tier
     from kvstore.tiers.host import HostTier
@@ -69,10 +68,10 @@ class UseMemory:
         return self._uses.pop(key, 0)
 
 
-def use_memory_for(policy: PolicyConfig, layout: KVLayout, host: HostTier | None, disk: Tier | None) -> UseMemory | None:
-    """A store's :class:`UseMemory`, sized ``policy.use_memory`` x the host and disk capacity in blocks
-    (``None`` when off)."""
-    if policy.use_memory <= 0:
+def use_memory_for(multiple: float, layout: KVLayout, host: HostTier | None, disk: Tier | None) -> UseMemory | None:
+    """A store's :class:`UseMemory`, sized ``multiple`` (the placement policy's ``use_memory``) x the host and
+    disk capacity in blocks (``None`` when 0)."""
+    if multiple <= 0:
         return None
     blocks = sum(t.stats().capacity_bytes // layout.bytes_per_block for t in (host, disk) if t is not None)
-    return UseMemory(int(policy.use_memory * blocks))
+    return UseMemory(int(multiple * blocks))

@@ -35,8 +35,8 @@ real tier has lost sees them again when they are recomputed and demoted
 (``add``), which is how the documents of a cycle show up as hits for
 S3-FIFO while GDSF leads.
 
-Contenders: ``gdsf`` (:class:`~kvstore.tiers.gdsf.GDSFIndex`) and
-``s3fifo`` with carried counts honoured (:class:`~kvstore.tiers.s3fifo.
+Contenders: ``gdsf`` (:class:`~kvstore.policy.gdsf.GDSFIndex`) and
+``s3fifo`` with carried counts honoured (:class:`~kvstore.policy.s3fifo.
 S3FIFOIndex` ``seed_to_main=True``: a block seeded with two or more uses
 skips the small queue, so under ``policy.carry_uses`` a popular block
 demoted again keeps its place in main), and plain ``s3fifo`` (seeds
@@ -44,7 +44,7 @@ ignored, every block entering through the small queue: the variant that
 keeps a fixed subset of a cycle).
 
 The miniatures, their scores and the leader live in a
-:class:`~kvstore.tiers.duel_referee.DuelReferee`: private to the tier by
+:class:`~kvstore.policy.duel_referee.DuelReferee`: private to the tier by
 default, or shared by the host and disk tiers (``policy.duel_scope:
 below_gpu``, :func:`shared_duel`), whose miniatures then model the two
 tiers as one cache and whose leader chooses victims in both.
@@ -59,10 +59,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from kvstore.tiers.duel_referee import CONTENDERS, MARGIN, SAMPLE, SHARED_MARGIN, WINDOW, DuelReferee
-from kvstore.tiers.exclude import Exclude
-from kvstore.tiers.gdsf import LINEAR, CountWeight
-from kvstore.tiers.s3fifo import S3FIFOIndex
+from kvstore.policy.duel_referee import CONTENDERS, MARGIN, SAMPLE, SHARED_MARGIN, WINDOW, DuelReferee
+from kvstore.policy.exclude import Exclude
+from kvstore.policy.gdsf import LINEAR, CountWeight
+from kvstore.policy.s3fifo import S3FIFOIndex
 
 __all__ = ["CONTENDERS", "MARGIN", "SAMPLE", "SHARED_MARGIN", "WINDOW", "DuelIndex", "DuelReferee", "shared_duel"]
 
@@ -172,7 +172,7 @@ class DuelIndex:
     def remove(self, key: bytes) -> int | None:
         """Forget ``key`` in every contender (the miniatures keep their own membership); its size or ``None``.
         Under a referee with ``ghost_victims`` (:func:`shared_duel`) a victim the leader chose is, for an S3-FIFO
-        contender that does not lead, a victim too (:meth:`~kvstore.tiers.s3fifo.S3FIFOIndex.remove_evicted`:
+        contender that does not lead, a victim too (:meth:`~kvstore.policy.s3fifo.S3FIFOIndex.remove_evicted`:
         from its small queue into its ghost), so the contender that takes the lead later knows which blocks
         came back, as if it had chosen all along."""
         evicted = key in self._victims

@@ -1,25 +1,26 @@
-"""Eviction orders by name: the small interface the disk and file tiers evict through.
+"""Eviction orders by name: the small interface the host and disk tiers evict through.
 
 An eviction order tracks which keys a tier holds, the bytes each is
 accounted for, and which keys to give up when a write needs room. The tier
 owns the data and the lock; the order only decides. Three exist:
 
-- ``lru`` (:class:`~kvstore.tiers.lru.LRUIndex`): least recently used first.
-- ``s3fifo`` (:class:`~kvstore.tiers.s3fifo.S3FIFOIndex`): small / main /
+- ``lru`` (:class:`~kvstore.policy.lru.LRUIndex`): least recently used first.
+- ``s3fifo`` (:class:`~kvstore.policy.s3fifo.S3FIFOIndex`): small / main /
   ghost FIFO queues; resists scans and reuse distances longer than the cache,
   which defeat LRU.
-- ``gdsf`` (:class:`~kvstore.tiers.gdsf.GDSFIndex`): lowest ``L + use
+- ``gdsf`` (:class:`~kvstore.policy.gdsf.GDSFIndex`): lowest ``L + use
   count`` first, ``L`` the last victim's priority (frequency with aging);
   ``make_order(name, weight)`` weighs the count otherwise
-  (:data:`~kvstore.tiers.gdsf.DAMPED`, ``policy.gdsf_weight``), for
+  (:data:`~kvstore.policy.gdsf.DAMPED`, ``policy.gdsf_weight``), for
   ``gdsf`` and the GDSF contender of ``duel``.
-- ``duel`` (:class:`~kvstore.tiers.duel.DuelIndex`): GDSF or S3-FIFO (with
+- ``duel`` (:class:`~kvstore.policy.duel.DuelIndex`): GDSF or S3-FIFO (with
   or without carried counts), chosen online by which one's miniature, on a
   hash sample of the keys, hits more.
 
-Chosen in YAML per tier (``host.eviction``, ``disk.eviction``, ``file.eviction``)::
+Chosen for the host and disk tiers together by the placement policy (``policy.placement``,
+:mod:`kvstore.policy.named`), which builds them and hands each tier its own::
 
-    order = make_order(section.eviction)
+    orders = config.policy.placement_policy().orders()
 
 Protocol of every order. Who changes what:
 
@@ -40,11 +41,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from kvstore.tiers.duel import DuelIndex
-from kvstore.tiers.exclude import Exclude
-from kvstore.tiers.gdsf import LINEAR, CountWeight, GDSFIndex
-from kvstore.tiers.lru import LRUIndex
-from kvstore.tiers.s3fifo import S3FIFOIndex
+from kvstore.policy.duel import DuelIndex
+from kvstore.policy.exclude import Exclude
+from kvstore.policy.gdsf import LINEAR, CountWeight, GDSFIndex
+from kvstore.policy.lru import LRUIndex
+from kvstore.policy.s3fifo import S3FIFOIndex
 
 
 class EvictionOrder(Protocol):
@@ -102,13 +103,11 @@ ORDERS: dict[str, Callable[[CountWeight], EvictionOrder]] = {
 """Eviction orders by the name used in YAML, each built from GDSF's count weight (unused by LRU and S3-FIFO)."""
 
 
-def order_for(name: str, given: EvictionOrder | None) -> EvictionOrder:
-    """A tier's order: ``given`` (built by the caller, e.g. one of :func:`~kvstore.tiers.duel.shared_duel`'s;
-    ``ValueError`` unless empty and of policy ``name``) or else :func:`make_order` ``(name)``."""
+def order_for(given: EvictionOrder | None) -> EvictionOrder:
+    """A tier's order: ``given``, the placement policy's order for it (:meth:`~kvstore.policy.named.PlacementPolicy.orders`;
+    ``ValueError`` unless empty), or LRU for a tier built on its own."""
     if given is None:
-        return make_order(name)
-    if type(given) is not type(make_order(name)):
-        raise ValueError(f"the order given is a {type(given).__name__}, not the {name!r} order the tier is set to")
+        return LRUIndex()
     if len(given):
         raise ValueError(f"the order given already holds {len(given)} keys")
     return given

@@ -41,7 +41,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvstore.tiers.exclude import Exclude, skip_set
+from kvstore.policy.exclude import Exclude, skip_set
 
 
 @dataclass(frozen=True)

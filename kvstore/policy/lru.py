@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from kvstore.tiers.exclude import Exclude, skip_set
+from kvstore.policy.exclude import Exclude, skip_set
 
 
 class LRUIndex:

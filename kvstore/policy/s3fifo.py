@@ -39,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from itertools import chain
 
-from kvstore.tiers.exclude import Exclude, skip_set
+from kvstore.policy.exclude import Exclude, skip_set
 
 SMALL_FRACTION = 0.1
 """Share of the budget the small queue may hold before eviction takes from it first."""
