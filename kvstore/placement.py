@@ -294,12 +294,13 @@ class Placement:
                     slot = host.reserve([key])[0]
         return None if slot is None else HostSlot(key, slot, "reserved")
 
-    def pin_host(self, key: bytes) -> HostSlot | None:
-        """Pin the published host copy of ``key`` for reading; ``None`` if the host tier has none."""
+    def pin_host(self, key: bytes, use: bool = True) -> HostSlot | None:
+        """Pin the published host copy of ``key`` for reading; ``None`` if the host tier has none. ``use``: the read
+        serves a request (a use the host's order counts); ``False`` for the store's own copies down."""
         host = self.h.host
         if host is None or not host.contains(key):
             return None
-        slot = host.pin([key])[0]
+        slot = host.pin([key], use=use)[0]
         assert slot is not None
         return HostSlot(key, slot, "pinned")
 
@@ -322,7 +323,7 @@ class Placement:
             raise PlacementError(f"{handle!r}: publish of a host slot that is not reserved")
         host = self.h.host
         assert host is not None
-        host.pin([handle.key])
+        host.pin([handle.key], use=False)
         host.publish([handle.key])
         handle.state = "pinned"
         entry = self.h.index.get(handle.key)

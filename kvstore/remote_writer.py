@@ -290,7 +290,7 @@ class RemoteWriter:
                 pl.ref([e.gpu_block])
                 out.append(_Source(e.key, gpu_block=e.gpu_block))
                 continue
-            pin = pl.pin_host(e.key)
+            pin = pl.pin_host(e.key, use=False)  # a copy to the remote tier, not a use
             if pin is not None:
                 out.append(_Source(e.key, host=pin))
             elif e.on_disk and h.disk is not None:

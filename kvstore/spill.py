@@ -173,7 +173,7 @@ class Spiller:
         pl = self.h.placement
         moves = []
         for key in keys:
-            src = pl.pin_host(key)
+            src = pl.pin_host(key, use=False)  # a victim copied down: not a use
             if src is not None:
                 moves.append(_Move(key, self.h.index.get(key), host_src=src, uses=pl.uses_of(key)))
         return moves
@@ -299,7 +299,7 @@ class Spiller:
             if h.host is not None:
                 pl.adopt_host_copy(entry)
                 if entry.host_slot is not None:
-                    held = pl.pin_host(entry.key)  # the disk copy below reads it
+                    held = pl.pin_host(entry.key, use=False)  # the disk copy below reads it (not a use)
                 else:
                     try:
                         dst = pl.reserve_host(entry.key)

@@ -196,10 +196,12 @@ class TieredCacheSim:
         return cls(gpu_blocks, host_blocks, disk_blocks, host_policy=orders.host, disk_policy=orders.disk,
                    carry_uses=policy.carry_uses, exclusive=policy.exclusive(write), use_memory=policy.use_memory)
 
-    def request(self, req: Request) -> HitCounts:
-        """Serve one prompt: count its cached prefix per tier, then cache its full blocks."""
+    def request(self, req: Request, keys: list[bytes] | None = None) -> HitCounts:
+        """Serve one prompt: count its cached prefix per tier, then cache its full blocks. ``keys``: the blocks'
+        keys, when not their ids' bytes (a store's own keys, so the duel's hash sample picks the same blocks)."""
         ids = req.blocks.tolist()
-        keys = [i.to_bytes(8, "little") for i in ids]
+        if keys is None:
+            keys = [i.to_bytes(8, "little") for i in ids]
         match = self.index.match_keys(keys)
         g = match.num_blocks
         self._leaves.push(match.node)

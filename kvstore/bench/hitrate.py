@@ -19,6 +19,11 @@ Workloads: the shared Mooncake trace and the synthetic families the policies' pa
 named policies were fixed (:data:`~kvstore.bench.workloads.HELD_OUT_PLACEMENT`) and four earlier families
 replayed with another seed (:data:`~kvstore.bench.workloads.OTHER_SEED_FAMILIES`).
 
+The model is checked against the store itself: the first 600 Mooncake requests are replayed through a real
+:class:`~kvstore.store.TieredStore` (GPU pool on the CPU, host tier, slab tier) under each named policy at
+G = 1 and 2 % (:mod:`kvstore.bench.store_replay`), beside the model fed the store's own keys (so a duel
+samples the same blocks), and the requests whose hits differ in any tier are counted (``store_check``).
+
 With ``--research`` the suite also replays variants no named policy stands for (one order per tier,
 switches one at a time), as parameters of the simulator, never config fields.
 
@@ -163,8 +168,52 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
                 results.ratio(f"{name}/pooled_best", rates[name], best_pooled, **p)
                 results.add(f"points_over_lru.{name}", 100 * (rates[name] - rates["lru"]), "points", **p)
             progress.step(f"{w} gpu={frac:g}")
+    mooncake = [t for t, _ in traces if t.name == "mooncake"]
+    if mooncake:
+        _store_check(results, mooncake[0], options.quick, progress)
     _summary(results)
     return results
+
+
+STORE_SAMPLE = 600
+"""Mooncake requests replayed through the real store (``store_check``); 40 with ``--quick``."""
+STORE_FRACTIONS = (0.01, 0.02)
+
+
+def _store_check(results: Results, trace: Trace, quick: bool, progress: Progress) -> None:
+    """Replay the first requests of ``trace`` through a real :class:`~kvstore.store.TieredStore` under each named
+    policy (:mod:`kvstore.bench.store_replay`) and through the model, and report both per tier: how far the
+    model's figures are from what the store keeps."""
+    from kvstore.bench.store_replay import replay_store, serve
+
+    sample = Trace(f"{trace.name}[:{STORE_SAMPLE}]", trace.block_tokens,
+                   trace.requests[: 40 if quick else STORE_SAMPLE], trace.description)
+    fractions = QUICK_FRACTIONS[:1] if quick else STORE_FRACTIONS
+    progress.grow(len(fractions) * len(POLICIES))
+    footprint = sample.footprint_blocks
+    biggest = max(len(r.blocks) for r in sample.requests)
+    for frac in fractions:
+        gpu = max(int(frac * footprint), biggest)
+        host, disk = HOST_PER_GPU * gpu, DISK_PER_GPU * gpu
+        for name, policy in POLICIES.items():
+            p: dict[str, Any] = {"workload": sample.name, "gpu_fraction": frac, "gpu_blocks": gpu, "policy": name}
+            model = TieredCacheSim.for_policy(policy, gpu, host, disk, "write_back")
+            t0 = time.perf_counter()
+            with replay_store(policy, gpu, host, disk) as store:
+                kept = [serve(store, r) for r in sample.requests]
+                keys = [store.keys(r.blocks.tolist()) for r in sample.requests]
+            results.add("store_check.replay_time", (time.perf_counter() - t0) / len(sample.requests) * 1e6,
+                        "us/request", **p)
+            modelled = [model.request(r, k) for r, k in zip(sample.requests, keys)]  # the store's keys: same sample
+            results.add("store_check.requests_differing", sum(a != b for a, b in zip(modelled, kept)), "requests", **p)
+            for tier in ("total", "gpu", "host", "disk"):
+                def share(counts: list[Any]) -> float:
+                    return _rate(sample, [getattr(c, tier) for c in counts])
+                results.add(f"store_check.store.{tier}", share(kept), "fraction of prompt tokens", **p)
+                results.add(f"store_check.model.{tier}", share(modelled), "fraction of prompt tokens", **p)
+                results.add(f"store_check.points_model_minus_store.{tier}", 100 * (share(modelled) - share(kept)),
+                            "points", **p)
+            progress.step(f"store check {name} gpu={frac:g}")
 
 
 def _summary(results: Results) -> None:

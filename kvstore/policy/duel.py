@@ -84,6 +84,7 @@ class DuelIndex:
         """Who scores the miniatures and names the leader (private, or shared with the tiers below the GPU)."""
         self.level = level
         self._orders = [referee.new_order(n) for n in referee.names]
+        referee.attach(level, self._orders[0])  # every contender holds the same keys
         self._victims: set[bytes] = set()  # the leader's last victims, not removed yet (kept under ghost_victims)
         self._budget = 0  # the budget of the last victims call
         self.used = 0

@@ -46,7 +46,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 
 from kvstore.policy.gdsf import LINEAR, CountWeight, GDSFIndex
 from kvstore.policy.s3fifo import S3FIFOIndex
@@ -124,7 +124,14 @@ class DuelReferee:
         self._budgets: list[int | None] = [None] * levels  # each level's budget (blocks when shared), once known
         self._loaded: OrderedDict[bytes, None] = OrderedDict()  # sampled keys hit, not yet back
         self._given_up: OrderedDict[bytes, None] = OrderedDict()  # sampled keys an upper level evicted
+        self._tiers: list[Container[object]] = []  # each level's order, to tell a copy moving down from an access
         self._lock = threading.Lock() if levels > 1 else None
+
+    def attach(self, level: int, order: Container[object]) -> None:
+        """Register ``order`` as level ``level``'s keys (:class:`~kvstore.policy.duel.DuelIndex` does, in level order)."""
+        if level != len(self._tiers):
+            raise ValueError(f"level {level} attached out of order (next is {len(self._tiers)})")
+        self._tiers.append(order)
 
     @property
     def leader_name(self) -> str:
@@ -156,10 +163,14 @@ class DuelReferee:
         self._budgets[level] = budget if used <= count or count == 0 else budget * count // used
 
     def added(self, level: int, key: bytes, size: int) -> None:
-        """Sampled ``key`` entered level ``level`` (it was not there): an access unless a move (see module)."""
+        """Sampled ``key`` entered level ``level`` (it was not there): an access unless a move (see module). A
+        key an upper level still holds is a copy moving down: the store writes it below before the upper
+        level lets it go (the simulator removes it first; both are the same move)."""
         with self._locked():
             if key in self._loaded:
                 del self._loaded[key]
+                return
+            if any(key in upper for upper in self._tiers[:level]):
                 return
             if key in self._given_up:
                 del self._given_up[key]
@@ -174,10 +185,11 @@ class DuelReferee:
             self._remember(self._loaded, key)
 
     def removed(self, level: int, key: bytes) -> None:
-        """Sampled ``key`` left level ``level``: from an upper level, not loaded, it may arrive below."""
+        """Sampled ``key`` left level ``level``: from an upper level, not loaded and not already below, it may
+        arrive below (a move)."""
         if level < self.levels - 1:
             with self._locked():
-                if key not in self._loaded:
+                if key not in self._loaded and not any(key in lower for lower in self._tiers[level + 1 :]):
                     self._remember(self._given_up, key)
 
     def seeded(self, key: bytes, uses: int) -> None:

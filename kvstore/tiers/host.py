@@ -142,11 +142,13 @@ class HostTier(Tier):
         """Zero-copy view of ``slot``. Hold a :meth:`pin` on its key while using it."""
         return self.arena.slot_view(slot)
 
-    def pin(self, keys: Sequence[bytes]) -> list[int | None]:
+    def pin(self, keys: Sequence[bytes], use: bool = True) -> list[int | None]:
         """Add a reference to each published or reserved key and return its slot (``None``: absent, not pinned).
 
-        A pinned slot is never evicted, deleted or reused. Pinning a published
-        key counts as a use of it (LRU: most recently used).
+        A pinned slot is never evicted, deleted or reused. Pinning a published key to read it for a request
+        counts as a use of it (LRU: most recently used); ``use=False`` for the store's own reads (a victim
+        copied down, a copy written to disk or the remote tier), which are not uses: counted as hits they
+        would skew a frequency order and a duel's scores.
         """
         with self._lock:
             out: list[int | None] = []
@@ -157,7 +159,8 @@ class HostTier(Tier):
                 if slot is not None:
                     self._refs[slot] = self._refs.get(slot, 0) + 1
                 out.append(slot)
-            self._touch(keys)
+            if use:
+                self._touch(keys)
             return out
 
     def touch(self, keys: Sequence[bytes]) -> int:

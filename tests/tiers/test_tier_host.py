@@ -339,3 +339,16 @@ def test_a_batch_reusing_freed_or_evicted_slots_gets_them_consecutive_and_ascend
     assert all(tier.put(third, make_blocks(L, 4)))
     assert [tier.slot_of(k) for k in third] == [2, 3, 4, 5]
     tier.close()
+
+
+def test_a_pin_for_the_stores_own_read_is_not_a_use() -> None:
+    """A victim pinned to be copied down, or a copy pinned to be written to disk, is read by the store, not
+    by a request: counted as a use it would move in LRU, raise a GDSF count and score a duel's miniature."""
+    tier = host(4, eviction="gdsf")
+    k, b = make_keys(L, 4), make_blocks(L, 4)
+    tier.put(k, b)
+    before = tier.keys()
+    assert tier.pin([k[0]], use=False) == [tier.slot_of(k[0])]
+    assert tier.keys() == before and tier._order.count_of(k[0]) == 1  # noqa: SLF001 - the order is the point
+    tier.pin([k[0]])  # a request's read: a use
+    assert tier._order.count_of(k[0]) == 2  # noqa: SLF001
