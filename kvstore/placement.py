@@ -335,7 +335,7 @@ class Placement:
 
     def uses_of(self, key: bytes) -> int | None:
         """Uses of indexed ``key`` so far (its insert plus the lookups that matched it) to seed a lower tier's
-        order with, or ``None`` when counts are not carried (``policy.carry_uses``) or ``key`` is not indexed."""
+        order with, or ``None`` when counts are not carried (a placement policy's ``carry_uses``) or ``key`` is not indexed."""
         entry = self.h.index.get(key) if self.h.carry_uses else None
         return None if entry is None else entry.hits + 1
 
@@ -372,7 +372,7 @@ class Placement:
         return True
 
     def leave_lower_tiers(self, key: bytes) -> bool:
-        """The GPU now holds ``key`` (``policy.exclusive_tiers``): drop its host copy and its disk record.
+        """The GPU now holds ``key`` (exclusive tiers): drop its host copy and its disk record.
 
         The host copy goes at once unless a reader pins it (then it stays, a copy as under inclusive
         tiers). Returns whether the disk tier holds a copy, which the caller deletes outside the lock:
@@ -467,7 +467,7 @@ class Placement:
 
     def _forget(self, entries: Iterable[BlockEntry]) -> None:
         """Give back what removed entries held (they are out of the index already); remember their use
-        counts (``policy.use_memory``)."""
+        counts (a placement policy's ``use_memory``)."""
         h = self.h
         memory = h.use_memory
         for e in entries:

@@ -7,7 +7,7 @@ The model follows the store's request flow (``write_back``):
 2. lookup continues down the hash chain in the host tier, then the disk
    tier (the store's batched ``contains_prefix`` probe); those hits are
    promoted: a disk hit is copied into host (inclusive tiers) and every hit
-   is loaded into GPU blocks; with ``exclusive`` (``policy.exclusive_tiers``)
+   is loaded into GPU blocks; with ``exclusive`` (exclusive tiers)
    a disk hit is not copied into host, the host hits stay pinned while GPU
    room is made, and every hit that got a GPU block then leaves host and disk;
 3. the request's path is locked, room is made on the GPU by evicting the
@@ -17,13 +17,13 @@ The model follows the store's request flow (``write_back``):
    host eviction spills to disk unless disk already has it; a disk eviction
    deletes the block.
 
-With ``carry_uses`` (``policy.carry_uses``) a block's use count (its insert
+With ``carry_uses`` (a placement policy's ``carry_uses``) a block's use count (its insert
 plus every request that matched it, the store's ``BlockEntry.hits + 1``) is
 kept while the block is in any tier and seeds the order of a tier it
 enters (:meth:`~kvstore.policy.order.EvictionOrder.seed`: GDSF starts it
 at that count). The store drops an orphan (a lower-tier block whose prefix
 left every tier) and its count; the simulator keeps both, as it keeps the
-orphan itself. With ``use_memory`` (``policy.use_memory``) the count of a
+orphan itself. With ``use_memory`` (a placement policy's ``use_memory``) the count of a
 block dropped from every tier goes to a :class:`~kvstore.policy.use_memory.UseMemory`
 of ``use_memory x (host + disk)`` blocks, the store's class, and a block
 indexed again resumes it.
@@ -31,12 +31,11 @@ indexed again resumes it.
 With no host and no disk this is "GPU-only LRU" (SGLang's radix cache).
 The host and disk tiers evict through the real tiers' order classes
 (:mod:`kvstore.policy.order`), so a policy is simulated by the code that
-runs it: the host tier whatever ``host_policy`` names (``host.eviction``,
-LRU by default), the disk tier whatever ``disk_policy`` names
-(``disk.eviction``). With ``duel_scope="below_gpu"`` (``policy.duel_scope``) both
-are ``duel`` orders of one shared referee, built by
-:func:`~kvstore.policy.duel.shared_duel` as the store builds them. ``gdsf_weight``
-(``policy.gdsf_weight``) is the count weight their GDSF orders are built with.
+runs it: :meth:`TieredCacheSim.for_policy` builds a named placement policy's
+orders and switches as the store does; the constructor's parameters
+(``host_policy``, ``disk_policy``, ``duel_scope``, ``gdsf_weight``, ...)
+replay variants no named policy stands for. :mod:`kvstore.bench.store_replay`
+replays a sample through the store itself to check the model against it.
 
 The index chooses no victims itself; replaying 12k requests needs millions
 of whole-leaf evictions, so :class:`_LeafHeap` keeps SGLang's order (least

@@ -23,7 +23,7 @@ with the miniature-simulation idea of Waldspurger et al. (ATC'17):
   budget, fed the tier's accesses to those keys. An access is a hit in the
   tier (``touch``) or a block coming back to the tier (``add``) that was not
   just loaded from it (a block loaded into the GPU under
-  ``policy.exclusive_tiers`` comes back on demotion; that return is not a
+  exclusive tiers comes back on demotion; that return is not a
   second request). A miniature that already holds the key scores a hit;
   otherwise it inserts the key and evicts by its own rules;
 - scores halve every :data:`WINDOW` sampled accesses (recent behaviour
@@ -38,15 +38,14 @@ S3-FIFO while GDSF leads.
 Contenders: ``gdsf`` (:class:`~kvstore.policy.gdsf.GDSFIndex`) and
 ``s3fifo`` with carried counts honoured (:class:`~kvstore.policy.s3fifo.
 S3FIFOIndex` ``seed_to_main=True``: a block seeded with two or more uses
-skips the small queue, so under ``policy.carry_uses`` a popular block
+skips the small queue, so under a placement policy's ``carry_uses`` a popular block
 demoted again keeps its place in main), and plain ``s3fifo`` (seeds
 ignored, every block entering through the small queue: the variant that
 keeps a fixed subset of a cycle).
 
 The miniatures, their scores and the leader live in a
 :class:`~kvstore.policy.duel_referee.DuelReferee`: private to the tier by
-default, or shared by the host and disk tiers (``policy.duel_scope:
-below_gpu``, :func:`shared_duel`), whose miniatures then model the two
+default, or shared by the host and disk tiers (a shared duel (``adaptive``), :func:`shared_duel`), whose miniatures then model the two
 tiers as one cache and whose leader chooses victims in both.
 
 Memory: one entry per resident key per contender (three), plus the
@@ -203,10 +202,10 @@ class DuelIndex:
 
 def shared_duel(levels: int = 2, weight: CountWeight = LINEAR) -> list[DuelIndex]:
     """One :class:`DuelIndex` per tier below the GPU, uppermost first, sharing one :class:`DuelReferee`
-    (``policy.duel_scope: below_gpu``): one choice of policy, scored on the hits of all of them, with
+    (``adaptive``: one duel for host and disk): one choice of policy, scored on the hits of all of them, with
     :data:`SHARED_MARGIN`, S3-FIFO's ``ghost_loaded`` (the tiers form one cache: a block loaded from it
     and demoted back is a returning block, not a new one) and ``ghost_victims`` (a trailing S3-FIFO contender
-    remembers the leader's victims); ``weight``: GDSF's count weight (``policy.gdsf_weight``)."""
+    remembers the leader's victims); ``weight``: GDSF's count weight (a placement policy's ``weight``)."""
     if levels < 2:
         raise ValueError(f"a shared duel needs two or more tiers, got {levels}")
     referee = DuelReferee(levels=levels, margin=SHARED_MARGIN, ghost_loaded=True, ghost_victims=True, weight=weight)

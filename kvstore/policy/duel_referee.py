@@ -1,4 +1,4 @@
-"""The scoring half of ``eviction: duel``: miniatures of each contender, their hits, and which one leads.
+"""The scoring half of a ``duel`` order: miniatures of each contender, their hits, and which one leads.
 
 A :class:`~kvstore.policy.duel.DuelIndex` keeps a full order per contender
 over its tier's keys and asks a :class:`DuelReferee` which one chooses
@@ -8,11 +8,11 @@ budget), scores each miniature's hits, halves the scores every ``window``
 sampled accesses and hands the lead to a contender whose score exceeds the
 leader's by ``margin``.
 
-Two scopes (``policy.duel_scope``):
+Two scopes (a placement policy's ``shared_duel``):
 
-- ``tier`` (the default): each duel tier has a private referee (one level),
-  whose miniatures see only that tier's accesses.
-- ``below_gpu``: the host tier and the disk tier share one referee of two
+- private: each duel tier has a private referee (one level), whose
+  miniatures see only that tier's accesses.
+- shared (``adaptive``): the host tier and the disk tier share one referee of two
   levels (host 0, disk 1). Its miniatures model the pair as one cache of
   the host + disk capacity, counted in blocks, and its leader chooses
   victims in both tiers. A tier's own miniature learns only from its own
@@ -27,7 +27,7 @@ referee scores:
 - a hit at any level (:meth:`touched`);
 - a block entering a level (:meth:`added`) that is not a move inside the
   scored space: not a block just loaded from a level coming back (under
-  ``policy.exclusive_tiers`` a loaded block returns on demotion), and not a
+  exclusive tiers a loaded block returns on demotion), and not a
   block an upper level just gave up arriving at a lower one (a host victim
   spilled to disk).
 
@@ -97,7 +97,7 @@ class DuelReferee:
         block that went up to the GPU and came back returns to main; ``ghost_victims``: the tiers' S3-FIFO
         contenders that do not lead put the leader's victims from their small queue in their ghost
         (:meth:`~kvstore.policy.duel.DuelIndex.remove`); ``weight``: the GDSF contender's count weight
-        (:class:`~kvstore.policy.gdsf.CountWeight`, ``policy.gdsf_weight``), in the tiers' orders and the
+        (:class:`~kvstore.policy.gdsf.CountWeight`, a placement policy's ``weight``), in the tiers' orders and the
         miniature alike."""
         names = list(contenders)
         unknown = [n for n in names if n not in CONTENDERS]
@@ -170,6 +170,8 @@ class DuelReferee:
             if key in self._loaded:
                 del self._loaded[key]
                 return
+            # The other level's keys are read without its tier's lock: one dict lookup (atomic under the GIL); a
+            # stale answer can only mislabel one sampled access, never corrupt the order.
             if any(key in upper for upper in self._tiers[:level]):
                 return
             if key in self._given_up:

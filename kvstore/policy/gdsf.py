@@ -10,7 +10,7 @@ added ones after about ``count`` evictions' worth of inflation: frequency
 with aging, so a block used many times long ago does not stay forever and a
 block used once (a scan) leaves before one used twice.
 
-:data:`DAMPED` (``policy.gdsf_weight: damped``) weighs a count as
+:data:`DAMPED` (``adaptive``'s) weighs a count as
 ``min(count, 8) ** 0.8``: a block's chance of another use rises with its
 count, but less than in proportion (the Mooncake trace: 0.26 after one
 use, 0.42 after two, 0.58 after four, 0.84 after eight), so a block used
@@ -63,11 +63,11 @@ class CountWeight:
 
 
 LINEAR = CountWeight()
-"""``L + count``: GDSF's own priority (``policy.gdsf_weight: linear``, the default)."""
+"""``L + count``: GDSF's own priority (``gdsf``'s)."""
 DAMPED = CountWeight(power=0.8, cap=8)
-"""``L + min(count, 8) ** 0.8`` (``policy.gdsf_weight: damped``)."""
+"""``L + min(count, 8) ** 0.8`` (``adaptive``'s)."""
 WEIGHTS: dict[str, CountWeight] = {"linear": LINEAR, "damped": DAMPED}
-"""Count weights by the name ``policy.gdsf_weight`` uses."""
+"""Count weights by the name a placement policy's ``weight`` uses."""
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ owns the data and the lock; the order only decides. Three exist:
 - ``gdsf`` (:class:`~kvstore.policy.gdsf.GDSFIndex`): lowest ``L + use
   count`` first, ``L`` the last victim's priority (frequency with aging);
   ``make_order(name, weight)`` weighs the count otherwise
-  (:data:`~kvstore.policy.gdsf.DAMPED`, ``policy.gdsf_weight``), for
+  (:data:`~kvstore.policy.gdsf.DAMPED`, a placement policy's ``weight``), for
   ``gdsf`` and the GDSF contender of ``duel``.
 - ``duel`` (:class:`~kvstore.policy.duel.DuelIndex`): GDSF or S3-FIFO (with
   or without carried counts), chosen online by which one's miniature, on a
@@ -115,7 +115,7 @@ def order_for(given: EvictionOrder | None) -> EvictionOrder:
 
 def make_order(name: str, weight: CountWeight = LINEAR) -> EvictionOrder:
     """A new, empty eviction order ``name`` (``lru``, ``s3fifo``, ``gdsf`` or ``duel``); ``ValueError`` for another name.
-    ``weight``: GDSF's count weight, for ``gdsf`` and ``duel``'s GDSF contender (``policy.gdsf_weight``)."""
+    ``weight``: GDSF's count weight, for ``gdsf`` and ``duel``'s GDSF contender (a placement policy's ``weight``)."""
     try:
         factory = ORDERS[name]
     except KeyError:

@@ -58,7 +58,7 @@ class S3FIFOIndex:
         ``seed_to_main``: :meth:`seed` with two or more uses moves a small-queue key to main (a block with a
         history from another tier skips the filter, as a ghost hit does); default: seeds are ignored;
         ``ghost_loaded``: :meth:`remove` of a key used since it was added (frequency >= 1: under
-        ``policy.exclusive_tiers``, a block loaded into the GPU) records it in the ghost, so when it comes
+        exclusive tiers, a block loaded into the GPU) records it in the ghost, so when it comes
         back it enters main, where a tier that had kept it would have had it; default: a removed key is
         forgotten."""
         if not 0 < small_fraction < 1 or ghost_budgets < 0:

@@ -1,6 +1,6 @@
-"""Use counts of blocks that left every tier, remembered for a while (``policy.use_memory``).
+"""Use counts of blocks that left every tier, remembered for a while (a placement policy's ``use_memory``).
 
-With ``policy.carry_uses`` a block's use count lives in its index entry and
+With a placement policy's ``carry_uses`` a block's use count lives in its index entry and
 seeds the GDSF order of each tier it enters. When the block leaves every
 tier its entry, and the count, are dropped; if the block comes back (a
 popular document recomputed after a burst of other traffic) it restarts at

@@ -153,8 +153,8 @@ class Tier(ABC):
     def seed_uses(self, keys: Sequence[bytes], uses: Sequence[int]) -> None:
         """Tell the tier how often each stored key was used before it entered this tier.
 
-        A tier whose eviction order counts uses (``eviction: gdsf``) restarts
-        those keys' counts at ``uses`` (``policy.carry_uses``: the count lives
+        A tier whose eviction order counts uses (GDSF, a duel) restarts
+        those keys' counts at ``uses`` (a placement policy's ``carry_uses``: the count lives
         in the block's index entry and follows it across tiers); absent keys
         are skipped. This base tier keeps no counts: nothing changes.
         """

@@ -193,7 +193,7 @@ class HostTier(Tier):
             return len(self._refs)
 
     def victims(self, n: int) -> list[bytes]:
-        """Up to ``n`` unpinned published keys, the next to evict first (LRU: least recently used first).
+        """Up to ``n`` unpinned published keys, the next to evict first (in the placement policy's order).
 
         Membership is unchanged (the caller deletes those it evicts); like the
         order's ``victims`` it may change the order itself (S3-FIFO's queues,
