@@ -183,7 +183,12 @@ class DaemonClient:
             raise DaemonUnavailable(f"cannot reach the daemon at {self.address}: {exc}") from None
         self._detach()
         if arena_fd is not None:
-            self._attach(hello, arena_fd)
+            try:
+                self._attach(hello, arena_fd)
+            except KVStoreError as exc:  # an arena another process could shrink (or too small): never mapped
+                self._drop()
+                raise DaemonError(ErrorCode.BAD_FRAME, f"the daemon at {self.address} passed an unusable shared "
+                                  f"arena: {exc}") from None
         self.hello = hello
         self.generation += 1
         self._backoff = self.backoff_initial_s
@@ -215,7 +220,7 @@ class DaemonClient:
         if self.read_directory and reads_supported() and self.arena.tail is not None:
             self.directory = DirectoryReader.attach(self.arena.tail.numpy(), hello.num_slots)
             if self.directory is None:
-                log.info("the daemon's shared segment arena carries no usable slot directory: every get asks the daemon")
+                log.info("the daemon's shared arena carries no usable slot directory: every get asks the daemon")
 
     def _detach(self) -> None:
         self.directory = None  # its arrays map the segment: dropped before the arena unmaps it

@@ -6,16 +6,21 @@ under ``/proc/<daemon>/fd``, and the daemon serves on with every block's bytes i
 
 from __future__ import annotations
 
+import array
 import os
 import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
 
 from daemonlib import (
-    Daemon, block_for, cleanup, dev_shm, empty_blocks, keys_for, maps_arena, raw_login, raw_stats, raw_unix,
-    short_tmpdir, start_daemon, write_config,
+    HEADER_SIZE, LAYOUT, Daemon, block_for, cleanup, dev_shm, empty_blocks, keys_for, maps_arena, raw_login, raw_stats, raw_unix,
+    cleanup, recv_exactly, short_tmpdir, start_daemon, write_config,
 )
+from kvstore.daemon import messages as m
+from kvstore.daemon.client import DaemonClient, DaemonUnavailable
+from kvstore.daemon.frames import ARENA_BYTE, REPLY_BIT, DaemonError, ErrorCode, Op, encode_frame
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +101,83 @@ def test_a_client_that_asks_for_no_shared_memory_gets_no_descriptor(daemon: Daem
         s.setblocking(False)
         with pytest.raises(BlockingIOError):
             socket.recv_fds(s, 1, 1)
+
+
+def _hostile_daemon(path: str, send_arena) -> tuple[socket.socket, threading.Thread]:  # noqa: ANN001
+    """A server on ``path`` that answers a HELLO granting shared memory, then calls ``send_arena(conn)``."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(4)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                head = recv_exactly(conn, HEADER_SIZE)
+                if head is None:
+                    continue
+                rid = int.from_bytes(head[8:12], "little")
+                recv_exactly(conn, int.from_bytes(head[12:16], "little"))
+                reply = m.encode_hello_reply(m.HelloReply(None, "kvstore-fake", LAYOUT.bytes_per_block, 4, 2.0,
+                                                          1 << 20, 64))
+                conn.sendall(encode_frame(Op.HELLO | REPLY_BIT, rid, reply))
+                send_arena(conn)
+                try:
+                    conn.recv(1)  # until the client hangs up
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def _links_to(fd: str, target: str) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith(target)
+    except OSError:
+        return False
+
+
+def _send_fd(conn: socket.socket, fd: int) -> None:
+    conn.sendmsg([ARENA_BYTE], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+
+
+@pytest.mark.parametrize("what", ["no descriptor", "unsealed memfd", "too small"])
+def test_a_client_never_maps_an_arena_another_process_could_shrink(what: str) -> None:
+    """The client side of the hand-off, against a daemon that sends the wrong thing: a byte without a descriptor,
+    a memfd without the shrink seal (its sender could truncate it under the client: SIGBUS at the next copy),
+    or one too small for the slots it announced. Each is refused naming why, nothing is mapped, and the
+    connection is dropped (no socket or descriptor kept)."""
+    root = short_tmpdir()
+    path = str(root / "hostile.sock")
+    memfd = os.memfd_create("hostile", os.MFD_ALLOW_SEALING)
+    os.ftruncate(memfd, (4 if what != "too small" else 1) * LAYOUT.bytes_per_block)
+    if what == "too small":
+        import fcntl
+        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    sender = (lambda conn: conn.sendall(ARENA_BYTE)) if what == "no descriptor" else (lambda conn: _send_fd(conn, memfd))
+    server, thread = _hostile_daemon(path, sender)
+    client = DaemonClient(LAYOUT, socket_path=path)
+    try:
+        if what == "no descriptor":
+            with pytest.raises(DaemonUnavailable, match="expected the arena's descriptor after the reply"):
+                client.connect(5.0)
+        else:
+            with pytest.raises(DaemonError) as info:
+                client.connect(5.0)
+            assert info.value.code == ErrorCode.BAD_FRAME
+            assert "passed an unusable shared arena" in str(info.value)
+            assert ("not sealed against shrinking" if what == "unsealed memfd" else "too few for 4 slots") in str(info.value)
+        assert client.arena is None and client._sock is None  # noqa: SLF001 - nothing kept
+        held = [fd for fd in os.listdir("/proc/self/fd") if _links_to(fd, "/memfd:hostile")]
+        assert held == [str(memfd)], held  # the client kept no descriptor of the arena it refused
+    finally:
+        client.close()
+        server.close()
+        os.close(memfd)
+        thread.join(5)
+        cleanup(None, root)
