@@ -91,6 +91,23 @@ class EngineBlockStore:
                     n, grew = n + more, True
         return n
 
+    def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
+        """How many blocks of ``chain`` (the prompt's keys from position 0), from position 0, some tier holds,
+        given the engine holds the first ``start``: :meth:`contains_prefix` past ``start``, except that a tier
+        placing blocks by chain position (a daemon with a remote tier) is asked with the whole chain. Changes
+        nothing here; such a daemon starts loading what it counts from its remote tier."""
+        n, done = start, set[int]()  # tiers asked with nothing found since (asking again costs a round trip)
+        while n < len(chain) and len(done) < len(self.tiers):
+            for i, t in enumerate(self.tiers):
+                if i in done:
+                    continue
+                more = t.probe(chain, n) - n if t.probes_by_chain else t.contains_prefix(chain[n:])
+                if more > 0:
+                    n, done = n + more, {i}  # it said all it holds from there; the others may go on
+                else:
+                    done.add(i)
+        return n
+
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
         """Copy each block into its destination from the fastest tier holding it; ``result[i]``: ``dests[i]`` filled.
 

@@ -189,9 +189,8 @@ class TieredStore:
         for name, tier in h.lower_tiers():
             if not rest:
                 break
-            if name == "remote":  # grouped by chain position: probe from the first missing block's group
-                assert h.remote is not None
-                k = max(0, h.remote.probe([*keys, *rest], len(keys)) - len(keys))
+            if tier.probes_by_chain:  # grouped by chain position (the remote tier, a daemon with one)
+                k = max(0, tier.probe([*keys, *rest], len(keys)) - len(keys))
             else:
                 k = tier.contains_prefix(rest)
             keys += tuple(rest[:k])

@@ -104,8 +104,8 @@ class KVStoreConnectorScheduler:
         st.load_start = first
         if last <= first or not self.loads:
             return 0, False
-        keys = st.chain.keys(request.all_token_ids, last)[first:]
-        hits = self.store.contains_prefix(keys)
+        chain = st.chain.keys(request.all_token_ids, last)
+        hits = self.store.probe(chain, first) - first  # the whole chain: a daemon's remote tier groups by position
         return hits * bs, False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:

@@ -83,10 +83,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: invalid config {args.config or '<built-in defaults>'}: tiers {cfg.tiers} lacks 'host'; "
               "kvstore serve needs it (its shared-memory arena is how engines exchange blocks)", file=sys.stderr)
         return 2
-    if "remote" in cfg.tiers:
-        print(f"error: invalid config {args.config or '<built-in defaults>'}: tiers {cfg.tiers} names 'remote'; "
-              "kvstore serve does not serve the remote tier (engines reach Redis themselves through the embedded "
-              "connector)", file=sys.stderr)
+    if "remote" in cfg.tiers and cfg.remote.write == "write_back" and not set(cfg.tiers) & {"lmdb", "file", "slab"}:
+        print(f"error: invalid config {args.config or '<built-in defaults>'}: remote.write: write_back sends a group "
+              f"when its block leaves the daemon's disk tier, and tiers {cfg.tiers} names none; add lmdb, or use "
+              "write_through or write_through_selective", file=sys.stderr)
         return 2
     _setup_logging(args.log_level or cfg.logging.level, cfg.logging.format)
     import asyncio  # here, not at the top, like the config: `kvstore --help` must not pay for it
@@ -107,14 +107,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="run the sidecar daemon: one host-RAM + NVMe cache shared by the engines on this host",
         description="Run kvstore as a long-lived daemon. It owns the host tier (an arena in POSIX shared memory) "
-        "and the disk tier (LMDB), serves engines on a Unix socket (mode 0600) and optionally TCP (token "
+        "the disk tier (LMDB) and optionally a remote tier (Redis, shared with other hosts), serves engines on a Unix socket (mode 0600) and optionally TCP (token "
         "required), and exposes /healthz and Prometheus /metrics over HTTP. It prints one line saying where it "
         "listens, logs to stderr, and on SIGTERM stops accepting, flushes every acknowledged block to disk, "
         "removes its socket and shared memory, and exits 0 (3 when acknowledged blocks could not be written to disk, "
         "for example on a full filesystem; 1 when it cannot start, 2 for a bad config).",
     )
     parser.add_argument("--config", default=None, metavar="PATH",
-                        help="YAML config; the model, host, disk, daemon, metrics and logging sections apply "
+                        help="YAML config; the model, host, disk, remote, daemon, metrics and logging sections apply "
                         "(default: $KVSTORE_CONFIG, else built-in defaults; KVSTORE_* environment overrides apply)")
     parser.add_argument("--socket", default=None, metavar="PATH",
                         help="Unix socket path, overriding daemon.socket_path (at most 107 bytes)")

@@ -43,6 +43,7 @@ import numpy as np
 from kvstore.daemon.events import DaemonEvents
 from kvstore.daemon.holds import HoldTable
 from kvstore.daemon.messages import PutState
+from kvstore.daemon.remote_link import RemoteLink
 from kvstore.daemon.writer import WriteBehind
 from kvstore.errors import BlockStateError, NotDurable
 
@@ -110,6 +111,8 @@ class DaemonBackend:
         self._written_at_sync = 0
         self._quarantine: dict[int, dict[bytes, float]] = {}
         """owner -> keys of its expired write holds whose slots stay reserved, with when to free them anyway."""
+        self.link: RemoteLink | None = None
+        """The remote tier below host and disk (``tiers`` naming ``remote``), set by the server once built."""
 
     # ---------------------------------------------------------------- reads
     def exists_prefix(self, keys: Sequence[bytes]) -> int:
@@ -117,6 +120,28 @@ class DaemonBackend:
 
         Changes only the prefix-cache counters (queried and hit tokens).
         """
+        i = self._local_prefix(keys)
+        self._count_prefix(len(keys), i)
+        return i
+
+    def exists_chain(self, chain: Sequence[bytes], start: int) -> int:
+        """How many blocks of ``chain`` (its keys from position 0), from position 0, this daemon can serve,
+        assuming the first ``start`` (held by the client): the local prefix from ``start``, then the remote
+        tier's groups, whose loads into host start now (a GET of them waits for them). Without a remote tier,
+        :meth:`exists_prefix` of ``chain[start:]`` plus ``start``."""
+        n = start + self._local_prefix(chain[start:])
+        if self.link is not None:
+            n = self.link.after_local(chain, n)
+        self._count_prefix(len(chain) - start, n - start)
+        return n
+
+    def _count_prefix(self, asked: int, found: int) -> None:
+        with self._mu:
+            self.counters.prefix_query_tokens += asked * self.layout.block_size
+            self.counters.prefix_hit_tokens += found * self.layout.block_size
+
+    def _local_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, from the first, the host or disk tier holds. Changes nothing."""
         i, n = 0, len(keys)
         while i < n:
             i += self.host.contains_prefix(keys[i:])
@@ -126,9 +151,6 @@ class DaemonBackend:
             if step == 0:
                 break
             i += step
-        with self._mu:
-            self.counters.prefix_query_tokens += n * self.layout.block_size
-            self.counters.prefix_hit_tokens += i * self.layout.block_size
         return i
 
     def hold_for_read(self, owner: int, keys: Sequence[bytes]) -> list[int | None]:
@@ -146,7 +168,7 @@ class DaemonBackend:
         (held for microseconds), so the event loop calls it directly instead of paying an executor hop."""
         with self._mu:
             slots = [self.host.slot_of(k) for k in keys]
-            if self.disk is not None and None in slots:
+            if None in slots and (self.disk is not None or (self.link is not None and self.link.loading_any(keys))):
                 return None
             self.host.pin([k for k, s in zip(keys, slots) if s is not None])
             self._count_reads(len(keys), slots, sum(s is not None for s in slots))
@@ -340,6 +362,8 @@ class DaemonBackend:
         failed after the mark ``since`` (a value an earlier call returned; 0 = since start), or, when
         the sync itself fails, every block written since the last good sync.
         """
+        if self.link is not None:
+            self.link.drain()
         if self.writer is None or self.disk is None:
             return 0
         self.writer.drain()
@@ -363,6 +387,8 @@ class DaemonBackend:
         """Stop the writer (after it drained) and close both tiers; the shared-memory segment is unlinked
         even when closing the disk tier fails (that error is raised afterwards)."""
         try:
+            if self.link is not None:
+                self.link.close()
             if self.writer is not None:
                 self.writer.close()
             if self.disk is not None:
@@ -374,6 +400,7 @@ class DaemonBackend:
         """Snapshot: per-tier counters and occupancy, client-view hits and misses, holds, pending writes."""
         out: dict[str, Any] = {"host": self.host.stats().as_dict(), "counters": asdict(self.counters)}
         out["disk"] = self.disk.stats().as_dict() if self.disk is not None else None
+        out["remote"] = self.link.stats() if self.link is not None else None
         out["holds"] = len(self.holds)
         out["holds_expired"] = self.holds.expired_total
         with self._mu:
@@ -385,12 +412,16 @@ class DaemonBackend:
         return out
 
     # -------------------------------------------------------------- private
-    def _lock_found(self, keys: Sequence[bytes]) -> list[int | None]:
-        """Lock the host slot of every found key (one reference per occurrence), loading disk hits first."""
+    def _lock_found(self, keys: Sequence[bytes], count: bool = True) -> list[int | None]:
+        """Lock the host slot of every found key (one reference per occurrence), loading disk hits first
+        (and waiting for those the remote tier is loading). ``count=False``: the daemon's own read (a copy
+        sent to the remote tier), not a client's: no hit or miss is counted, no use recorded."""
+        if self.link is not None:
+            self.link.wait_loaded(keys)
         loading: dict[bytes, int] = {}
         with self._mu:
             slots = [self.host.slot_of(k) for k in keys]
-            self.host.pin([k for k, s in zip(keys, slots) if s is not None])
+            self.host.pin([k for k, s in zip(keys, slots) if s is not None], use=count)
             if self.disk is not None:
                 for key in dict.fromkeys(k for k, s in zip(keys, slots) if s is None):
                     try:
@@ -412,9 +443,10 @@ class DaemonBackend:
                 self.events.stored(list(found), "host")
             for i, key in enumerate(keys):
                 if slots[i] is None and key in found:
-                    self.host.pin([key])
+                    self.host.pin([key], use=count)
                     slots[i] = found[key]
-            self._count_reads(len(keys), slots, hits)
+            if count:
+                self._count_reads(len(keys), slots, hits)
         return slots
 
     def _count_reads(self, n: int, slots: Sequence[int | None], host_hits: int) -> None:
@@ -479,8 +511,9 @@ class DaemonBackend:
             self.counters.no_room += 1
         return slot
 
-    def _publish(self, keys: list[bytes]) -> set[bytes]:
-        """Make reserved keys visible and queue them (pinned) for the disk writer.
+    def _publish(self, keys: list[bytes], from_remote: bool = False) -> set[bytes]:
+        """Make reserved keys visible and queue them (pinned) for the disk writer; a client's (not
+        ``from_remote``: loaded from the remote tier) go to the remote tier too, as ``remote.write`` says.
 
         With ``durable_puts``, wait for their write and return the keys that failed (their host copies are
         dropped where no reader holds them, so a later put of the key stores it again); else return ``set()``.
@@ -491,11 +524,15 @@ class DaemonBackend:
             self.host.publish(keys)
             if self.events is not None:
                 self.events.stored(keys, "host")
-            self.counters.bytes_in += len(keys) * self.layout.bytes_per_block
-            if self.writer is None:
-                return set()
-            slots = self.host.pin(keys)
-        failed = set(self.writer.submit([(k, s) for k, s in zip(keys, slots) if s is not None], wait=self.durable_puts))
+            if not from_remote:
+                self.counters.bytes_in += len(keys) * self.layout.bytes_per_block
+            slots = self.host.pin(keys) if self.writer is not None else []
+        if self.link is not None and not from_remote:
+            self.link.on_committed(keys)
+        if self.writer is None:
+            return set()
+        failed = set(self.writer.submit([(k, s) for k, s in zip(keys, slots) if s is not None],
+                                        wait=self.durable_puts and not from_remote))
         if failed:
             with self._mu:
                 gone = []

@@ -455,6 +455,19 @@ class DaemonClient:
                 break
         return n
 
+    def exists_chain(self, chain: Sequence[bytes], start: int) -> int:
+        """EXISTS_CHAIN: how many blocks of ``chain`` (keys from position 0), from position 0, the daemon can
+        serve, given the client holds the first ``start``. A chain longer than :attr:`max_keys` is probed in
+        its first :attr:`max_keys` keys, then on with EXISTS_PREFIX (the daemon's host and disk tiers only)."""
+        self.ensure()
+        head = list(chain[: self.max_keys])
+        if start >= len(head):
+            return start + self.exists_prefix(chain[start:])
+        n = m.decode_count(self.request(Op.EXISTS_CHAIN, m.encode_chain(head, start)), Op.EXISTS_CHAIN)
+        if n == len(head) < len(chain):
+            n += self.exists_prefix(chain[n:])
+        return n
+
     def keys_request(self, op: Op, keys: Sequence[bytes]) -> bytes:
         """Send a keys-only request (at most :attr:`max_keys` keys) and return the raw reply payload."""
         self.ensure()

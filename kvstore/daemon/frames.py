@@ -24,12 +24,13 @@ from enum import IntEnum
 from kvstore.errors import KVStoreError
 
 MAGIC = b"KVSD"
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """2: challenge-response login (CHALLENGE, HELLO carries an HMAC proof, not the token); HELLO reply has max_keys.
 3: RELEASE_QUIET. 4: GET_SHM_RELEASE (a get that first ends the holds of the previous one). 5: TOUCH_QUIET, and the
 slot directory after the arena's slots (gets of host-resident blocks without a round trip). 6: the arena is a
 sealed memfd with no name: a HELLO reply granting shared memory is followed by :data:`ARENA_BYTE` carrying its
-descriptor (``SCM_RIGHTS``); the reply's shm field is the arena's label."""
+descriptor (``SCM_RIGHTS``); the reply's shm field is the arena's label. 7: EXISTS_CHAIN (a probe that carries the
+chain from position 0, so a daemon with a remote tier can place the keys in their groups)."""
 
 ARENA_BYTE = b"A"
 """The one byte after a HELLO reply that grants shared memory; the arena's descriptor rides on it."""
@@ -74,6 +75,10 @@ class Op(IntEnum):
     TOUCH_QUIET = 15
     """Keys a client read through the slot directory (protocol 5; :mod:`kvstore.tiers.slot_directory`): the daemon
     counts the hits and marks the blocks used, as a GET_SHM would have. No reply, like RELEASE_QUIET."""
+    EXISTS_CHAIN = 16
+    """EXISTS_PREFIX of a chain sent from position 0 with the position ``start`` to count from (protocol 7): the
+    daemon answers how many blocks from position 0 it can serve, its remote tier's groups included (their loads
+    into its host tier start at once; a GET of them waits for them). See :mod:`kvstore.daemon.remote_link`."""
     ERROR = 0x7FFF
     """Reply-only: the request failed; payload is an :class:`ErrorCode` and a message."""
 

@@ -84,6 +84,8 @@ class KeysRequest:
 
     op: Op
     keys: tuple[bytes, ...]
+    start: int = 0
+    """EXISTS_CHAIN only: the chain position the client's own copies reach (``keys`` start at position 0)."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,11 @@ def encode_hello(msg: Hello) -> bytes:
     return _HELLO.pack(msg.fingerprint, int(msg.want_shm), len(proof)) + proof + struct.pack("<H", len(name)) + name
 
 
+def encode_chain(keys: Sequence[bytes], start: int) -> bytes:
+    """Payload of an EXISTS_CHAIN request: ``u32 start``, then the chain's keys from position 0."""
+    return _U32.pack(start) + encode_keys(keys)
+
+
 def encode_get_release(release: Sequence[bytes], keys: Sequence[bytes]) -> bytes:
     """Payload of a GET_SHM_RELEASE request: the keys to release, then the keys to get."""
     return encode_keys(list(release)) + encode_keys(list(keys))
@@ -209,6 +216,12 @@ def decode_request(op_num: int, payload: bytes | memoryview, block_bytes: int) -
     if op in KEY_OPS:
         n = _count(view, op, KEY_BYTES)
         return KeysRequest(op, _keys(view, op, n))
+    if op == Op.EXISTS_CHAIN:
+        _need(len(view) >= 4, op, f"payload of {len(view)} bytes has no start position")
+        (start,) = _U32.unpack_from(view)
+        n = _count(view[4:], op, KEY_BYTES)
+        _need(start <= n, op, f"start position {start} is past the chain's {n} keys")
+        return KeysRequest(op, _keys(view[4:], op, n), start)
     if op == Op.GET_SHM_RELEASE:
         _need(len(view) >= 4, op, f"payload of {len(view)} bytes has no count of keys to release")
         (nr,) = _U32.unpack_from(view)

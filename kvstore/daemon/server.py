@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 from kvstore.config.schema import DISK_TIERS, KVStoreConfig
 from kvstore.daemon.admission import ConnectionLimits, LoginThrottle, Transport, peer_of
 from kvstore.daemon.backend import QUARANTINE_FACTOR, DaemonBackend
+from kvstore.daemon.remote_link import RemoteLink, link_for
+from kvstore.tiers.chain import ChainTier
 from kvstore.daemon.events import DaemonEvents
 from kvstore.daemon.frames import ErrorCode, Op, encode_frame
 from kvstore.daemon.messages import encode_error
@@ -146,6 +148,12 @@ class DaemonServer:
                                          or (lower.name == "slab" and cfg.slab.sync == "always"))
         self.backend = DaemonBackend(self.layout, host, lower, HoldTable(d.hold_timeout_s), durable_puts=durable,
                                      publish_events=d.events.enabled)
+        if "remote" in cfg.tiers:
+            try:
+                self.backend.link = self._remote_link(self.backend)
+            except BaseException:
+                self.backend.close()
+                raise
         asyncio.get_running_loop().set_exception_handler(self._loop_error)
         _raise_fd_limit(d.max_connections + FD_HEADROOM)
         tenants = {token: Tenant.from_salt(salt) for token, salt in d.tenant_salts.items()}
@@ -220,6 +228,23 @@ class DaemonServer:
             # LMDB aborts the process on some damaged pages: walk them in a child first, refuse with a message
             check_walkable_databases(self.cfg.disk.directory())
         return build_tier(names[0], sections[names[0]], self.layout, order=order) if names else None
+
+    def _remote_link(self, backend: DaemonBackend) -> RemoteLink:
+        """The remote tier (``remote``: Redis or Valkey, a server or a cluster; connected lazily, so a server down
+        at start is a miss, not an error) and the link that places the clients' blocks in its groups."""
+        from kvstore.tiers import build_tier
+
+        remote = build_tier("remote", self.cfg.remote, self.layout)
+        assert isinstance(remote, ChainTier)
+        try:
+            link = link_for(backend, remote, self.cfg)
+        except ValueError as exc:
+            remote.close()
+            raise DaemonStartError(str(exc)) from None
+        assert link is not None
+        log.info("remote tier %s: groups of %d blocks, write %s", self.cfg.remote.url.split("@")[-1],
+                 remote.group_blocks, self.cfg.remote.write)
+        return link
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, transport: Transport,
                       ctx: SessionContext) -> None:

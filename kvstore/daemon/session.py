@@ -436,6 +436,11 @@ class Session:
             return b""
         assert isinstance(msg, m.KeysRequest)
         keys, op = self._keys(msg.keys), msg.op
+        if op == Op.EXISTS_CHAIN:
+            n = b.exists_chain(keys, msg.start)
+            if count is not None:
+                count.add(keys_probed=len(keys) - msg.start)
+            return m.encode_count(n)
         if op == Op.EXISTS_PREFIX:
             n = b.exists_prefix(keys)
             if count is not None:

@@ -55,6 +55,7 @@ class DaemonTier(Tier):
 
     name = "daemon"
     reports_evictions = False  # the daemon evicts on its own and sends no events: ask it at lookup
+    probes_by_chain = True  # its remote tier (if any) places blocks by chain position
 
     def __init__(self, layout: KVLayout, client: DaemonClient) -> None:
         super().__init__(layout)
@@ -85,6 +86,17 @@ class DaemonTier(Tier):
         except DaemonUnavailable as exc:
             log.warning("daemon tier probe: %s", exc)
             return 0
+
+    def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
+        """How many blocks of ``chain`` (its keys from position 0), from position 0, the daemon can serve, given
+        the caller holds the first ``start`` (``start`` while it is unreachable). Unlike :meth:`contains_prefix`
+        this reaches the daemon's remote tier, whose groups are placed by chain position; the daemon starts
+        loading the blocks it counts there, so a :meth:`get` of them finds them."""
+        try:
+            return self.client.exists_chain(chain, start)
+        except DaemonUnavailable as exc:
+            log.warning("daemon tier probe: %s", exc)
+            return start
 
     def contains(self, key: bytes) -> bool:
         """Whether the daemon holds ``key``. Changes nothing."""

@@ -95,6 +95,10 @@ class Tier(ABC):
     (a remote daemon) sets ``False``, and the tiered store asks it at lookup instead of mirroring it."""
     takes_victim_hook: bool = False
     """Whether :meth:`set_victim_hook` is supported (the tiers that evict inside their ``put``: LMDB, file, slab)."""
+    probes_by_chain: bool = False
+    """Whether a lookup must ask :meth:`probe` with the chain from position 0 rather than :meth:`contains_prefix`
+    with the keys past its own hit: a tier that places blocks by chain position (the remote tier's groups,
+    a daemon with a remote tier)."""
 
     def __init__(self, layout: KVLayout) -> None:
         self.layout = layout
@@ -113,6 +117,11 @@ class Tier(ABC):
         (SGLang's ``batch_exists``: the chained keys of a prompt stop being
         useful at the first gap.)
         """
+
+    def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
+        """How many blocks of ``chain`` (keys from position 0), from position 0, are stored, given the first
+        ``start`` are held elsewhere: ``start`` plus :meth:`contains_prefix` of the rest here. Changes nothing."""
+        return start + self.contains_prefix(chain[start:])
 
     @abstractmethod
     def contains(self, key: bytes) -> bool:

@@ -19,6 +19,7 @@ class ChainTier(Tier):
 
     group_blocks: int = 1
     """``G``: blocks per stored value."""
+    probes_by_chain = True
 
     @abstractmethod
     def probe(self, chain: Sequence[bytes], start: int = 0) -> int:

@@ -68,12 +68,17 @@ class Site:
     logs: list[Path] = field(default_factory=list)
 
     @classmethod
-    def start(cls, model: Path, events: dict[str, Any] | None = None, **daemon_model_args: Any) -> Site:
-        """A daemon for ``model``'s vLLM blocks; ``events``: its ``daemon.events`` section (KV events for a router)."""
+    def start(cls, model: Path, events: dict[str, Any] | None = None, remote: dict[str, Any] | None = None,
+              **daemon_model_args: Any) -> Site:
+        """A daemon for ``model``'s vLLM blocks; ``events``: its ``daemon.events`` section (KV events for a router);
+        ``remote``: its ``remote`` section (a remote tier below host and disk, as on a host of a fleet)."""
         root = short_tmpdir()
         section = daemon_model(model, **daemon_model_args)
+        over: dict[str, Any] = {"daemon": {"events": events}} if events else {}
+        if remote is not None:
+            over.update(tiers=["host", "lmdb", "remote"], remote=remote)
         daemon_config = write_config(root, model=section, host={"capacity": "256MiB"},
-                                     disk={"max_size": "512MiB"}, **({"daemon": {"events": events}} if events else {}))
+                                     disk={"max_size": "512MiB"}, **over)
         engine_config = root / "engine.yaml"
         site = cls(root, model, daemon_config, engine_config)
         site.daemon = start_daemon(daemon_config)

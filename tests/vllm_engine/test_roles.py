@@ -108,3 +108,32 @@ def test_a_router_following_the_daemon_sees_the_producers_blocks_by_tier(model: 
         time.sleep(0.2)
     assert hit == PrefixHit(n, {"host": n})  # counted for r1 in the fastest tier holding each block
     assert tiers == {"host", "disk"}  # the write-behind's disk copy is announced too
+
+
+@pytest.fixture(scope="module")
+def fleet(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Two hosts' daemons (own data directories and sockets) sharing one Redis, every block sent (groups of 1)."""
+    from kvstore.bench.redis_servers import redis_missing, start_server
+
+    if (why := redis_missing()) is not None:
+        pytest.fail(f"the fleet test needs redis-server: {why} (scripts/ensure_redis.sh installs it)")
+    server = start_server(tmp_path_factory.mktemp("redis"))
+    remote = {"url": server.url, "group_blocks": 1, "key_prefix": "pd:", "probe_timeout_s": 5.0}
+    sites = [rig.Site.start(model, remote=remote), rig.Site.start(model, remote=remote)]
+    yield sites
+    for s in sites:
+        s.close()
+    server.stop()
+
+
+def test_a_consumer_on_another_host_loads_the_producers_prompt_through_redis_equal_to_one_engine(
+        model: Path, prompts: Prompts, fleet: list[rig.Site], reference: dict[str, Any]) -> None:
+    rig.run_engine(model, [{"prompts": [prompts.long], "max_tokens": 1}], fleet[0].connector("kv_producer"))
+    consumer = rig.run_engine(model, [{"prompts": [prompts.long], "max_tokens": 12}], fleet[1].connector("kv_consumer"))
+    rnd = consumer["rounds"][0]
+    n = (len(prompts.long) - 1) // BS
+    assert rnd["external_prefix_cache_hits"] == n * BS  # every block the producer stored, from the other host
+    assert rnd["prompt_tokens"] - rnd["external_prefix_cache_hits"] < BS  # computes only the unstored tail
+    assert tokens(consumer, 0) == tokens(reference, 0)
+    assert metric(fleet[1], "kvstore_hits_total", 'tier="remote"') == n  # all of it came over Redis
+    assert metric(fleet[1], "kvstore_block_bytes_in_total") == 0  # the consumer saved nothing

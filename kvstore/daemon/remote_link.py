@@ -1,0 +1,347 @@
+"""The daemon's remote tier: its clients' chains shared, in groups, with every daemon and engine on the same Redis.
+
+The remote tier stores ``G = remote.group_blocks`` consecutive blocks of a chain as one value, under
+the key of the group's last block (:mod:`kvstore.tiers.remote`), exactly as an embedded store does, so
+a daemon and an embedded engine on one Redis find each other's prefixes. A group is a span of chain
+*positions*, and a client's GET or PUT carries keys only; what places a key in its group is the chain a
+lookup sends (EXISTS_CHAIN: every key from position 0, as vLLM's scheduler and the sidecar store have
+it). So::
+
+    EXISTS_CHAIN(chain, start)   local prefix (host, then disk) from ``start`` ─► n
+                                 the chain's full groups are remembered (member key ─► group keys, bounded)
+                                 remote probe from n's group ─► r; the loads of positions [n, r) start now,
+                                 into host slots reserved for them, and the reply is r
+    GET of a key being loaded    waits for its group (at most remote.timeout_s), then reads host as usual
+    a commit completing a group  write_through: the group goes remote on this link's thread
+    a lookup's local hit         write_through_selective: counted per group; at selective_hits it goes remote
+    a disk eviction              write_back: the victim's group is copied in the evicting transaction, then sent
+
+A loaded block is published in the host tier and written behind to disk like a committed one, so the
+next lookup on this host is local. Nothing here stalls or fails a client: a dead, slow or paused server
+makes the probe a miss after ``remote.probe_timeout_s`` and a load a miss after ``remote.timeout_s``
+(the tier's own bounds and back-off); a group store runs on this link's thread, never a client's.
+A key the link forgot (more chains than :data:`GROUP_MEMORY` keys since) is not sent; ``unplaced`` counts them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kvstore.errors import BlockStateError
+from kvstore.remote_writer import RemoteWrite
+from kvstore.tiers.base import BlockReader, Buffer, VictimSend
+from kvstore.tiers.chain import ChainTier
+
+if TYPE_CHECKING:
+    from kvstore.daemon.backend import DaemonBackend
+
+log = logging.getLogger(__name__)
+
+GROUP_MEMORY = 1 << 20
+"""Most member keys whose group a link remembers (least recently probed forgotten first): 32 MiB of keys."""
+SENT_MEMORY = 1 << 16
+"""Last keys of the groups a link remembers having sent (or counted hits for), least recent forgotten first."""
+LOAD_WAIT_FACTOR = 2.0
+"""A GET waits for a key being loaded at most this many ``remote.timeout_s`` (a load is a few round trips)."""
+
+
+@dataclass
+class LinkCounters:
+    """What the link did, beside the remote tier's own counters (hits, misses, errors, groups stored)."""
+
+    probes: int = 0
+    """EXISTS_CHAIN requests that reached the remote tier (the local tiers did not hold the whole chain)."""
+    loads_started: int = 0
+    """Blocks whose load from the remote tier into the host tier a probe started."""
+    loads_failed: int = 0
+    """Of those, blocks the load did not fill (gone from the server, damaged, server down): misses for the GET."""
+    load_waits: int = 0
+    """Client reads that waited for a block still being loaded."""
+    no_room: int = 0
+    """Remote blocks not loaded because no host slot could be freed (the probe's answer stops before them)."""
+    groups_queued: int = 0
+    """Groups handed to the link's thread to store (each ``group_blocks`` blocks)."""
+    groups_incomplete: int = 0
+    """Queued groups not stored because a block had left every local tier (or was damaged) by then."""
+    groups_shed: int = 0
+    """``write_back`` groups dropped because the copies waiting to be sent had reached ``remote.max_inflight_bytes``."""
+    unplaced: int = 0
+    """Committed blocks of no remembered group (never in a chain probe, or forgotten): not sent."""
+
+
+class RemoteLink:
+    """The remote tier as one daemon uses it (see the module docstring). Thread-safe."""
+
+    def __init__(self, backend: DaemonBackend, remote: ChainTier, write: RemoteWrite, selective_hits: int,
+                 max_queued_bytes: int, wait_s: float) -> None:
+        self.b, self.remote, self.write = backend, remote, write
+        self.selective_hits, self.max_queued_bytes, self.wait_s = selective_hits, max_queued_bytes, wait_s
+        self.g = remote.group_blocks
+        self.counters = LinkCounters()
+        self._mu = threading.Lock()
+        self._groups: OrderedDict[bytes, tuple[bytes, ...]] = OrderedDict()
+        """member key -> the keys of its group (one tuple shared by the group's members)."""
+        self._sent: OrderedDict[bytes, int] = OrderedDict()
+        """group's last key -> its local hits (selective); -1 once sent."""
+        self._loading: dict[bytes, threading.Event] = {}
+        self._queued_bytes = 0
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstore-daemon-remote")
+        if write == "write_back":
+            disk = backend.disk
+            if disk is None or not disk.takes_victim_hook:
+                raise ValueError("remote.write: write_back sends a group when its block leaves the daemon's last "
+                                 "local tier, its disk tier; a daemon without one (tiers names no lmdb, file or "
+                                 "slab) cannot see that: use write_through or write_through_selective")
+            disk.set_victim_hook(self._disk_victims)
+
+    # ----------------------------------------------------------- lookups
+    def after_local(self, chain: Sequence[bytes], n: int) -> int:
+        """The probe of ``chain`` past its local prefix of ``n`` blocks: how many blocks from position 0 this
+        daemon can serve (``n`` or more). Starts the loads of the remote blocks it counts."""
+        self._remember(chain)
+        if self.write == "write_through_selective":
+            self._count_local_hits(chain, n)
+        if n >= len(chain) // self.g * self.g:
+            return n
+        with self._mu:
+            self.counters.probes += 1
+        r = self.remote.probe(chain, n)
+        if r <= n:
+            return n
+        return self._start_load(chain, n, r)
+
+    def wait_loaded(self, keys: Sequence[bytes]) -> None:
+        """Wait (bounded) until none of ``keys`` is still being loaded from the remote tier."""
+        with self._mu:
+            events = [e for k in keys if (e := self._loading.get(k)) is not None]
+            if events:
+                self.counters.load_waits += len(events)
+        for e in events:
+            e.wait(self.wait_s)
+
+    def loading_any(self, keys: Sequence[bytes]) -> bool:
+        """Whether a load of one of ``keys`` is in flight. Changes nothing."""
+        with self._mu:
+            return bool(self._loading) and any(k in self._loading for k in keys)
+
+    # ------------------------------------------------------------ writes
+    def on_committed(self, keys: Sequence[bytes]) -> None:
+        """Clients stored ``keys`` (published in host): under ``write_through`` send the groups they complete."""
+        if self.write != "write_through":
+            return
+        groups: dict[bytes, tuple[bytes, ...]] = {}
+        with self._mu:
+            for k in keys:
+                group = self._groups.get(k)
+                if group is None:
+                    self.counters.unplaced += 1
+                elif self._sent.get(group[-1]) != -1:
+                    groups[group[-1]] = group
+        if groups:
+            self._queue(list(groups.values()))
+
+    # ------------------------------------------------------------- misc
+    def stats(self) -> dict[str, Any]:
+        """The remote tier's counters (hits, misses, errors, ...) and the link's (``link``). Changes nothing."""
+        out: dict[str, Any] = dict(self.remote.stats().as_dict())
+        with self._mu:
+            out["link"] = {**asdict(self.counters), "groups_remembered": len(self._groups) // max(1, self.g),
+                           "loading": len(self._loading), "write": self.write}
+        return out
+
+    def drain(self) -> None:
+        """Wait for queued group stores and loads (a FLUSH's remote part: best effort, never an error)."""
+        self._pool.submit(lambda: None).result()
+        self._pool.submit(lambda: None).result()
+
+    def close(self) -> None:
+        """Finish queued work, stop the thread, close the remote tier."""
+        if self.write == "write_back" and self.b.disk is not None:
+            self.b.disk.set_victim_hook(None)
+        self._pool.shutdown(wait=True)
+        self.remote.close()
+
+    # ---------------------------------------------------------- private
+    def _remember(self, chain: Sequence[bytes]) -> None:
+        g = self.g
+        with self._mu:
+            for i in range(len(chain) // g):
+                group = tuple(chain[i * g: i * g + g])
+                for k in group:
+                    self._groups[k] = group
+                    self._groups.move_to_end(k)
+            while len(self._groups) > GROUP_MEMORY:
+                self._groups.popitem(last=False)
+
+    def _count_local_hits(self, chain: Sequence[bytes], n: int) -> None:
+        due: list[tuple[bytes, ...]] = []
+        g = self.g
+        with self._mu:
+            for i in range(n // g):
+                last = chain[i * g + g - 1]
+                hits = self._sent.get(last, 0)
+                if hits == -1:
+                    continue
+                self._sent[last] = hits + 1
+                self._sent.move_to_end(last)
+                if hits + 1 >= self.selective_hits:
+                    due.append(tuple(chain[i * g: i * g + g]))
+            self._trim_sent()
+        if due:
+            self._queue(due)
+
+    def _start_load(self, chain: Sequence[bytes], n: int, r: int) -> int:
+        """Reserve host slots for positions ``[n, r)`` not held locally and load them on the link's thread;
+        returns how far the daemon can serve (``r``, or where no slot could be freed)."""
+        b = self.b
+        on_disk = {k for k in chain[n:r] if b.disk is not None and b.disk.contains(k)}
+        mine: dict[int, tuple[bytes, int]] = {}
+        events: list[bytes] = []
+        with b._mu, self._mu:
+            for p in range(n, r):
+                key = chain[p]
+                if key in on_disk or key in self._loading or b.host.slot_of(key) is not None:
+                    continue
+                try:
+                    slot = b.host.reserve([key])[0]
+                except BlockStateError:
+                    continue  # a client is writing it now: it will be there
+                if slot is None:
+                    self.counters.no_room += 1
+                    r = p
+                    break
+                mine[p] = (key, slot)
+                self._loading[key] = threading.Event()
+                events.append(key)
+            self.counters.loads_started += len(mine)
+        if mine:
+            self._pool.submit(self._load, list(chain[: max(mine) // self.g * self.g + self.g]), mine)
+        return r
+
+    def _load(self, chain: list[bytes], mine: dict[int, tuple[bytes, int]]) -> None:
+        b = self.b
+        lo, hi = min(mine), max(mine) + 1
+        scratch = torch.empty(b.layout.bytes_per_block, dtype=torch.uint8)
+        dests: list[Buffer] = [b.host.slot_view(mine[p][1]) if p in mine else scratch for p in range(lo, hi)]
+        try:
+            ok = self.remote.load(chain, lo, dests)
+        except Exception:  # a bug, not the server (the tier answers failures as misses): never leave slots reserved
+            log.exception("remote load of %d blocks failed", len(mine))
+            ok = [False] * (hi - lo)
+        filled = [mine[p][0] for p in mine if ok[p - lo]]
+        lost = [mine[p][0] for p in mine if not ok[p - lo]]
+        try:
+            with b._mu:
+                b.host.abort(lost)
+            b._publish(filled, from_remote=True)
+        finally:
+            with self._mu:
+                self.counters.loads_failed += len(lost)
+                for key, _ in mine.values():
+                    e = self._loading.pop(key, None)
+                    if e is not None:
+                        e.set()
+
+    def _queue(self, groups: list[tuple[bytes, ...]]) -> None:
+        with self._mu:
+            groups = [gr for gr in groups if self._sent.get(gr[-1]) != -1]
+            for gr in groups:
+                self._sent[gr[-1]] = -1
+                self._sent.move_to_end(gr[-1])
+            self._trim_sent()
+            self.counters.groups_queued += len(groups)
+        for gr in groups:
+            self._pool.submit(self._store_local, gr)
+
+    def _store_local(self, group: tuple[bytes, ...]) -> None:
+        """Store ``group`` from the daemon's own copies (pinned in host, disk ones loaded into host first)."""
+        b = self.b
+        slots = b._lock_found(group, count=False)
+        try:
+            if None in slots:
+                with self._mu:
+                    self.counters.groups_incomplete += 1
+                    self._sent.pop(group[-1], None)  # not sent: a later commit may complete it again
+                return
+            self.remote.store(list(group), 0, [b.host.slot_view(s) for s in slots if s is not None])
+        finally:
+            b._unpin([k for k, s in zip(group, slots) if s is not None])
+
+    def _disk_victims(self, keys: Sequence[bytes], read: BlockReader) -> VictimSend | None:
+        """``write_back``: the disk tier is about to evict ``keys``; copy each remembered group of theirs (disk
+        blocks through ``read``, in the evicting transaction; the others from host) and return its send."""
+        b = self.b
+        with self._mu:
+            groups = {gr[-1]: gr for k in keys if (gr := self._groups.get(k)) is not None
+                      and self._sent.get(gr[-1]) != -1}
+        jobs: list[tuple[tuple[bytes, ...], list[Buffer]]] = []
+        for group in groups.values():
+            bufs = [torch.empty(b.layout.bytes_per_block, dtype=torch.uint8) for _ in group]
+            found = read(list(group), bufs)
+            if not all(found):  # the rest may still be in host (written behind to disk, or not yet)
+                missing = [i for i, f in enumerate(found) if not f]
+                with b._mu:  # published copies only: a reserved slot is still being written
+                    missing = [i for i in missing if b.host.slot_of(group[i]) is not None]
+                    slots = b.host.pin([group[i] for i in missing], use=False)
+                try:
+                    for i, s in zip(missing, slots):
+                        if s is not None:
+                            bufs[i].copy_(b.host.slot_view(s))
+                            found[i] = True
+                finally:
+                    b._unpin([group[i] for i, s in zip(missing, slots) if s is not None])
+            if not all(found):
+                with self._mu:
+                    self.counters.groups_incomplete += 1
+                continue
+            jobs.append((group, bufs))
+        if not jobs:
+            return None
+        return lambda: self._send_copies(jobs)
+
+    def _send_copies(self, jobs: list[tuple[tuple[bytes, ...], list[Buffer]]]) -> None:
+        nbytes = self.b.layout.bytes_per_block * self.g
+        admitted: list[tuple[tuple[bytes, ...], list[Buffer]]] = []
+        with self._mu:
+            for group, bufs in jobs:
+                if self._sent.get(group[-1]) == -1:
+                    continue
+                if self._queued_bytes + nbytes > self.max_queued_bytes:
+                    self.counters.groups_shed += 1
+                    continue
+                self._queued_bytes += nbytes
+                self._sent[group[-1]] = -1
+                admitted.append((group, bufs))
+            self._trim_sent()
+            self.counters.groups_queued += len(admitted)
+        for group, bufs in admitted:
+            self._pool.submit(self._send_copy, group, bufs)
+
+    def _send_copy(self, group: tuple[bytes, ...], bufs: list[Buffer]) -> None:
+        try:
+            self.remote.store(list(group), 0, bufs)
+        finally:
+            with self._mu:
+                self._queued_bytes -= self.b.layout.bytes_per_block * self.g
+
+    def _trim_sent(self) -> None:
+        while len(self._sent) > SENT_MEMORY:
+            self._sent.popitem(last=False)
+
+
+def link_for(backend: DaemonBackend, remote: ChainTier | None, cfg: Any) -> RemoteLink | None:
+    """The link a daemon with ``remote`` (built from ``cfg.remote``) uses, or ``None`` without one."""
+    if remote is None:
+        return None
+    r = cfg.remote
+    return RemoteLink(backend, remote, r.write, r.selective_hits, int(r.max_inflight_bytes),
+                      LOAD_WAIT_FACTOR * r.timeout_s + r.probe_timeout_s)
+
