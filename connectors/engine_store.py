@@ -108,6 +108,15 @@ class EngineBlockStore:
                     done.add(i)
         return n
 
+    def announce(self, chain: Sequence[bytes]) -> None:
+        """Tell the tiers that place blocks by chain position (a daemon with a remote tier) that the next puts
+        belong to ``chain`` (keys from position 0), without a lookup: an engine that saves but never loads
+        (vLLM's ``kv_producer``) probes nothing, and a daemon sends to its remote tier only the groups of
+        chains it was shown. One round trip, no remote I/O (a probe that starts past the chain's end)."""
+        for t in self.tiers:
+            if t.probes_by_chain:
+                t.probe(chain, len(chain))
+
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
         """Copy each block into its destination from the fastest tier holding it; ``result[i]``: ``dests[i]`` filled.
 

@@ -102,7 +102,11 @@ class KVStoreConnectorScheduler:
         first, last = num_computed_tokens // bs, (request.num_tokens - 1) // bs
         st.stored_blocks = max(st.stored_blocks, first)  # vLLM's own cache had them: computed here, so saved here
         st.load_start = first
-        if last <= first or not self.loads:
+        if not self.loads:
+            if self.saves:  # a producer: its daemon learns which chain (and remote groups) its saves belong to
+                self.store.announce(st.chain.keys(request.all_token_ids, request.num_tokens // bs))
+            return 0, False
+        if last <= first:
             return 0, False
         chain = st.chain.keys(request.all_token_ids, last)
         hits = self.store.probe(chain, first) - first  # the whole chain: a daemon's remote tier groups by position

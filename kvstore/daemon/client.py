@@ -461,7 +461,7 @@ class DaemonClient:
         its first :attr:`max_keys` keys, then on with EXISTS_PREFIX (the daemon's host and disk tiers only)."""
         self.ensure()
         head = list(chain[: self.max_keys])
-        if start >= len(head):
+        if start >= len(head) < len(chain):  # past what one request carries: the local tiers only
             return start + self.exists_prefix(chain[start:])
         n = m.decode_count(self.request(Op.EXISTS_CHAIN, m.encode_chain(head, start)), Op.EXISTS_CHAIN)
         if n == len(head) < len(chain):

@@ -109,6 +109,8 @@ class RemoteLink:
         self._remember(chain)
         if self.write == "write_through_selective":
             self._count_local_hits(chain, n)
+        elif self.write == "write_through":
+            self._send_unsent(chain, n)
         if n >= len(chain) // self.g * self.g:
             return n
         with self._mu:
@@ -180,6 +182,15 @@ class RemoteLink:
                     self._groups.move_to_end(k)
             while len(self._groups) > GROUP_MEMORY:
                 self._groups.popitem(last=False)
+
+    def _send_unsent(self, chain: Sequence[bytes], n: int) -> None:
+        """Queue the groups within the local prefix ``[0, n)`` not sent yet: committed before any chain placed
+        them (a prompt's last block, which its own lookup leaves out), or when the server was down."""
+        g = self.g
+        with self._mu:
+            due = [tuple(chain[i * g: i * g + g]) for i in range(n // g) if self._sent.get(chain[i * g + g - 1]) != -1]
+        if due:
+            self._queue(due)
 
     def _count_local_hits(self, chain: Sequence[bytes], n: int) -> None:
         due: list[tuple[bytes, ...]] = []
@@ -271,7 +282,9 @@ class RemoteLink:
                     self.counters.groups_incomplete += 1
                     self._sent.pop(group[-1], None)  # not sent: a later commit may complete it again
                 return
-            self.remote.store(list(group), 0, [b.host.slot_view(s) for s in slots if s is not None])
+            if self.remote.store(list(group), 0, [b.host.slot_view(s) for s in slots if s is not None]) == 0:
+                with self._mu:  # the server failed it (counted there): a later lookup of the chain sends it again
+                    self._sent.pop(group[-1], None)
         finally:
             b._unpin([k for k, s in zip(group, slots) if s is not None])
 

@@ -140,6 +140,32 @@ def test_a_prefix_stored_through_one_daemon_is_loaded_through_the_other_bit_for_
         t.close()
 
 
+def test_a_producer_that_never_looks_up_announces_its_chain_and_its_groups_are_shared(fleet: Fleet) -> None:
+    chain = keys_for(8, seed=11)
+    a, b = fleet.tier(0), fleet.tier(1)
+    assert a.probe(chain, len(chain)) == len(chain)  # announce: no lookup, no remote round trip
+    assert all(a.put(chain, [block_for(k) for k in chain]))
+    a.flush()
+    assert b.probe(chain, 0) == 8
+    assert fleet.stats(0)["remote"]["link"]["probes"] == 0
+    for t in (a, b):
+        t.close()
+
+
+def test_blocks_stored_before_any_lookup_placed_them_are_sent_at_the_next_lookup(fleet: Fleet) -> None:
+    chain = keys_for(8, seed=12)
+    a, b = fleet.tier(0), fleet.tier(1)
+    assert all(a.put(chain, [block_for(k) for k in chain]))  # no chain shown: the daemon cannot group them
+    a.flush()
+    assert fleet.stats(0)["remote"]["link"]["unplaced"] == 8
+    assert b.probe(chain, 0) == 0
+    assert a.probe(chain, 0) == 8  # a lookup shows the chain: its stored groups go now
+    a.flush()
+    assert b.probe(chain, 0) == 8
+    for t in (a, b):
+        t.close()
+
+
 def test_a_block_damaged_on_the_server_is_a_miss_never_served(fleet: Fleet, redis_server: RedisServer) -> None:
     import redis
 
