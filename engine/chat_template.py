@@ -9,6 +9,7 @@ written for transformers gives the same text here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TypedDict
 
 
@@ -55,3 +56,33 @@ class ChatTemplate:
     def user_prompt(self, text: str) -> str:
         """The prompt for a single user message, ready for the assistant's reply."""
         return self.render([{"role": "user", "content": text}])
+
+
+def chat_template_from_checkpoint(directory: str | Path) -> ChatTemplate | None:
+    """A Hugging Face checkpoint directory's chat template, where transformers looks for it: ``chat_template.jinja``,
+    else ``tokenizer_config.json``'s ``chat_template`` (a string, or named templates: the ``default`` one), with the
+    BOS/EOS strings of ``tokenizer_config.json``. ``None`` when it has none. A router that tokenizes chats for vLLM
+    replicas of such a checkpoint must render them exactly as vLLM does, which uses this template."""
+    import json
+
+    root = Path(directory)
+    cfg_path = root / "tokenizer_config.json"
+    try:
+        cfg: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    except (OSError, ValueError) as exc:
+        raise ChatTemplateError(f"{cfg_path}: not readable JSON: {exc}") from exc
+    jinja = root / "chat_template.jinja"
+    template: Any = jinja.read_text() if jinja.is_file() else cfg.get("chat_template")
+    source = str(jinja) if jinja.is_file() else f"{cfg_path}: chat_template"
+    if isinstance(template, list):  # named templates
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
+    if not isinstance(template, str) or not template:
+        return None
+
+    def token(name: str) -> str:
+        value = cfg.get(name)
+        if isinstance(value, dict):  # an AddedToken written out
+            value = value.get("content")
+        return value if isinstance(value, str) else ""
+
+    return ChatTemplate(template, bos_token=token("bos_token"), eos_token=token("eos_token"), source=source)

