@@ -40,14 +40,14 @@ def test_serve_refuses_a_config_without_host_tier(tmp_path: Path, capsys) -> Non
     assert "lacks 'host'" in err and str(cfg) in err
 
 
-def test_serve_refuses_a_config_naming_the_remote_tier(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_serve_refuses_remote_write_back_without_a_disk_tier_naming_the_fields(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     from kvstore.cli.main import main
 
     cfg = tmp_path / "remote.yaml"
-    cfg.write_text("tiers: [host, lmdb, remote]\n")
-    assert main(["serve", "--config", str(cfg)]) == 2
+    cfg.write_text("tiers: [host, remote]\nremote:\n  write: write_back\n")
+    assert main(["serve", "--config", str(cfg)]) == 2  # a daemon serves the remote tier, but write_back needs a disk
     err = capsys.readouterr().err
-    assert "names 'remote'; kvstore serve does not serve the remote tier" in err and str(cfg) in err
+    assert "remote.write: write_back" in err and "tiers ['host', 'remote']" in err and str(cfg) in err
 
 
 def test_version_prints_the_installed_version() -> None:

@@ -30,6 +30,17 @@ def format_stats(s: dict[str, Any]) -> str:
             f"{tier:<6}{t['num_blocks']:>10}{format_size(t['used_bytes']):>12}{format_size(t['capacity_bytes']):>12}{occ:>11}"
             f"{hits:>10}{misses:>10}{rate:>10}{t['evictions']:>9}{t['corrupt_dropped']:>9}"
         )
+    r = s.get("remote")
+    if r:
+        hits, misses = r["hits"], r["misses"]
+        rate = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
+        occ = f"{r['used_bytes'] / r['capacity_bytes']:.1%}" if r["capacity_bytes"] else "-"
+        lines.append(f"{'remote':<6}{'-':>10}{format_size(r['used_bytes']):>12}{format_size(r['capacity_bytes']):>12}"
+                     f"{occ:>11}{hits:>10}{misses:>10}{rate:>10}{r['evictions']:>9}{r['corrupt_dropped']:>9}")
+        link = r["link"]
+        lines.append(f"remote ({link['write']}): {r['groups_stored']} groups stored, {link['loads_started']} blocks "
+                     f"loaded ({link['loads_failed']} failed), {r['errors']} errors, {r['probe_timeouts']} probe "
+                     f"timeouts; used/capacity are the whole server's")
     queried, hit = c["prefix_query_tokens"], c["prefix_hit_tokens"]
     lines.append(f"prefix cache: {hit} of {queried} tokens looked up were cached"
                  + (f" ({hit / queried:.1%})" if queried else "") + " (blocks x block size; as vLLM counts)")
