@@ -22,12 +22,12 @@ ENGINE = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from connlib import GREEDY, engine_config, prompt
     from connectors import build_connector
-    from engine import LLM
+    from engine import LLM, SamplingParams
     from kvstore.config import load_config
 
     conn = build_connector(load_config({config!r}))
     llm = LLM(config=engine_config(), connector=conn)
-    out = llm.generate([prompt(1, 45)], GREEDY)[0]
+    out = llm.generate([prompt(1, 45)], SamplingParams(max_tokens={max_tokens}, temperature=0.0))[0]
     lower = [t for t in ("disk", "sidecar") if t in conn.stats()]
     conn.close()  # flushes the daemon tier
     print(json.dumps({{"connector": type(conn).__name__, "tokens": out.token_ids,
@@ -35,8 +35,8 @@ ENGINE = textwrap.dedent("""
 """)
 
 
-def run_engine(config: Path) -> dict:
-    script = ENGINE.format(tests=str(CONNECTOR_TESTS), config=str(config))
+def run_engine(config: Path, max_tokens: int = 6) -> dict:
+    script = ENGINE.format(tests=str(CONNECTOR_TESTS), config=str(config), max_tokens=max_tokens)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -66,5 +66,29 @@ def test_second_engine_reuses_first_engines_prefix() -> None:
         assert first["lower"] == second["lower"] == ["sidecar"]
         assert first["tokens"] == reference and second["tokens"] == reference
         assert daemon.stop() == 0
+    finally:
+        cleanup(daemon, root)
+
+
+def test_prefill_on_one_engine_and_decode_on_another_through_the_daemon() -> None:
+    """Disaggregated prefill with the built-in engine: a prefill engine computes the prompt and one token, the
+    daemon keeps its blocks, a decode engine loads every full one and computes only the partial tail."""
+    sys.path.insert(0, str(CONNECTOR_TESTS))
+    from connlib import engine_config, prompt
+
+    from engine import LLM, SamplingParams
+
+    reference = LLM(config=engine_config()).generate([prompt(1, 45)], SamplingParams(max_tokens=12, temperature=0.0))
+    root = short_tmpdir()
+    daemon = None
+    try:
+        daemon = start_daemon(write_config(root, model=ENGINE_MODEL, host={"capacity": 64 * 2048}))
+        engine_cfg = root / "engine.yaml"
+        engine_cfg.write_text(yaml.safe_dump({"connector": "sidecar", "daemon": {"socket_path": daemon.socket_path}}))
+        prefill = run_engine(engine_cfg, max_tokens=1)
+        decode = run_engine(engine_cfg, max_tokens=12)
+        assert sum(prefill["cached"].values()) == 0
+        assert decode["cached"] == {"gpu": 0, "host": 0, "sidecar": 44}  # 11 full blocks: only the 45th token computed
+        assert decode["tokens"] == reference[0].token_ids and prefill["tokens"] == reference[0].token_ids[:1]
     finally:
         cleanup(daemon, root)
