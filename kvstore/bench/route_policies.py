@@ -108,7 +108,8 @@ class KVStoreRouter:
 
     def choose(self, req: Request, keys: list[bytes], loads: Mapping[str, ReplicaLoad]) -> tuple[str, int]:
         """The cheapest replica by the policy, and its cached prefix in blocks."""
-        d = self.policy.choose(len(keys), self.index.cached_prefix(keys), loads)
+        d = self.policy.choose(len(keys), self.index.cached_prefix(keys), loads,
+                               held={n: self.index.blocks(n) for n in loads})
         return d.replica, d.hit.blocks
 
     def ingest(self, replica: str, events: list[StoreEvent]) -> None:

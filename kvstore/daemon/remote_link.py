@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-GROUP_MEMORY = 1 << 20
-"""Most member keys whose group a link remembers (least recently probed forgotten first): 32 MiB of keys."""
+GROUP_MEMORY = 1 << 18
+"""Most member keys whose group a link remembers (least recently probed forgotten first): about 50 MB of
+bookkeeping for 4M tokens of chains at 16 tokens a block."""
 SENT_MEMORY = 1 << 16
 """Last keys of the groups a link remembers having sent (or counted hits for), least recent forgotten first."""
 LOAD_WAIT_FACTOR = 2.0

@@ -55,7 +55,8 @@ class Decision:
 
 @dataclass
 class CostPolicy:
-    """Cheapest replica by :func:`cost`; ties: fewest in-flight requests, then name. Holds no state."""
+    """Cheapest replica by :func:`cost`; ties: fewest in-flight requests, then fewest blocks held, then name.
+    Holds no state."""
 
     block_weight: float = 1.0
     """Cost of one prompt block the replica must compute."""
@@ -87,9 +88,11 @@ class CostPolicy:
                 + self.token_weight * load.in_flight_tokens)
 
     def choose(self, num_blocks: int, hits: Mapping[str, PrefixHit], loads: Mapping[str, ReplicaLoad],
-               scales: Mapping[str, float] | None = None) -> Decision:
+               scales: Mapping[str, float] | None = None, held: Mapping[str, int] | None = None) -> Decision:
         """The cheapest replica that is up among ``loads`` (a replica without a hit has none cached; one without
-        a scale has scale 1: see :meth:`cost`).
+        a scale has scale 1: see :meth:`cost`). ``held``: blocks each replica's events say it holds; among
+        replicas of equal cost and load, a new prefix goes where the cache is emptiest, so conversations that
+        arrive one at a time spread over the replicas instead of all landing on the first name.
 
         Raises :class:`NoReplicaError` when none is up. Changes nothing.
         """
@@ -101,5 +104,5 @@ class CostPolicy:
                 costs[name] = self.cost(num_blocks, hits.get(name, empty), load, scale)
         if not costs:
             raise NoReplicaError(f"no replica is up (known: {', '.join(sorted(loads)) or 'none'})")
-        best = min(costs, key=lambda r: (costs[r], loads[r].in_flight_requests, r))
+        best = min(costs, key=lambda r: (costs[r], loads[r].in_flight_requests, (held or {}).get(r, 0), r))
         return Decision(best, hits.get(best, empty), costs)

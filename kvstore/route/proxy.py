@@ -137,7 +137,8 @@ class Router:
         specs = [self.replicas.replicas[n].spec for n in loads]
         with self.index_lock:
             hits = cached_prefixes(self.index, keys, specs)
-        decision = self.policy.choose(keys.unit_blocks, hits, loads, block_scales(keys, specs))
+            held = {n: self.index.blocks(n) for n in loads}
+        decision = self.policy.choose(keys.unit_blocks, hits, loads, block_scales(keys, specs), held)
         prompt_blocks = len(keys.of(self.replicas.replicas[decision.replica].spec))
         self.stats.record(decision, prompt_blocks, time.perf_counter() - started)
         return decision

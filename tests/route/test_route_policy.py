@@ -34,6 +34,15 @@ def test_ties_go_to_fewest_in_flight_then_name() -> None:
     assert p.choose(4, {}, loads).replica == "b"
 
 
+def test_idle_ties_send_a_new_prefix_to_the_emptiest_cache() -> None:
+    """One request at a time, every replica idle: without the cache term every new conversation went to "a"."""
+    p = CostPolicy()
+    loads = {"a": ReplicaLoad(), "b": ReplicaLoad()}
+    assert p.choose(4, {}, loads, held={"a": 12, "b": 0}).replica == "b"
+    assert p.choose(4, {}, loads, held={"a": 12, "b": 30}).replica == "a"
+    assert p.choose(4, {"b": PrefixHit(4, {"gpu": 4})}, loads, held={"a": 0, "b": 30}).replica == "b"  # a hit wins
+
+
 def test_down_replicas_are_skipped_and_none_up_is_an_error() -> None:
     p = CostPolicy()
     hits = {"a": PrefixHit(4, {"gpu": 4})}
