@@ -14,7 +14,8 @@ requests run twice on the same two processes, in one run:
 Both replicas' prefix caches are reset (vLLM's ``/reset_prefix_cache``) before each mode, after one
 warm-up request each. Figures per mode: hit rate (prompt tokens the serving replica had cached, from its
 own ``usage.prompt_tokens_details.cached_tokens``), TTFT p50 / p90, each replica's share of requests;
-ratios kvstore / round robin.
+ratios kvstore / round robin; and the limit: the hit rate of one cache that forgets nothing
+(:func:`hit_rate_limit`, from the prompts alone).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from kvstore.bench.harness import Progress, Results, SuiteError, SuiteOptions
-from kvstore.bench.vllm_fleet import SERVED_NAME, VllmReplica, cached_tokens, post, start_replicas, start_router
+from kvstore.bench.vllm_fleet import BLOCK_SIZE, SERVED_NAME, VllmReplica, cached_tokens, post, start_replicas, start_router
 
 MODES = ("round_robin", "kvstore")
 CONCURRENCY = 4
@@ -41,6 +42,21 @@ def _ask(url: str, prompt: list[int]) -> tuple[float, int, int, str | None]:
     answer, headers, seconds = post(url + "/v1/completions",
                                     {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0})
     return seconds, int(answer["usage"]["prompt_tokens"]), cached_tokens(answer), headers.get("x-kvstore-routed-to")
+
+
+def hit_rate_limit(prompts: list[list[int]], block_size: int = BLOCK_SIZE) -> float:
+    """The hit rate of one cache that forgets nothing: each prompt's longest prefix, in whole blocks, shared with an
+    earlier prompt (as vLLM counts it: the last prompt token is always computed), over all prompt tokens."""
+    seen: set[tuple[int, ...]] = set()
+    hit = 0
+    for p in prompts:
+        blocks = (len(p) - 1) // block_size
+        n = 0
+        while n < blocks and tuple(p[: (n + 1) * block_size]) in seen:
+            n += 1
+        hit += n * block_size
+        seen.update(tuple(p[: (k + 1) * block_size]) for k in range(len(p) // block_size))
+    return hit / sum(len(p) for p in prompts)
 
 
 def _reset(replicas: list[VllmReplica]) -> None:
@@ -94,6 +110,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
                 router.stop()
             for r in replicas:
                 r.stop()
+    results.add("hit_rate_limit", hit_rate_limit(prompts), "ratio")
     for metric in ("hit_rate", "ttft_p50"):
         results.ratio(f"{metric}.kvstore/round_robin", results.value(metric, mode="kvstore"),
                       results.value(metric, mode="round_robin"))

@@ -64,4 +64,5 @@ def test_bench_route_with_vllm_replicas_writes_results_and_plot(tmp_path: Path) 
         assert 0 <= value(doc, "hit_rate", mode=mode) <= 1 and value(doc, "ttft_p50", mode=mode) > 0
         assert value(doc, "share", mode=mode, replica="r1") + value(doc, "share", mode=mode, replica="r2") == 1
     assert value(doc, "share", mode="round_robin", replica="r1") == 0.5
+    assert value(doc, "hit_rate", mode="round_robin") <= value(doc, "hit_rate_limit") <= 1
     assert {r["name"] for r in doc["ratios"]} == {"hit_rate.kvstore/round_robin", "ttft_p50.kvstore/round_robin"}

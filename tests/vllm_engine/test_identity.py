@@ -28,14 +28,26 @@ def fp8_site(model: Path) -> Any:
     s.close()
 
 
-def test_an_fp8_e4m3_engine_loads_its_own_blocks_bit_for_bit(model: Path, prompts: Prompts,
-                                                            fp8_site: rig.Site) -> None:
+def _loads_its_own_blocks(model: Path, prompts: Prompts, site: rig.Site, kv_cache_dtype: str) -> None:
     record = rig.run_engine(model, [
         {"prompts": [prompts.long], "max_tokens": 12},
         {"prompts": [prompts.long], "max_tokens": 12, "before": "reset_prefix_cache"},
-    ], fp8_site.connector(), kv_cache_dtype="fp8_e4m3")
+    ], site.connector(), kv_cache_dtype=kv_cache_dtype)
     assert record["rounds"][1]["external_prefix_cache_hits"] == 33 * BS
     assert tokens(record, 1) == tokens(record, 0)
+
+
+def test_an_fp8_e4m3_engine_loads_its_own_blocks_bit_for_bit(model: Path, prompts: Prompts,
+                                                            fp8_site: rig.Site) -> None:
+    _loads_its_own_blocks(model, prompts, fp8_site, "fp8_e4m3")
+
+
+def test_an_fp8_e5m2_engine_loads_its_own_blocks_from_its_own_daemon(model: Path, prompts: Prompts) -> None:
+    site = rig.Site.start(model, kv_cache_dtype="fp8_e5m2")  # its own identity: the e4m3 daemon refuses it (below)
+    try:
+        _loads_its_own_blocks(model, prompts, site, "fp8_e5m2")
+    finally:
+        site.close()
 
 
 def test_an_fp8_e5m2_engine_is_refused_by_an_fp8_e4m3_daemon_naming_the_format(model: Path, prompts: Prompts,
