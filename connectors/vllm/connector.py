@@ -15,7 +15,9 @@ must say ``connector: sidecar``. Configured with::
 One kvstore block is one vLLM block of every layer (see
 :func:`block_layout`); keys come from the token ids with kvstore's rules and
 the request's ``cache_salt`` (or the daemon's tenant salt). Supported: one
-KV cache group (full attention), no tensor or pipeline parallelism.
+KV cache group (full attention or MLA), tensor parallelism (each rank stores
+its own shard under its own keys, :mod:`connectors.vllm.shards`); pipeline
+parallelism is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from connectors.vllm.connector_meta import KVStoreConnectorMetadata
 from connectors.vllm.connector_scheduler import KVStoreConnectorScheduler
 from connectors.vllm.connector_worker import KVStoreConnectorWorker
 from connectors.vllm.identity import engine_kv_format, model_identity
+from connectors.vllm.shards import Shard, all_shards
 from kvstore.layout import KVLayout
 
 if TYPE_CHECKING:
@@ -53,8 +56,9 @@ def block_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
 
     The layout's model id names the weights and the KV format
     (:mod:`connectors.vllm.identity`; ``model_id`` overrides the weights' part).
-    Raises ``ValueError`` naming what is unsupported: several KV cache groups, a non-attention
-    group, tensor or pipeline parallelism.
+    Under tensor parallelism the layout is one rank's shard (every rank's is the same) and names the group's
+    size. Raises ``ValueError`` naming what is unsupported: several KV cache groups, a non-attention group,
+    pipeline parallelism.
     """
     groups = kv_cache_config.kv_cache_groups
     model = vllm_config.model_config.model
@@ -62,17 +66,27 @@ def block_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
         raise ValueError(f"KVStoreConnector supports one attention KV cache group; {model} has "
                          f"{[type(g.kv_cache_spec).__name__ for g in groups]}")
     p = vllm_config.parallel_config
-    if p.tensor_parallel_size * p.pipeline_parallel_size != 1:
-        raise ValueError(f"KVStoreConnector does not support tensor/pipeline parallelism (tp="
-                         f"{p.tensor_parallel_size}, pp={p.pipeline_parallel_size}); use KVStoreOffloadingConnector")
+    if p.pipeline_parallel_size != 1:
+        raise ValueError(f"KVStoreConnector does not support pipeline parallelism (pipeline_parallel_size="
+                         f"{p.pipeline_parallel_size}): each stage holds other layers; run tensor parallelism only")
     spec = groups[0].kv_cache_spec
     layers = list(groups[0].layer_names)
     page = spec.page_size_bytes
     mc = vllm_config.model_config
+    tp = f"|tp={p.tensor_parallel_size}" if p.tensor_parallel_size > 1 else ""
     layout = engine_layout("vllm-blocks", model_identity(mc.model, mc.revision, model_id), str(spec.dtype),
                            spec.block_size, page * len(layers),
-                           f"layers={len(layers)}|{type(spec).__name__}|{engine_kv_format(vllm_config, spec)}")
+                           f"layers={len(layers)}|{type(spec).__name__}|{engine_kv_format(vllm_config, spec)}{tp}")
     return layout, layers, page
+
+
+def _tp_rank(size: int) -> int:
+    """This worker's tensor-parallel rank (0 without tensor parallelism)."""
+    if size == 1:
+        return 0
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    return int(get_tensor_model_parallel_rank())
 
 
 class KVStoreConnector(KVConnectorBase_V1):
@@ -94,12 +108,14 @@ class KVStoreConnector(KVConnectorBase_V1):
         store = EngineBlockStore.open(cfg, layout, client_name=f"vllm {role.name.lower()}")
         self.connector_scheduler: KVStoreConnectorScheduler | None = None
         self.connector_worker: KVStoreConnectorWorker | None = None
+        tp = vllm_config.parallel_config.tensor_parallel_size
         if role == KVConnectorRole.SCHEDULER:
             tc = self._kv_transfer_config
             self.connector_scheduler = KVStoreConnectorScheduler(store, layout, loads=tc.is_kv_consumer,
-                                                                 saves=tc.is_kv_producer)
+                                                                 saves=tc.is_kv_producer, shards=all_shards(tp))
         else:
-            self.connector_worker = KVStoreConnectorWorker(store, layout, layers, kv_cache_config.num_blocks, page)
+            self.connector_worker = KVStoreConnectorWorker(store, layout, layers, kv_cache_config.num_blocks, page,
+                                                           Shard(_tp_rank(tp), tp))
 
     @property
     def requires_kv_delivery(self) -> bool:

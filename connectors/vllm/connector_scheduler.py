@@ -24,12 +24,14 @@ Roles: a ``kv_consumer`` engine only loads, a ``kv_producer`` only saves
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from connectors.engine_keys import PromptKeys
 from connectors.engine_store import EngineBlockStore
 from connectors.vllm.connector_meta import BlockTransfer, KVStoreConnectorMetadata
+from connectors.vllm.shards import Shard
 from kvstore.layout import KVLayout
 
 if TYPE_CHECKING:
@@ -54,8 +56,11 @@ class _RequestState:
 class KVStoreConnectorScheduler:
     """The scheduler half of :class:`~connectors.vllm.connector.KVStoreConnector`."""
 
-    def __init__(self, store: EngineBlockStore, layout: KVLayout, loads: bool = True, saves: bool = True) -> None:
+    def __init__(self, store: EngineBlockStore, layout: KVLayout, loads: bool = True, saves: bool = True,
+                 shards: Sequence[Shard] = (Shard(),)) -> None:
+        """``shards``: every tensor-parallel rank; a block counts as cached only when each rank's shard is stored."""
         self.store = store
+        self.shards = list(shards)
         self.layout = layout
         self.loads = loads
         """Whether this engine loads from kvstore (``False`` for a ``kv_producer``)."""
@@ -104,12 +109,15 @@ class KVStoreConnectorScheduler:
         st.load_start = first
         if not self.loads:
             if self.saves:  # a producer: its daemon learns which chain (and remote groups) its saves belong to
-                self.store.announce(st.chain.keys(request.all_token_ids, request.num_tokens // bs))
+                full = st.chain.keys(request.all_token_ids, request.num_tokens // bs)
+                for shard in self.shards:
+                    self.store.announce(shard.keys(full))
             return 0, False
         if last <= first:
             return 0, False
         chain = st.chain.keys(request.all_token_ids, last)
-        hits = self.store.probe(chain, first) - first  # the whole chain: a daemon's remote tier groups by position
+        # the whole chain (a daemon's remote tier groups by position), per rank: the least of the ranks' prefixes
+        hits = min(self.store.probe(shard.keys(chain), first) for shard in self.shards) - first
         return hits * bs, False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:

@@ -30,6 +30,7 @@ import torch
 
 from connectors.engine_store import EngineBlockStore
 from connectors.vllm.connector_meta import BlockTransfer, KVStoreConnectorMetadata
+from connectors.vllm.shards import Shard
 from kvstore.layout import KVLayout
 
 log = logging.getLogger(__name__)
@@ -108,12 +109,14 @@ class KVStoreConnectorWorker:
     """The worker half of :class:`~connectors.vllm.connector.KVStoreConnector`."""
 
     def __init__(self, store: EngineBlockStore, layout: KVLayout, layer_names: Sequence[str], num_blocks: int,
-                 page_bytes: int) -> None:
+                 page_bytes: int, shard: Shard = Shard()) -> None:
+        """``shard``: this worker's tensor-parallel rank; it stores and loads its shard under its own keys."""
         if page_bytes * len(layer_names) != layout.bytes_per_block:
             raise ValueError(f"{len(layer_names)} layers of {page_bytes} bytes per block do not make the layout's "
                              f"{layout.bytes_per_block}-byte block")
         self.store = store
         self.layout = layout
+        self.shard = shard
         self.layer_names = list(layer_names)
         self._layer_index = {n: i for i, n in enumerate(layer_names)}
         self.num_blocks = num_blocks
@@ -156,7 +159,7 @@ class KVStoreConnectorWorker:
             keys = [k for t in transfers for k in t.keys]
             block_ids = [b for t in transfers for b in t.block_ids]
             staging = torch.empty((len(keys), self.layout.bytes_per_block), dtype=torch.uint8)
-            found = self.store.get(keys, list(staging))
+            found = self.store.get(self.shard.keys(keys), list(staging))
             ok = [i for i, f in enumerate(found) if f]
             load.failed_block_ids = {b for b, f in zip(block_ids, found) if not f}
             per_layer = staging.view(len(keys), len(self.layer_names), self.page_bytes)
@@ -205,7 +208,7 @@ class KVStoreConnectorWorker:
                 self._stage(layer)
         keys = [k for s in self._saves for k in s.keys]
         blocks = self._save_staging.view(len(keys), -1)
-        stored = self.store.put(keys, list(blocks))
+        stored = self.store.put(self.shard.keys(keys), list(blocks))
         if not all(stored):
             log.warning("kvstore kept %d of %d saved blocks (no room); they will be recomputed when needed",
                         sum(stored), len(stored))

@@ -2,9 +2,10 @@
 
 A ``kvstore serve`` daemon serves one block layout, and the full connector's
 layout is one vLLM block of every layer (:func:`connectors.vllm.connector.block_layout`).
-For the common case, a decoder whose every layer has full attention with the
-same K/V heads, the section follows from ``config.json`` and the engine's
-settings without starting vLLM::
+For a decoder whose every layer has full attention with the same K/V heads,
+or MLA (DeepSeek-V2/V3: ``kv_lora_rank`` + ``qk_rope_head_dim`` per token),
+the section follows from ``config.json`` and the engine's settings without
+starting vLLM::
 
     python -m connectors.vllm.daemon_model MODEL_DIR --dtype float32 --block-size 32 [--kv-cache-dtype fp8_e4m3]
 
@@ -36,13 +37,15 @@ def kv_tensor_dtype(dtype: str, kv_cache_dtype: str) -> str:
 
 
 def vllm_daemon_model(model: str | Path, dtype: str, block_size: int, kv_cache_dtype: str = "auto",
-                      model_id: str | None = None) -> dict[str, Any]:
+                      model_id: str | None = None, tensor_parallel_size: int = 1) -> dict[str, Any]:
     """The ``model:`` section (as a dict) for vLLM blocks of the local checkpoint ``model``.
 
     ``dtype`` is vLLM's ``--dtype`` (``float32``, ``bfloat16``, ``float16``; not ``auto``),
     ``block_size`` its ``--block-size``, ``kv_cache_dtype`` its ``--kv-cache-dtype``,
-    ``model_id`` the connector's ``model_id`` override. Raises ``ValueError`` naming the
-    field for a dtype it does not know, a missing or unreadable ``config.json``, or one without head counts.
+    ``model_id`` the connector's ``model_id`` override, ``tensor_parallel_size`` its
+    ``--tensor-parallel-size`` (a rank's shard: the K/V heads divided among the ranks; every rank
+    uses the same daemon). Raises ``ValueError`` naming the field for a dtype it does not know, a
+    missing or unreadable ``config.json``, one without head counts, or heads the ranks cannot share.
     """
     config = Path(model) / "config.json"
     try:
@@ -54,14 +57,21 @@ def vllm_daemon_model(model: str | Path, dtype: str, block_size: int, kv_cache_d
         raise ValueError(f"dtype {dtype!r}: give float32, bfloat16 or float16")
     try:
         layers = int(cfg["num_hidden_layers"])
-        heads = int(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
-        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+        if cfg.get("kv_lora_rank"):  # MLA (DeepSeek-V2/V3): one latent vector (compressed KV + rope key) per token
+            spec, page = "MLAAttentionSpec", block_size * (int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"]))
+        else:
+            heads = int(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+            head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+            if heads % tensor_parallel_size:
+                raise ValueError(f"{model}: {heads} K/V heads cannot be split among {tensor_parallel_size} ranks")
+            spec, page = "FullAttentionSpec", 2 * block_size * (heads // tensor_parallel_size) * head_dim
     except KeyError as exc:
         raise ValueError(f"{model}/config.json has no {exc.args[0]!r}; start vLLM with the connector once and "
                          f"take the section from the daemon's refusal") from None
-    page = 2 * block_size * heads * head_dim * _TENSOR_BYTES[tensor]
+    page *= _TENSOR_BYTES[tensor]
     layout = engine_layout("vllm-blocks", model_identity(str(model), None, model_id), f"torch.{tensor}", block_size,
-                           page * layers, f"layers={layers}|FullAttentionSpec|{kv_format(kv_cache_dtype, tensor)}")
+                           page * layers, f"layers={layers}|{spec}|{kv_format(kv_cache_dtype, tensor)}"
+                           + (f"|tp={tensor_parallel_size}" if tensor_parallel_size > 1 else ""))
     return dict(yaml.safe_load(daemon_model_section(layout))["model"])
 
 
@@ -75,9 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-size", type=int, required=True, help="vLLM's --block-size (CPU: a multiple of 32)")
     p.add_argument("--kv-cache-dtype", default="auto", help="vLLM's --kv-cache-dtype (default: auto)")
     p.add_argument("--model-id", help="the connector's kv_connector_extra_config model_id, if set")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM's --tensor-parallel-size (default 1)")
     a = p.parse_args(argv)
     try:
-        section = vllm_daemon_model(a.model, a.dtype, a.block_size, a.kv_cache_dtype, a.model_id)
+        section = vllm_daemon_model(a.model, a.dtype, a.block_size, a.kv_cache_dtype, a.model_id,
+                                    a.tensor_parallel_size)
     except ValueError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

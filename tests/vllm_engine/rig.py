@@ -44,9 +44,10 @@ def smollm2_dir() -> Path:
     return default_model_hf()
 
 
-def daemon_model(model: Path, kv_cache_dtype: str = "auto", block_size: int = BLOCK_SIZE) -> dict[str, Any]:
-    """The daemon ``model:`` section for fp32 vLLM blocks of ``model`` (:mod:`connectors.vllm.daemon_model`)."""
-    return vllm_daemon_model(model, "float32", block_size, kv_cache_dtype)
+def daemon_model(model: Path, kv_cache_dtype: str = "auto", block_size: int = BLOCK_SIZE,
+                 dtype: str = "float32", tp: int = 1) -> dict[str, Any]:
+    """The daemon ``model:`` section for vLLM blocks of ``model`` (:mod:`connectors.vllm.daemon_model`)."""
+    return vllm_daemon_model(model, dtype, block_size, kv_cache_dtype, tensor_parallel_size=tp)
 
 
 def connector_config(kvstore_config: Path, role: str = "kv_both") -> dict[str, Any]:
@@ -103,7 +104,7 @@ class Site:
 
 
 def run_engine(model: Path, rounds: list[dict[str, Any]], kv_transfer_config: dict[str, Any] | None = None,
-               **engine: Any) -> dict[str, Any]:
+               env: dict[str, str] | None = None, **engine: Any) -> dict[str, Any]:
     """Run one vLLM engine process through ``rounds`` (see :mod:`kvstore.bench.vllm_driver`); its record.
 
     Raises ``AssertionError`` with the end of the engine's log when the process fails.
@@ -114,10 +115,10 @@ def run_engine(model: Path, rounds: list[dict[str, Any]], kv_transfer_config: di
     with tempfile.TemporaryDirectory(prefix="vllm-job") as tmp:
         job, out, log = Path(tmp) / "job.json", Path(tmp) / "out.json", Path(tmp) / "engine.log"
         job.write_text(json.dumps({"model": str(model), "engine": args, "rounds": rounds}))
-        env = {**os.environ, **CPU_ENV, "PYTHONPATH": str(REPO)}
+        child_env = {**os.environ, **CPU_ENV, "PYTHONPATH": str(REPO), **(env or {})}
         with log.open("w") as f:
             proc = subprocess.run([sys.executable, "-m", "kvstore.bench.vllm_driver", str(job), str(out)],
-                                  stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO, timeout=ENGINE_TIMEOUT_S)
+                                  stdout=f, stderr=subprocess.STDOUT, env=child_env, cwd=REPO, timeout=ENGINE_TIMEOUT_S)
         text = log.read_text()
         if proc.returncode != 0 or not out.exists():
             raise AssertionError(f"vLLM engine exited {proc.returncode}; end of its log:\n{text[-6000:]}")

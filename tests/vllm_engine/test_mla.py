@@ -1,0 +1,96 @@
+"""MLA (DeepSeek-V2-style latent attention) through the full connector on a real vLLM.
+
+vLLM caches one latent vector per token and layer for MLA (``kv_lora_rank`` compressed K/V plus the rope
+key, ``MLAAttentionSpec``), not K and V per head; kvstore stores whatever page vLLM hands it, so the same
+connector serves it. The model is a tiny DeepSeek-V2 with Hugging Face-initialised random weights (so the
+output depends on the KV cache) and SmolLM2's tokenizer. vLLM's CPU MLA backend takes bf16 weights only
+(not fp32) and blocks of a multiple of 32 tokens.
+The control stores another prompt's blocks under this prompt's keys and the output changes.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import rig
+from connectors.engine_keys import PromptKeys
+from kvstore.daemon.client import DaemonClient
+from kvstore.daemon.tier import DaemonTier
+from kvstore.layout import KVLayout
+from prompts import Prompts
+from rig import tokens
+
+BS = rig.BLOCK_SIZE
+"""vLLM's CPU MLA backend (AMX_MLA) takes multiples of 32, as its other CPU attention does."""
+DTYPE = "bfloat16"
+"""The CPU MLA backend packs its weights for bf16 / fp16 only."""
+ENGINE = {"block_size": BS, "dtype": DTYPE}
+
+
+@pytest.fixture(scope="module")
+def mla_model(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer DeepSeek-V2 (MLA: kv_lora_rank 512, rope 64, dense MLPs) with random weights, saved like a checkpoint."""
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    out = tmp_path_factory.mktemp("deepseek-v2-tiny")
+    config = DeepseekV2Config(
+        vocab_size=49152, hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+        qk_nope_head_dim=64, v_head_dim=64, first_k_dense_replace=2, n_routed_experts=4, n_shared_experts=1,
+        num_experts_per_tok=2, max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, initializer_range=0.05, torch_dtype="float32")
+    torch.manual_seed(0)
+    DeepseekV2ForCausalLM(config).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(mla_model: Path, prompts: Prompts) -> dict[str, Any]:
+    site = rig.Site.start(mla_model, block_size=BS, dtype=DTYPE)
+    try:
+        rounds = [{"prompts": [prompts.long], "max_tokens": 12}, {"prompts": [prompts.other], "max_tokens": 12}]
+        out: dict[str, Any] = {"alone": rig.run_engine(mla_model, rounds, **ENGINE)}
+        out["first"] = rig.run_engine(mla_model, rounds[:1], site.connector(), **ENGINE)
+        out["second"] = rig.run_engine(mla_model, rounds[:1], site.connector(), **ENGINE)  # a new process
+        layout = KVLayout(**rig.daemon_model(mla_model, block_size=BS, dtype=DTYPE))
+        out["swapped"] = _swap(site, layout, prompts.long, prompts.other)
+        out["control"] = rig.run_engine(mla_model, rounds[1:], site.connector(), **ENGINE)
+        return out
+    finally:
+        site.close()
+
+
+def _swap(site: rig.Site, layout: KVLayout, source: list[int], target: list[int]) -> int:
+    """Store ``source``'s blocks under ``target``'s keys (well-formed blocks, the wrong KV); returns how many."""
+    assert site.daemon is not None
+    n = (len(target) - 1) // BS
+    client = DaemonClient(layout, socket_path=site.daemon.socket_path)
+    client.connect(10)
+    tier = DaemonTier(layout, client)
+    try:
+        blocks = [torch.empty(layout.bytes_per_block, dtype=torch.uint8) for _ in range(n)]
+        assert all(tier.get(PromptKeys(layout, None).keys(source, n), blocks))
+        assert all(tier.put(PromptKeys(layout, None).keys(target, n), blocks))
+        tier.flush()
+    finally:
+        tier.close()
+    return n
+
+
+def test_mla_blocks_loaded_by_a_new_process_equal_vllm_alone(runs: dict[str, Any], prompts: Prompts) -> None:
+    rnd = runs["second"]["rounds"][0]
+    assert rnd["external_prefix_cache_hits"] == (len(prompts.long) - 1) // BS * BS  # every full block, from kvstore
+    assert runs["first"]["rounds"][0]["external_prefix_cache_hits"] == 0
+    assert tokens(runs["second"], 0) == tokens(runs["alone"], 0) == tokens(runs["first"], 0)
+
+
+def test_control_another_prompts_mla_blocks_change_the_output(runs: dict[str, Any], prompts: Prompts) -> None:
+    assert runs["control"]["rounds"][0]["external_prefix_cache_hits"] == runs["swapped"] * BS
+    assert tokens(runs["control"], 0) != tokens(runs["alone"], 1)
