@@ -49,8 +49,8 @@ class _RequestState:
     load_start: int = 0
     """First block of the load ``get_num_new_matched_tokens`` offered: the block after vLLM's own prefix hit."""
     pending_load: BlockTransfer | None = None
-    last_load: tuple[int, BlockTransfer] | None = None
-    """The latest load sent to the workers, with the index of its first block in the request."""
+    last_load: tuple[tuple[int, ...], BlockTransfer] | None = None
+    """The latest load sent to the workers, with the position in the request of each of its blocks."""
 
 
 class KVStoreConnectorScheduler:
@@ -128,10 +128,13 @@ class KVStoreConnectorScheduler:
         bs = self.layout.block_size
         first = st.load_start  # vLLM's own prefix hit (request.num_computed_tokens is still 0 here)
         n = num_external_tokens // bs
-        block_ids = blocks.get_block_ids()[0][first : first + n]
+        allocated = blocks.blocks[0][first : first + n]
         keys = st.chain.keys(request.all_token_ids, first + n)[first:]
-        st.pending_load = BlockTransfer(request.request_id, tuple(block_ids), tuple(keys))
-        st.last_load = (first, st.pending_load)
+        # Sliding-window attention: positions before the window get vLLM's null block (nothing reads it), so
+        # only the blocks inside the window are loaded.
+        kept = [(first + i, b.block_id, k) for i, (b, k) in enumerate(zip(allocated, keys)) if not b.is_null]
+        st.pending_load = BlockTransfer(request.request_id, tuple(b for _, b, _ in kept), tuple(k for _, _, k in kept))
+        st.last_load = (tuple(p for p, _, _ in kept), st.pending_load)
         st.stored_blocks = max(st.stored_blocks, first + n)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVStoreConnectorMetadata:
@@ -151,9 +154,17 @@ class KVStoreConnectorScheduler:
             assert self._kv_cache_manager is not None, "bind_kv_cache_manager was not called"
             block_ids = self._kv_cache_manager.get_block_ids(req_id)[0][st.stored_blocks : full]
             keys = st.chain.keys(st.request.all_token_ids, full)[st.stored_blocks :]
-            meta.saves.append(BlockTransfer(req_id, tuple(block_ids), tuple(keys)))
+            null = self._null_block_id()
+            pairs = [(b, k) for b, k in zip(block_ids, keys) if b != null]  # a sliding window's dropped blocks
+            meta.saves.append(BlockTransfer(req_id, tuple(b for b, _ in pairs), tuple(k for _, k in pairs)))
             st.stored_blocks = full
         return meta
+
+    def _null_block_id(self) -> int | None:
+        """vLLM's null block (what a sliding window's blocks before the window become), if the manager has one."""
+        pool = getattr(self._kv_cache_manager, "block_pool", None)
+        null = getattr(pool, "null_block", None)
+        return None if null is None else int(null.block_id)
 
     def on_load_errors(self, invalid_block_ids: set[int]) -> None:
         """Blocks the workers could not load will be recomputed: save them again from the first failed one on."""
@@ -162,10 +173,10 @@ class KVStoreConnectorScheduler:
         for st in self._requests.values():
             if st.last_load is None:
                 continue
-            first, load = st.last_load
+            positions, load = st.last_load
             failed = [i for i, b in enumerate(load.block_ids) if b in invalid_block_ids]
             if failed:
-                st.stored_blocks = min(st.stored_blocks, first + failed[0])
+                st.stored_blocks = min(st.stored_blocks, positions[failed[0]])
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         """Forget the request. Saves finish within their step, so no block is held (``False``)."""

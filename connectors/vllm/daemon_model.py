@@ -2,8 +2,9 @@
 
 A ``kvstore serve`` daemon serves one block layout, and the full connector's
 layout is one vLLM block of every layer (:func:`connectors.vllm.connector.block_layout`).
-For a decoder whose every layer has full attention with the same K/V heads,
-or MLA (DeepSeek-V2/V3: ``kv_lora_rank`` + ``qk_rope_head_dim`` per token),
+For a decoder whose every layer has full attention (or every layer the same
+sliding window) with the same K/V heads, or MLA (DeepSeek-V2/V3:
+``kv_lora_rank`` + ``qk_rope_head_dim`` per token),
 the section follows from ``config.json`` and the engine's settings without
 starting vLLM::
 
@@ -64,7 +65,10 @@ def vllm_daemon_model(model: str | Path, dtype: str, block_size: int, kv_cache_d
             head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
             if heads % tensor_parallel_size:
                 raise ValueError(f"{model}: {heads} K/V heads cannot be split among {tensor_parallel_size} ranks")
-            spec, page = "FullAttentionSpec", 2 * block_size * (heads // tensor_parallel_size) * head_dim
+            # every layer windowed (Mistral-style): vLLM's one group is a SlidingWindowSpec
+            windowed = cfg.get("sliding_window") and cfg.get("use_sliding_window", True) and not cfg.get("layer_types")
+            spec = "SlidingWindowSpec" if windowed else "FullAttentionSpec"
+            page = 2 * block_size * (heads // tensor_parallel_size) * head_dim
     except KeyError as exc:
         raise ValueError(f"{model}/config.json has no {exc.args[0]!r}; start vLLM with the connector once and "
                          f"take the section from the daemon's refusal") from None

@@ -136,24 +136,60 @@ sys.stdin.read()
 """
 
 
-def _shmem_kib() -> int:
-    """The machine's shared memory in use (``Shmem`` in /proc/meminfo)."""
-    line = next(x for x in open("/proc/meminfo") if x.startswith("Shmem:"))
+def _memfd_inodes(pid: int) -> set[int]:
+    """Inodes of the memfds process ``pid`` holds open."""
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:"):
+                out.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+        except OSError:
+            pass
+    return out
+
+
+def _held_anywhere(inodes: set[int]) -> bool:
+    """Whether any process still holds (a descriptor to) or maps one of these memfds."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    if os.stat(f"/proc/{pid}/fd/{fd}").st_ino in inodes and \
+                            os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:"):
+                        return True
+                except OSError:
+                    pass
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    parts = line.split()
+                    if len(parts) >= 6 and parts[5].startswith("/memfd:") and int(parts[4]) in inodes:
+                        return True
+        except OSError:
+            pass  # exited meanwhile, or not ours to read
+    return False
+
+
+def _rss_shmem_kib(pid: int) -> int:
+    line = next(x for x in open(f"/proc/{pid}/status") if x.startswith("RssShmem:"))
     return int(line.split()[1])
 
 
 def test_an_owner_killed_with_kill_9_leaves_no_arena_behind() -> None:
     """A named segment outlived a ``kill -9``'d daemon (and needed a stale check that could be wrong); a
-    memfd's memory goes with its last descriptor and mapping, whatever ended the process."""
-    before, shmem = set(os.listdir("/dev/shm")), _shmem_kib()
+    memfd's memory goes with its last descriptor and mapping, whatever ended the process. Checked on the
+    arena's own file (no process holds or maps it afterwards), not on the machine's shared memory, which
+    other processes change meanwhile."""
+    before = set(os.listdir("/dev/shm"))
     owner = subprocess.Popen([sys.executable, "-c", _OWN_ARENA], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
     try:
         assert owner.stdout is not None and owner.stdout.readline() == "owned\n"
-        assert _shmem_kib() - shmem > 48 << 10  # the 64 MiB are in use (others may come and go meanwhile)
+        assert _rss_shmem_kib(owner.pid) > 48 << 10  # the 64 MiB are in use, in a memfd
+        arena = _memfd_inodes(owner.pid)
+        assert arena and _held_anywhere(arena)
         owner.send_signal(signal.SIGKILL)
         owner.wait(10)
-        assert _shmem_kib() - shmem < 16 << 10
+        assert not _held_anywhere(arena)  # nothing keeps its pages: the kernel freed them
         assert set(os.listdir("/dev/shm")) == before
     finally:
         if owner.poll() is None:
