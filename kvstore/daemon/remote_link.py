@@ -28,8 +28,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +94,10 @@ class RemoteLink:
         """group's last key -> its local hits (selective); -1 once sent."""
         self._loading: dict[bytes, threading.Event] = {}
         self._queued_bytes = 0
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstore-daemon-remote")
+        self._loads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstore-daemon-remote-load")
+        self._stores = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-daemon-remote-store")
+        """Stores on their own thread: a backlog of them never delays a load a client's GET waits for."""
+        self._pending: set[Future[None]] = set()
         if write == "write_back":
             disk = backend.disk
             if disk is None or not disk.takes_victim_hook:
@@ -161,15 +164,18 @@ class RemoteLink:
         return out
 
     def drain(self) -> None:
-        """Wait for queued group stores and loads (a FLUSH's remote part: best effort, never an error)."""
-        self._pool.submit(lambda: None).result()
-        self._pool.submit(lambda: None).result()
+        """Wait for the loads and group stores queued before this call (a FLUSH's remote part: best effort,
+        never an error: a failed store is counted by the tier)."""
+        with self._mu:
+            pending = list(self._pending)
+        wait(pending)
 
     def close(self) -> None:
         """Finish queued work, stop the thread, close the remote tier."""
         if self.write == "write_back" and self.b.disk is not None:
             self.b.disk.set_victim_hook(None)
-        self._pool.shutdown(wait=True)
+        self._loads.shutdown(wait=True)
+        self._stores.shutdown(wait=True)
         self.remote.close()
 
     # ---------------------------------------------------------- private
@@ -235,7 +241,7 @@ class RemoteLink:
                 events.append(key)
             self.counters.loads_started += len(mine)
         if mine:
-            self._pool.submit(self._load, list(chain[: max(mine) // self.g * self.g + self.g]), mine)
+            self._submit(self._loads, self._load, list(chain[: max(mine) // self.g * self.g + self.g]), mine)
         return r
 
     def _load(self, chain: list[bytes], mine: dict[int, tuple[bytes, int]]) -> None:
@@ -271,7 +277,7 @@ class RemoteLink:
             self._trim_sent()
             self.counters.groups_queued += len(groups)
         for gr in groups:
-            self._pool.submit(self._store_local, gr)
+            self._submit(self._stores, self._store_local, gr)
 
     def _store_local(self, group: tuple[bytes, ...]) -> None:
         """Store ``group`` from the daemon's own copies (pinned in host, disk ones loaded into host first)."""
@@ -337,7 +343,7 @@ class RemoteLink:
             self._trim_sent()
             self.counters.groups_queued += len(admitted)
         for group, bufs in admitted:
-            self._pool.submit(self._send_copy, group, bufs)
+            self._submit(self._stores, self._send_copy, group, bufs)
 
     def _send_copy(self, group: tuple[bytes, ...], bufs: list[Buffer]) -> None:
         try:
@@ -345,6 +351,18 @@ class RemoteLink:
         finally:
             with self._mu:
                 self._queued_bytes -= self.b.layout.bytes_per_block * self.g
+
+    def _submit(self, pool: ThreadPoolExecutor, fn: Callable[..., None], *args: Any) -> None:
+        fut = pool.submit(fn, *args)
+        with self._mu:
+            self._pending.add(fut)
+        fut.add_done_callback(self._done)
+
+    def _done(self, fut: Future[None]) -> None:
+        with self._mu:
+            self._pending.discard(fut)
+        if not fut.cancelled() and fut.exception() is not None:
+            log.error("remote tier work failed", exc_info=fut.exception())
 
     def _trim_sent(self) -> None:
         while len(self._sent) > SENT_MEMORY:

@@ -60,12 +60,15 @@ def remote_section(url: str, prefix: str, **over: Any) -> dict[str, Any]:
 class Fleet:
     """Two daemons on one remote tier (each its own data directory, socket and LMDB)."""
 
-    def __init__(self, url: str, prefix: str, model: dict[str, Any] | None = None, **daemon: Any) -> None:
+    def __init__(self, url: str, prefix: str, model: dict[str, Any] | None = None,
+                 remote: dict[str, Any] | None = None, sections: dict[str, Any] | None = None, **daemon: Any) -> None:
+        """``remote``: fields of the remote section over the test's; ``sections``: other sections (host, disk)."""
         self.roots = [short_tmpdir(), short_tmpdir()]
         self.layout = KVLayout(**model) if model is not None else LAYOUT
         self.daemons: list[Daemon] = []
         for root in self.roots:
-            over: dict[str, Any] = {"tiers": ["host", "lmdb", "remote"], "remote": remote_section(url, prefix)}
+            over: dict[str, Any] = {"tiers": ["host", "lmdb", "remote"], **(sections or {}),
+                                    "remote": remote_section(url, prefix, **(remote or {}))}
             if model is not None:
                 over["model"] = model
                 over["host"] = {"capacity": 64 * 2048}
@@ -261,13 +264,9 @@ def test_a_paused_or_dead_server_never_stalls_or_errors_a_client(tmp_path: Path,
 
 
 def test_write_through_selective_sends_a_group_only_once_it_was_hit(redis_server: RedisServer) -> None:
-    roots = [short_tmpdir(), short_tmpdir()]
-    daemons: list[Daemon] = []
+    fleet = Fleet(redis_server.url, "selective:", remote={"write": "write_through_selective", "selective_hits": 1})
     try:
-        for root in roots:
-            daemons.append(start_daemon(write_config(root, tiers=["host", "lmdb", "remote"], remote=remote_section(
-                redis_server.url, "selective:", write="write_through_selective", selective_hits=1))))
-        a, b = daemons[0].tier(), daemons[1].tier()
+        a, b = fleet.tier(0), fleet.tier(1)
         chain = keys_for(8, seed=8)
         store_chain(a, chain)
         assert b.probe(chain, 0) == 0  # stored once, never hit: not shared
@@ -277,20 +276,14 @@ def test_write_through_selective_sends_a_group_only_once_it_was_hit(redis_server
         a.close()
         b.close()
     finally:
-        for d, root in zip(daemons, roots):
-            d.stop()
-            cleanup(d, root)
+        fleet.close()
 
 
 def test_write_back_sends_the_groups_a_full_disk_evicts(redis_server: RedisServer) -> None:
-    roots = [short_tmpdir(), short_tmpdir()]
-    daemons: list[Daemon] = []
+    fleet = Fleet(redis_server.url, "back:", remote={"write": "write_back"},
+                  sections={"host": {"capacity": 8 * LAYOUT.bytes_per_block}, "disk": {"max_size": "1MiB"}})
     try:
-        for root in roots:
-            daemons.append(start_daemon(write_config(
-                root, tiers=["host", "lmdb", "remote"], host={"capacity": 8 * LAYOUT.bytes_per_block},
-                disk={"max_size": "1MiB"}, remote=remote_section(redis_server.url, "back:", write="write_back"))))
-        a, b = daemons[0].tier(), daemons[1].tier()
+        a, b = fleet.tier(0), fleet.tier(1)
         first = keys_for(8, seed=9)
         store_chain(a, first)
         assert b.probe(first, 0) == 0  # on the first host's disk: not sent
@@ -305,9 +298,7 @@ def test_write_back_sends_the_groups_a_full_disk_evicts(redis_server: RedisServe
         a.close()
         b.close()
     finally:
-        for d, root in zip(daemons, roots):
-            d.stop()
-            cleanup(d, root)
+        fleet.close()
 
 
 ENGINE = textwrap.dedent("""

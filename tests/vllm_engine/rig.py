@@ -127,6 +127,28 @@ def run_engine(model: Path, rounds: list[dict[str, Any]], kv_transfer_config: di
         return record
 
 
+def random_checkpoint(arch: str, out: Path, tokenizer_from: Path, **config: Any) -> Path:
+    """A tiny Hugging Face checkpoint of ``arch`` (``Llama``, ``Mistral``, ``DeepseekV2``: transformers'
+    ``<arch>Config`` / ``<arch>ForCausalLM``) with random weights as transformers initialises them (so outputs
+    depend on the KV cache), 2 layers of width 256 unless ``config`` says otherwise, and ``tokenizer_from``'s
+    tokenizer (SmolLM2's: the prompts are its token ids). For model kinds no small checkpoint is published of."""
+    import shutil
+
+    import torch
+    import transformers
+
+    fields: dict[str, Any] = {"vocab_size": 49152, "hidden_size": 256, "intermediate_size": 512,
+                              "num_hidden_layers": 2, "max_position_embeddings": MAX_MODEL_LEN, "rope_theta": 10000.0,
+                              "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+                              "initializer_range": 0.05, "torch_dtype": "float32", **config}
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{arch}ForCausalLM")(getattr(transformers, f"{arch}Config")(**fields))
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_from / name, out / name)
+    return out
+
+
 def prompt_tokens(model: Path, n_tokens: int, seed: int = 0) -> list[int]:
     """``n_tokens`` token ids of English text (varied per ``seed``), tokenized with the model's tokenizer."""
     from tokenizers import Tokenizer

@@ -10,7 +10,6 @@ The control stores another prompt's blocks under this prompt's keys and the outp
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +34,11 @@ ENGINE = {"block_size": BS, "dtype": DTYPE}
 @pytest.fixture(scope="module")
 def mla_model(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer DeepSeek-V2 (MLA: kv_lora_rank 512, rope 64, dense MLPs) with random weights, saved like a checkpoint."""
-    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
-
-    out = tmp_path_factory.mktemp("deepseek-v2-tiny")
-    config = DeepseekV2Config(
-        vocab_size=49152, hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2,
+    return rig.random_checkpoint(
+        "DeepseekV2", tmp_path_factory.mktemp("deepseek-v2-tiny"), model, moe_intermediate_size=128,
         num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
         qk_nope_head_dim=64, v_head_dim=64, first_k_dense_replace=2, n_routed_experts=4, n_shared_experts=1,
-        num_experts_per_tok=2, max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=2, initializer_range=0.05, torch_dtype="float32")
-    torch.manual_seed(0)
-    DeepseekV2ForCausalLM(config).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(model / name, out / name)
-    return out
+        num_experts_per_tok=2)
 
 
 @pytest.fixture(scope="module")

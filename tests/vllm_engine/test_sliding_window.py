@@ -9,12 +9,10 @@ a new engine process decodes equal to vLLM alone.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 import rig
 from prompts import Prompts
@@ -27,18 +25,9 @@ WINDOW = 64
 
 @pytest.fixture(scope="module")
 def swa_model(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import MistralConfig, MistralForCausalLM
-
-    out = tmp_path_factory.mktemp("mistral-swa")
-    config = MistralConfig(vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                           num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=2048,
-                           sliding_window=WINDOW, rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=1,
-                           eos_token_id=2, initializer_range=0.05, torch_dtype="float32")
-    torch.manual_seed(0)
-    MistralForCausalLM(config).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(model / name, out / name)
-    return out
+    """A 2-layer Mistral, 8 query and 4 K/V heads of 32, every layer windowed to 64 tokens, random weights."""
+    return rig.random_checkpoint("Mistral", tmp_path_factory.mktemp("mistral-swa"), model, num_attention_heads=8,
+                                 num_key_value_heads=4, head_dim=32, sliding_window=WINDOW)
 
 
 def blocks_read(site: rig.Site) -> float:

@@ -10,12 +10,10 @@ before it (each rank must have its shard), and the output is still vLLM alone's.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 import rig
 from connectors.engine_keys import PromptKeys
@@ -37,18 +35,8 @@ MISSING = 10
 @pytest.fixture(scope="module")
 def tp_model(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer Llama, 8 query and 4 K/V heads of 32, random weights, saved like a checkpoint."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    out = tmp_path_factory.mktemp("llama-4kv")
-    config = LlamaConfig(vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
-                         rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-                         initializer_range=0.05, torch_dtype="float32")
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(model / name, out / name)
-    return out
+    return rig.random_checkpoint("Llama", tmp_path_factory.mktemp("llama-4kv"), model, num_attention_heads=8,
+                                 num_key_value_heads=4)
 
 
 @pytest.fixture(scope="module")
