@@ -61,20 +61,27 @@ class VllmReplica:
                 f"replay={self.replay},model={SERVED_NAME},name={self.name}")
 
     def kill(self) -> None:
-        """SIGKILL it (a replica that dies mid-run) and reap it."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
+        """SIGKILL it and its engine and worker processes (a replica that dies mid-run) and reap it. Killing the
+        server alone left its engine core and workers running, holding GiBs, as orphans."""
+        self._signal_group(signal.SIGKILL)
         self.proc.wait(30)
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 30 s."""
+        """SIGTERM (vLLM shuts its engine down), then SIGKILL to whatever of its process group is left."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                pass
+        self._signal_group(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)  # the server leads its own group: its engine core and workers are in it
+        except ProcessLookupError:
+            pass
 
 
 def start_replicas(python: Path | str, model: Path, names: list[str], root: Path, dtype: str = "float32",
@@ -98,7 +105,8 @@ def start_replicas(python: Path | str, model: Path, names: list[str], root: Path
                     "--enable-prefix-caching", "--enable-prompt-tokens-details",
                     "--kv-events-config", json.dumps(kv_events)]
             log = root / f"vllm-{name}.log"
-            proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=REPO, env=env)
+            proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=REPO, env=env,
+                                    start_new_session=True)
             out.append(VllmReplica(name, f"http://127.0.0.1:{port}", f"tcp://127.0.0.1:{ev}",
                                    f"tcp://127.0.0.1:{rp}", proc, log))
         deadline = time.monotonic() + START_TIMEOUT_S

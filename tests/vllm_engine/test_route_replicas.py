@@ -62,6 +62,20 @@ def fleet(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
             leaked.unlink(missing_ok=True)
 
 
+def _group_gone(pgid: int, timeout: float = 10.0) -> bool:
+    """Whether no process of group ``pgid`` is left (the server, its engine core, its workers)."""
+    import os
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def ask(router: RouterProc, chat: Chat) -> tuple[dict[str, Any], str]:
     answer, headers, _ = post(router.url + "/v1/chat/completions",
                               {"model": SERVED_NAME, "messages": chat.messages, "max_tokens": 8, "temperature": 0})
@@ -92,6 +106,7 @@ def test_each_later_turn_goes_to_the_replica_holding_its_history_and_a_killed_on
                               {"role": "user", "content": f"Question {turn + 1}: which item costs the least?"}]
     dead = replicas[0]
     dead.kill()  # mid-run: no goodbye, its events simply stop
+    assert _group_gone(dead.proc.pid), "the killed replica's engine or workers are still running"
     for chat in chats:
         answer, routed = ask(router, chat)  # its chats too get an answer, from the replica still up
         assert routed == "r2" and answer["choices"][0]["message"]["content"] is not None
