@@ -63,14 +63,24 @@ def fleet(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
 
 
 def _group_gone(pgid: int, timeout: float = 10.0) -> bool:
-    """Whether no process of group ``pgid`` is left (the server, its engine core, its workers)."""
+    """Whether no live process of group ``pgid`` is left (the server, its engine core, its workers). A zombie
+    counts as gone: it holds nothing, and whether it is reaped is up to the machine's init process."""
     import os
+
+    def alive() -> bool:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = open(f"/proc/{pid}/stat").read()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, pgrp, ...
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+        return False
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
+        if not alive():
             return True
         time.sleep(0.2)
     return False
