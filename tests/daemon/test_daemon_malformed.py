@@ -160,3 +160,21 @@ def test_fuzz_live_frames(daemon: Daemon, op: int, payload: bytes) -> None:
 
 def test_still_serving_after_fuzz(daemon: Daemon) -> None:
     still_serves(daemon)
+
+
+def test_a_malformed_exists_chain_is_an_error_naming_the_field_and_the_connection_goes_on(daemon: Daemon) -> None:
+    keys = keys_for(3, seed=98)
+    with raw_unix(daemon) as s:
+        handshake(s)
+        for rid, payload, why in ((2, b"\x01\x00", "has no start position"),
+                                  (3, m.encode_chain(keys, 0)[:-5], "entries need"),
+                                  (4, struct.pack("<I", 4) + m.encode_keys(keys), "start position 4 is past the chain's 3 keys")):
+            s.sendall(encode_frame(Op.EXISTS_CHAIN, rid, payload))
+            reply = read_reply(s)
+            assert reply is not None and reply[0] == Op.ERROR
+            code, message = m.decode_error(reply[1])
+            assert code == ErrorCode.BAD_FRAME and message.startswith("EXISTS_CHAIN") and why in message, message
+        s.sendall(encode_frame(Op.EXISTS_CHAIN, 5, m.encode_chain(keys, 3)))  # start at the end: a well-formed no-op
+        reply = read_reply(s)
+        assert reply is not None and reply[0] == Op.EXISTS_CHAIN | 0x8000 and m.decode_count(reply[1], Op.EXISTS_CHAIN) == 3
+    still_serves(daemon)
