@@ -31,7 +31,10 @@ def zero_access_record_pages(data_file: Path, keys: list[bytes], page_size: int 
 
     The first leaf in key order stays intact, so a cursor walk starts and then steps onto a zeroed page
     (neither leaf nor branch): LMDB's ``IS_LEAF`` assertion. Stale copies (copy-on-write leftovers) are
-    zeroed too, which changes nothing LMDB reads. Returns how many pages were zeroed."""
+    zeroed too, which changes nothing LMDB reads. A key counts only where a node pointer of the page
+    (``uint16`` offsets from byte 16 up to ``mp_lower`` at byte 12) points at its node: a page LMDB reused
+    (its free list, its main database) keeps stale keys in its free space, and zeroing it would damage
+    what the daemon reads at open, not the access records. Returns how many pages were zeroed."""
     data = bytearray(data_file.read_bytes())
     first = min(keys)
     zeroed = 0
@@ -39,9 +42,11 @@ def zero_access_record_pages(data_file: Path, keys: list[bytes], page_size: int 
         page = data[start : start + page_size]
         if first in page or not struct.unpack_from("<H", page, 10)[0] & 0x02:  # P_LEAF pages only
             continue
+        lower = struct.unpack_from("<H", page, 12)[0]
+        nodes = set(struct.unpack_from(f"<{max(0, lower - 16) // 2}H", page, 16)) if 16 <= lower <= page_size else set()
         for key in keys:
             at = page.find(key)
-            if at >= 24:
+            if at >= 24 and at - 8 in nodes:
                 lo, hi, flags = struct.unpack_from("<HHH", page, at - 8)
                 if (lo | hi << 16) == 16 and not flags & 1:
                     data[start : start + page_size] = bytes(page_size)
