@@ -97,11 +97,13 @@ class PagedAttention:
     """
 
     def __init__(self, pool: GPUBlockPool, backend: AttentionBackend, metadata: AttentionMetadata,
-                 scale: float) -> None:
+                 scale: float, windows: Sequence[int] = ()) -> None:
+        """``windows``: each layer's sliding window (0 or absent: full attention)."""
         self.pool = pool
         self.backend = backend
         self.metadata = metadata
         self.scale = scale
+        self.windows = tuple(windows)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write ``k, v`` of the new tokens into layer ``layer``'s blocks, then attend; ``[T, H, D]``."""
@@ -109,12 +111,13 @@ class PagedAttention:
         k_cache, v_cache = self.pool.layer_kv(layer)
         self.backend.write_kv(k, v, k_cache, v_cache, md.slot_mapping)
         nd = md.num_decode_tokens
+        window = self.windows[layer] if layer < len(self.windows) else 0
         parts = []
         if nd:
             parts.append(self.backend.paged_decode(q[:nd], k_cache, v_cache, md.decode_block_tables,
-                                                   md.decode_seq_lens, self.scale))
+                                                   md.decode_seq_lens, self.scale, window=window))
         if q.shape[0] > nd:
             parts.append(self.backend.paged_prefill(q[nd:], k_cache, v_cache, md.prefill_block_tables,
                                                     md.prefill_query_start_loc, md.prefill_seq_lens, self.scale,
-                                                    max_query_len=md.max_prefill_query_len))
+                                                    max_query_len=md.max_prefill_query_len, window=window))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

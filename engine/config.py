@@ -26,6 +26,10 @@ SUPPORTED_ARCHITECTURES: dict[str, bool] = {
 }
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")
+"""``config.json`` ``layer_types`` entries this engine runs."""
+
+
 class CheckpointError(ValueError):
     """A checkpoint directory or its ``config.json`` cannot be used; the message names what and where."""
 
@@ -70,6 +74,9 @@ class ModelArch:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
+    """Per layer ``full_attention`` or ``sliding_attention`` (Gemma-style alternation, Qwen2's
+    ``max_window_layers``); ``None``: every layer windowed when ``sliding_window`` is set (Mistral)."""
     architecture: str = "LlamaForCausalLM"
 
     def __post_init__(self) -> None:
@@ -84,6 +91,15 @@ class ModelArch:
             )
         if self.head_dim % 2:
             raise ValueError(f"ModelArch.head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_layers:
+                raise ValueError(f"ModelArch.layer_types has {len(self.layer_types)} entries for "
+                                 f"{self.num_layers} layers")
+            unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if unknown:
+                raise ValueError(f"ModelArch.layer_types {unknown} not supported; supported: {list(LAYER_TYPES)}")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError(f"ModelArch.sliding_window must be a positive int, got {self.sliding_window!r}")
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"ModelArch.architecture {self.architecture!r} is not supported; "
@@ -92,10 +108,21 @@ class ModelArch:
 
     @property
     def max_model_len(self) -> int:
-        """Longest sequence this model can attend over (a Mistral sliding window caps it, as it is not implemented)."""
-        if self.sliding_window is not None:
-            return min(self.max_position_embeddings, self.sliding_window)
+        """Longest sequence this model takes (a sliding window does not cap it: older keys are just not seen)."""
         return self.max_position_embeddings
+
+    def window(self, layer: int) -> int:
+        """Keys layer ``layer`` attends to (its query's and the ``window - 1`` before it); 0: all of them."""
+        if self.sliding_window is None:
+            return 0
+        if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return 0
+
+    @property
+    def layer_windows(self) -> tuple[int, ...]:
+        """:meth:`window` of every layer."""
+        return tuple(self.window(i) for i in range(self.num_layers))
 
     @property
     def qkv_bias(self) -> bool:
@@ -137,11 +164,16 @@ class ModelArch:
             eos = cfg.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
             window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+            layers = int(cfg["num_hidden_layers"])
+            types = cfg.get("layer_types")
+            if window and not types and arch == "Qwen2ForCausalLM":  # Qwen2 windows the layers from max_window_layers on
+                first = int(cfg.get("max_window_layers", layers))
+                types = ["full_attention" if i < first else "sliding_attention" for i in range(layers)]
             return cls(
                 vocab_size=int(cfg["vocab_size"]),
                 hidden_size=hidden,
                 intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
+                num_layers=layers,
                 num_heads=heads,
                 num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(cfg.get("head_dim") or hidden // heads),
@@ -154,10 +186,15 @@ class ModelArch:
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 sliding_window=int(window) if window else None,
+                layer_types=tuple(types) if types and window else None,
                 architecture=arch,
             )
         except KeyError as exc:
             raise CheckpointError(f"{source}: missing required field {exc.args[0]!r}") from exc
+        except CheckpointError:
+            raise
+        except ValueError as exc:  # a field ModelArch refuses (layer_types, sizes): name the file
+            raise CheckpointError(f"{source}: {exc}") from exc
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ModelArch:

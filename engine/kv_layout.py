@@ -7,6 +7,7 @@ it; ``kvstore demo`` sizes its host tier with it).
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from engine.config import ModelArch
@@ -21,10 +22,16 @@ def engine_kv_layout(arch: ModelArch, config: EngineConfig, model: str | Path | 
 
     ``model_id`` defaults to the checkpoint ``model``'s identity
     (:func:`engine.model_id.checkpoint_identity`), or
-    ``builtin-random-seed<config.seed>`` for the built-in model (``model`` None).
+    ``builtin-random-seed<config.seed>`` for the built-in model (``model`` None), with a digest of ``arch``
+    when it is not :meth:`ModelArch.tiny`'s (another shape or sliding windows computes other KV).
     Reads a checkpoint's files only to derive its identity; changes nothing.
     """
     if not model_id:
-        model_id = checkpoint_identity(model) if model is not None else f"builtin-random-seed{config.seed}"
+        if model is not None:
+            model_id = checkpoint_identity(model)
+        else:
+            model_id = f"builtin-random-seed{config.seed}"
+            if arch != ModelArch.tiny():
+                model_id += "-" + hashlib.blake2b(repr(arch).encode(), digest_size=8).hexdigest()
     return KVLayout(arch.num_layers, arch.num_kv_heads, arch.head_dim, config.block_size, config.kv_dtype_name(),
                     model_id=model_id)

@@ -155,8 +155,10 @@ class DenseCausalAttention:
     code with the paged kernels it checks.
     """
 
-    def __init__(self, seq_lens: list[int]) -> None:
+    def __init__(self, seq_lens: list[int], windows: tuple[int, ...] = ()) -> None:
+        """``windows``: each layer's sliding window (0 or absent: full causal attention)."""
         self.seq_lens = list(seq_lens)
+        self.windows = windows
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         group = q.shape[1] // k.shape[1]
@@ -168,6 +170,9 @@ class DenseCausalAttention:
             vs = v[start:start + n].float().repeat_interleave(group, dim=1).transpose(0, 1)
             scores = qs @ ks.transpose(1, 2) / (q.shape[-1] ** 0.5)
             mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            window = self.windows[layer] if layer < len(self.windows) else 0
+            if window:
+                mask &= ~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(-window)
             scores = scores.masked_fill(~mask, float("-inf"))
             outs.append((scores.softmax(-1) @ vs).transpose(0, 1).to(q.dtype))
             start += n
@@ -179,5 +184,5 @@ def dense_logits(model: LlamaForCausalLM, token_ids: list[int]) -> torch.Tensor:
     device = model.lm_head.weight.device
     ids = torch.tensor(token_ids, dtype=torch.long, device=device)
     positions = torch.arange(len(token_ids), device=device)
-    hidden = model(ids, positions, DenseCausalAttention([len(token_ids)]))
+    hidden = model(ids, positions, DenseCausalAttention([len(token_ids)], model.config.layer_windows))
     return model.compute_logits(hidden)

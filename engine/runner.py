@@ -27,6 +27,7 @@ class ModelRunner:
         self.pool = pool
         self.backend = backend
         self.scale = cfg.head_dim ** -0.5
+        self.windows = cfg.layer_windows
 
     def run(self, chunks: Sequence[ScheduledChunk], before_layer: Callable[[int], None] | None = None,
             all_logits: bool = False) -> list[torch.Tensor]:
@@ -52,7 +53,7 @@ class ModelRunner:
             positions.extend(range(c.start, c.start + c.num_tokens))
             specs.append(ChunkSpec(c.seq.block_table, c.start, c.num_tokens))
         metadata = AttentionMetadata.build(specs, self.pool.layout.block_size, device)
-        ctx = PagedAttention(self.pool, self.backend, metadata, self.scale)
+        ctx = PagedAttention(self.pool, self.backend, metadata, self.scale, self.windows)
         hidden = self.model(torch.tensor(ids, dtype=torch.long, device=device),
                             torch.tensor(positions, dtype=torch.long, device=device), ctx, before_layer)
         ends = torch.tensor([c.num_tokens for c in ordered]).cumsum(0).tolist()

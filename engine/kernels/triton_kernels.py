@@ -8,9 +8,10 @@ head dim, GQA group) are padded to one and masked.
 
 Attention uses the online softmax of FlashAttention: running max ``m``, running
 sum ``l`` and an unnormalised accumulator, rescaled by ``exp(m_old - m_new)``
-each time a new block raises the max. Block 0 always holds position 0, which
-every query may see, so every row has a finite max after the first block and no
-row divides by zero.
+each time a new block raises the max. Without a window, block 0 holds position 0,
+which every query may see; with one, a row may see nothing in the first blocks
+read, so its max stays ``-inf`` and the exponentials are taken against 0 (all
+zero) until its window starts. Every row sees its own key, so none divides by zero.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seqlen_ptr, out_ptr, scale,
                    stride_qb, stride_qh, stride_ob, stride_oh,
                    stride_cb, stride_cs, stride_ch, stride_btb,
-                   block_size, head_dim, group,
+                   block_size, head_dim, group, window,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     # One program per (sequence, KV head): all `group` query heads sharing the
     # KV head read each cache block once.
@@ -63,10 +64,12 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seqlen_ptr, out_ptr, scale,
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for j in range(0, tl.cdiv(seq_len, block_size)):
+    # A sliding window (window > 0) sees keys after seq_len - 1 - window only: earlier blocks are not read.
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    for j in range(first // block_size, tl.cdiv(seq_len, block_size)):
         blk = tl.load(bt_ptr + b * stride_btb + j).to(tl.int64)
         pos = j * block_size + n
-        nmask = (n < block_size) & (pos < seq_len)
+        nmask = (n < block_size) & (pos < seq_len) & (pos >= first)
         offs = blk * stride_cb + n[:, None] * stride_cs + kvh * stride_ch + d[None, :]
         kvmask = nmask[:, None] & dmask[None, :]
         k = tl.load(kc_ptr + offs, mask=kvmask, other=0.0).to(tl.float32)
@@ -74,12 +77,13 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seqlen_ptr, out_ptr, scale,
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
         s = tl.where(nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row whose keys so far are all masked
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
-    out = acc / l_i[:, None]
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # padding rows past a window see nothing
     tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
 
@@ -88,7 +92,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seqlen_ptr, out_ptr, scale,
 def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, qsl_ptr, seqlen_ptr, out_ptr, scale,
                     stride_qt, stride_qh, stride_ot, stride_oh,
                     stride_cb, stride_cs, stride_ch, stride_btb,
-                    block_size, head_dim, group,
+                    block_size, head_dim, group, window,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     IEEE: tl.constexpr):
     # One program per (tile of BLOCK_M query rows, sequence, query head).
@@ -119,7 +123,9 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, qsl_ptr, seqlen_ptr, out_ptr,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # Keys past this tile's last query position are masked for every row: skip them.
     last_key = tl.minimum(context_len + (tile + 1) * BLOCK_M, seq_len)
-    for j in range(0, tl.cdiv(last_key, block_size)):
+    # With a sliding window, keys before this tile's first query's window are masked for every row: skip them.
+    first_key = tl.where(window > 0, tl.maximum(context_len + tile * BLOCK_M - window + 1, 0), 0)
+    for j in range(first_key // block_size, tl.cdiv(last_key, block_size)):
         blk = tl.load(bt_ptr + b * stride_btb + j).to(tl.int64)
         pos = j * block_size + n
         nmask = (n < block_size) & (pos < seq_len)
@@ -132,10 +138,13 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, qsl_ptr, seqlen_ptr, out_ptr,
         else:
             s = tl.dot(q, tl.trans(k))
         s = s * scale
-        s = tl.where(nmask[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+        seen = nmask[None, :] & (pos[None, :] <= q_pos[:, None])
+        seen = seen & ((pos[None, :] > q_pos[:, None] - window) | (window <= 0))
+        s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row whose keys so far are all masked
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -143,7 +152,7 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, qsl_ptr, seqlen_ptr, out_ptr,
         acc = acc * alpha[:, None] + pv
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
-    out = acc / l_i[:, None]
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # padding rows past a window see nothing
     tl.store(out_ptr + (q_start + m)[:, None] * stride_ot + h * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
 
@@ -171,8 +180,9 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query token per sequence over its cached tokens -> ``[B, H, D]``. See the reference."""
+                 seq_lens: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
+    """One query token per sequence over its cached tokens (the last ``window`` if ``> 0``) -> ``[B, H, D]``.
+    See the reference."""
     _check_cache(k_cache, v_cache)
     q = q.contiguous()
     out = torch.empty_like(q)
@@ -185,7 +195,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         q, k_cache, v_cache, block_tables, seq_lens, out, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        k_cache.shape[1], head_dim, group,
+        k_cache.shape[1], head_dim, group, window,
         BLOCK_G=_pow2(group, 2), BLOCK_N=_pow2(k_cache.shape[1], 16), BLOCK_D=_pow2(head_dim, 16),
     )
     return out
@@ -193,8 +203,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                   query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                  max_query_len: int | None = None) -> torch.Tensor:
-    """A chunk of new tokens per sequence over its cached prefix plus itself, causal. See the reference.
+                  max_query_len: int | None = None, window: int = 0) -> torch.Tensor:
+    """A chunk of new tokens per sequence over its cached prefix plus itself, causal (each query over the
+    last ``window`` keys if ``> 0``). See the reference.
 
     ``max_query_len`` (the longest chunk) sizes the grid; it is computed from
     ``query_start_loc`` when not given, at the cost of a device sync.
@@ -214,7 +225,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        k_cache.shape[1], head_dim, heads // k_cache.shape[2],
+        k_cache.shape[1], head_dim, heads // k_cache.shape[2], window,
         BLOCK_M=block_m, BLOCK_N=_pow2(k_cache.shape[1], 16), BLOCK_D=_pow2(head_dim, 16),
         IEEE=k_cache.dtype == torch.float32,
     )

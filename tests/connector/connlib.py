@@ -10,6 +10,7 @@ import torch
 
 from connectors.embedded import EmbeddedConnector
 from engine import LLM, EngineConfig, SamplingParams
+from engine.config import ModelArch
 from kvstore.config import parse_config
 
 BLOCK = 4
@@ -40,12 +41,15 @@ def kv_config(root: Path, *, host_blocks: int = 64, block_bytes: int = 2048, **o
     return parse_config(data, "test")
 
 
-def make_llm(root: Path | None = None, gpu_blocks: int = 64, preemption: str = "recompute", **kv: Any) -> LLM:
-    """An engine with an embedded connector (``root=None``: no connector at all, the recompute oracle)."""
+def make_llm(root: Path | None = None, gpu_blocks: int = 64, preemption: str = "recompute",
+             arch: ModelArch | None = None, **kv: Any) -> LLM:
+    """An engine with an embedded connector (``root=None``: no connector at all, the recompute oracle);
+    ``arch``: the random model's shape (default :meth:`ModelArch.tiny`)."""
     if root is None:
-        return LLM(config=engine_config(gpu_blocks))
+        return LLM(config=engine_config(gpu_blocks), arch=arch)
     conn = EmbeddedConnector(kv_config(root, **kv))
-    return LLM(config=engine_config(gpu_blocks), connector=conn, preemption=preemption)  # type: ignore[arg-type]
+    return LLM(config=engine_config(gpu_blocks), arch=arch, connector=conn,
+               preemption=preemption)  # type: ignore[arg-type]
 
 
 def embedded(llm: LLM) -> EmbeddedConnector:

@@ -13,6 +13,8 @@ import torch
 
 from connlib import GREEDY, capture_logits, embedded, make_llm, prompt
 
+from engine.config import ModelArch
+
 PROMPT = prompt(1, 45)  # 11 full blocks of 4 and one partial
 
 
@@ -122,3 +124,28 @@ def test_prefix_from_exclusive_tiers(tmp_path: Path, reference, offload: tuple[s
     keys = store.keys(PROMPT)[:11]
     assert store.h.host is not None and store.h.disk is not None
     assert not any(store.h.host.contains(k) or store.h.disk.contains(k) for k in keys)
+
+
+WINDOWED = {
+    "every-layer-window-6": ModelArch(**{**ModelArch.tiny().__dict__, "sliding_window": 6}),
+    "window-then-full": ModelArch(**{**ModelArch.tiny().__dict__, "sliding_window": 6,
+                                     "layer_types": ("sliding_attention", "full_attention")}),
+}
+"""Sliding-window models (Mistral-style, Gemma-style alternation): windows shorter than the 44 cached tokens."""
+
+
+@pytest.mark.parametrize("arch", list(WINDOWED), ids=list(WINDOWED))
+@pytest.mark.parametrize("tier", ["gpu", "host", "disk"])
+def test_a_sliding_window_models_prefix_from_every_tier_equals_recompute(tmp_path: Path, arch: str,
+                                                                        tier: str) -> None:
+    oracle = make_llm(None, arch=WINDOWED[arch])
+    oracle_logits = capture_logits(oracle)
+    ref = oracle.generate([PROMPT], GREEDY)[0]
+    full = make_llm(None)  # the same weights without windows compute other logits: the windows are in effect
+    full_logits = capture_logits(full)
+    plain = full.generate([PROMPT], GREEDY)[0]
+    assert not torch.allclose(full_logits[plain.request_id], oracle_logits[ref.request_id], atol=1e-3)
+    offload = {"gpu": (), "host": ("gpu",), "disk": ("gpu", "host")}[tier]
+    _, second, logits = _second_run(make_llm(tmp_path, arch=WINDOWED[arch], write="write_back"), offload)
+    assert second.metrics.cached_tokens_by_tier[tier] == 44
+    _assert_same(second, logits, (ref.token_ids, oracle_logits[ref.request_id]))

@@ -40,13 +40,22 @@ def test_rope_scaling_changes_only_what_it_should() -> None:
     torch.testing.assert_close(scaled[-1], plain[-1] / 8)  # the lowest is divided by the factor
 
 
-def test_qwen2_has_qkv_bias_and_sliding_window_caps_length() -> None:
+def test_qwen2_has_qkv_bias_and_sliding_windows_are_read_per_layer() -> None:
     qwen = ModelArch.from_hf_dict({**BASE, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False,
                                      "sliding_window": 128})
-    assert qwen.qkv_bias and qwen.sliding_window is None
+    assert qwen.qkv_bias and qwen.sliding_window is None and qwen.layer_windows == (0, 0)
     mistral = ModelArch.from_hf_dict({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 128,
                                         "max_position_embeddings": 4096})
-    assert mistral.max_model_len == 128
+    assert mistral.max_model_len == 4096 and mistral.layer_windows == (128, 128)  # a window caps no length
+    old_qwen = ModelArch.from_hf_dict({**BASE, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True,
+                                         "sliding_window": 64, "max_window_layers": 1})
+    assert old_qwen.layer_windows == (0, 64)  # no layer_types: windowed from max_window_layers on
+    gemma_style = ModelArch.from_hf_dict({**BASE, "architectures": ["LlamaForCausalLM"], "sliding_window": 32,
+                                            "layer_types": ["sliding_attention", "full_attention"]})
+    assert gemma_style.layer_windows == (32, 0)
+    with pytest.raises(CheckpointError, match=r"layer_types \['linear_attention'\] not supported"):
+        ModelArch.from_hf_dict({**BASE, "architectures": ["LlamaForCausalLM"], "sliding_window": 32,
+                                "layer_types": ["linear_attention", "full_attention"]})
 
 
 def test_checkpoint_errors_name_the_problem(tmp_path: Path) -> None:

@@ -38,7 +38,23 @@ def _mistral() -> torch.nn.Module:
     return transformers.MistralForCausalLM(cfg)
 
 
-@pytest.fixture(scope="module", params=[_llama, _qwen2, _mistral], ids=["llama3-rope", "qwen2-bias-tied", "mistral"])
+def _mistral_window() -> torch.nn.Module:
+    """Every layer attends to the last 5 keys: shorter than every prompt and generation below."""
+    cfg = transformers.MistralConfig(**COMMON, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                                     sliding_window=5, head_dim=16)
+    return transformers.MistralForCausalLM(cfg)
+
+
+def _qwen2_window() -> torch.nn.Module:
+    """Layer 0 full attention, layer 1 a 6-key window (Qwen2's ``max_window_layers``; Gemma-style alternation)."""
+    cfg = transformers.Qwen2Config(**COMMON, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                                   use_sliding_window=True, sliding_window=6, max_window_layers=1)
+    assert cfg.layer_types == ["full_attention", "sliding_attention"]
+    return transformers.Qwen2ForCausalLM(cfg)
+
+
+@pytest.fixture(scope="module", params=[_llama, _qwen2, _mistral, _mistral_window, _qwen2_window],
+                ids=["llama3-rope", "qwen2-bias-tied", "mistral", "mistral-window5", "qwen2-full-then-window6"])
 def hf_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """A tiny random HF model (weights perturbed so norms and biases are not trivial) saved to a directory."""
     torch.manual_seed(0)

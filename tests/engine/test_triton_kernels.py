@@ -68,6 +68,39 @@ def test_decode_matches_reference(block_size, kv_heads, group, head_dim, dtype) 
     torch.testing.assert_close(got, reference.paged_decode(q, kc, vc, tables, lens, 0.3), **_tol(dtype))
 
 
+def _poison_before_window(pool: torch.Tensor, tables: torch.Tensor, first_keys: list[int], block_size: int) -> None:
+    """NaN in every block wholly before each sequence's first visible key: a kernel that reads one fails."""
+    for b, first in enumerate(first_keys):
+        for j in range(first // block_size):
+            pool[int(tables[b, j])] = float("nan")
+
+
+@pytest.mark.parametrize("window", [1, 5, 8])
+def test_sliding_window_prefill_and_decode_match_reference_and_never_read_before_the_window(window: int) -> None:
+    """Keys ``q - window < k <= q`` only; blocks before the window (here NaN) are never read. Prefill chunks
+    longer than the window (rows of one tile with nothing visible in the first blocks read) included."""
+    bs, seq_lens, query_lens = 4, [7, 21, 30], [7, 5, 18]
+    pool, kc, vc, tables, qsl, q, lens = _setup(seq_lens, query_lens, bs, 2, 2, 8, torch.float32, "cpu", seed=3)
+    _poison_before_window(pool, tables, [max(0, n - ql - window + 1) for n, ql in zip(seq_lens, query_lens)], bs)
+    want = reference.paged_prefill(q, kc, vc, tables, qsl, lens, 0.25, window=window)
+    assert not want.isnan().any()
+    torch.testing.assert_close(triton_kernels.paged_prefill(q, kc, vc, tables, qsl, lens, 0.25, window=window), want,
+                               **_tol(torch.float32))
+    qd = q[: len(seq_lens)].contiguous()
+    want_d = reference.paged_decode(qd, kc, vc, tables, lens, 0.25, window=window)
+    assert not want_d.isnan().any()
+    torch.testing.assert_close(triton_kernels.paged_decode(qd, kc, vc, tables, lens, 0.25, window=window), want_d,
+                               **_tol(torch.float32))
+
+
+def test_a_window_wider_than_the_sequence_is_full_attention() -> None:
+    _, kc, vc, tables, qsl, q, lens = _setup([7, 21], [7, 5], 4, 2, 2, 8, torch.float32, "cpu", seed=4)
+    torch.testing.assert_close(reference.paged_prefill(q, kc, vc, tables, qsl, lens, 0.25, window=64),
+                               reference.paged_prefill(q, kc, vc, tables, qsl, lens, 0.25))
+    torch.testing.assert_close(triton_kernels.paged_prefill(q, kc, vc, tables, qsl, lens, 0.25, window=64),
+                               reference.paged_prefill(q, kc, vc, tables, qsl, lens, 0.25), **_tol(torch.float32))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_write_kv_matches_reference(dtype) -> None:
     pool, kc, vc, tables, _, _, _ = _setup([10, 7], [1, 1], 4, 2, 1, 12, dtype, "cpu")
