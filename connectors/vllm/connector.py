@@ -14,19 +14,23 @@ must say ``connector: sidecar``. Configured with::
 
 One kvstore block is one vLLM block of every layer (see
 :func:`block_layout`); keys come from the token ids with kvstore's rules and
-the request's ``cache_salt`` (or the daemon's tenant salt). Supported: one
-KV cache group (full attention or MLA), tensor parallelism (each rank stores
-its own shard under its own keys, :mod:`connectors.vllm.shards`); pipeline
-parallelism is refused.
+the request's ``cache_salt`` (or the daemon's tenant salt). Supported: full
+attention, MLA, sliding windows, hybrids of them under vLLM's hybrid allocator
+(several KV cache groups: ``SupportsHMA``; each layer's slice goes to its own
+group's block), tensor parallelism (each rank stores its own shard under its
+own keys, :mod:`connectors.vllm.shards`). Refused, naming why: layers whose
+cache is not per-token K/V (Mamba, linear attention), pipeline parallelism.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole,
+    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorTransferResults, SupportsHMA,
 )
 from vllm.v1.kv_cache_interface import AttentionSpec
 
@@ -50,34 +54,74 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
-def block_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
-                 model_id: str | None = None) -> tuple[KVLayout, list[str], int]:
-    """``(layout, layer names, bytes per block per layer)`` of one vLLM block of every layer.
+_STORABLE = ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec")
+"""KV cache specs whose blocks hold attention K/V of ``block_size`` tokens at their positions (MLA and fp8
+variants included): what a kvstore block can carry. Mamba / linear-attention state and ring buffers are not."""
 
-    The layout's model id names the weights and the KV format
-    (:mod:`connectors.vllm.identity`; ``model_id`` overrides the weights' part).
-    Under tensor parallelism the layout is one rank's shard (every rank's is the same) and names the group's
-    size. Raises ``ValueError`` naming what is unsupported: several KV cache groups, a non-attention group,
-    pipeline parallelism.
+
+def _storable(spec: object) -> bool:
+    return isinstance(spec, AttentionSpec) and any(c.__name__ in _STORABLE for c in type(spec).__mro__)
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """How one kvstore block carries one vLLM block position of every attention layer.
+
+    ``layers`` in model order (the layers' index in their names), so the block's bytes do not depend on how
+    vLLM grouped them; ``groups[i]``: the KV cache group of ``layers[i]`` (its block table: under vLLM's
+    hybrid allocator each group has its own); ``page``: bytes per block per layer, the same for every group."""
+
+    layout: KVLayout
+    layers: tuple[str, ...]
+    groups: tuple[int, ...]
+    page: int
+
+
+def _layer_index(name: str) -> tuple[int, str]:
+    digits = [int(part) for part in name.split(".") if part.isdigit()]
+    return (digits[0] if digits else -1, name)
+
+
+def block_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, model_id: str | None = None) -> BlockLayout:
+    """The :class:`BlockLayout` of one vLLM block of every layer of every KV cache group.
+
+    The layout's model id names the weights and the KV format (:mod:`connectors.vllm.identity`;
+    ``model_id`` overrides the weights' part); its ``extra`` names each layer's kind in model order (one
+    kind: as before hybrid support, so stored blocks stay valid). Under tensor parallelism the layout is one
+    rank's shard (every rank's is the same) and names the group's size. Raises ``ValueError`` naming what
+    cannot be stored: a group that is not attention K/V (Mamba or linear-attention state, ring buffers),
+    groups with different page sizes, pipeline parallelism.
     """
     groups = kv_cache_config.kv_cache_groups
     model = vllm_config.model_config.model
-    if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, AttentionSpec):
-        raise ValueError(f"KVStoreConnector supports one attention KV cache group; {model} has "
-                         f"{[type(g.kv_cache_spec).__name__ for g in groups]}")
+    refused = {name: type(g.kv_cache_spec).__name__ for g in groups if not _storable(g.kv_cache_spec)
+               for name in g.layer_names}
+    if refused:
+        kinds = sorted(set(refused.values()))
+        raise ValueError(f"KVStoreConnector stores attention K/V blocks only; {model} has layers whose cache is "
+                         f"{' and '.join(kinds)} ({len(refused)} layers, e.g. {', '.join(list(refused)[:3])}): "
+                         f"state that is not per-token K/V (Mamba / linear attention) cannot be loaded as a prefix "
+                         f"here. Serve this model without --kv-transfer-config")
     p = vllm_config.parallel_config
     if p.pipeline_parallel_size != 1:
         raise ValueError(f"KVStoreConnector does not support pipeline parallelism (pipeline_parallel_size="
                          f"{p.pipeline_parallel_size}): each stage holds other layers; run tensor parallelism only")
+    pages = {g.kv_cache_spec.page_size_bytes for g in groups}
+    if len(pages) != 1:
+        raise ValueError(f"KVStoreConnector needs one page size across KV cache groups; {model} has {sorted(pages)}")
+    page = pages.pop()
+    owner = {name: gi for gi, g in enumerate(groups) for name in g.layer_names}
+    spec_of = {name: g.kv_cache_spec for g in groups for name in g.layer_names}
+    layers = sorted(owner, key=_layer_index)
+    kinds = [type(spec_of[n]).__name__ for n in layers]
+    kind = kinds[0] if len(set(kinds)) == 1 else ",".join(f"{k}*{len(list(run))}" for k, run in groupby(kinds))
     spec = groups[0].kv_cache_spec
-    layers = list(groups[0].layer_names)
-    page = spec.page_size_bytes
     mc = vllm_config.model_config
     tp = f"|tp={p.tensor_parallel_size}" if p.tensor_parallel_size > 1 else ""
     layout = engine_layout("vllm-blocks", model_identity(mc.model, mc.revision, model_id), str(spec.dtype),
                            spec.block_size, page * len(layers),
-                           f"layers={len(layers)}|{type(spec).__name__}|{engine_kv_format(vllm_config, spec)}{tp}")
-    return layout, layers, page
+                           f"layers={len(layers)}|{kind}|{engine_kv_format(vllm_config, spec)}{tp}")
+    return BlockLayout(layout, tuple(layers), tuple(owner[n] for n in layers), page)
 
 
 def _tp_rank(size: int) -> int:
@@ -89,7 +133,7 @@ def _tp_rank(size: int) -> int:
     return int(get_tensor_model_parallel_rank())
 
 
-class KVStoreConnector(KVConnectorBase_V1):
+class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM KV connector over kvstore (see the module docstring)."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
@@ -104,7 +148,8 @@ class KVStoreConnector(KVConnectorBase_V1):
             raise ValueError(f"KVStoreConnector needs a kvstore config with 'connector: sidecar' (its scheduler and "
                              f"workers share the daemon's store); {extra.get('kvstore_config') or 'the default config'} "
                              f"says {cfg.connector!r}. For an embedded store use KVStoreOffloadingConnector")
-        layout, layers, page = block_layout(vllm_config, kv_cache_config, extra.get("model_id"))
+        blocks = block_layout(vllm_config, kv_cache_config, extra.get("model_id"))
+        layout = blocks.layout
         store = EngineBlockStore.open(cfg, layout, client_name=f"vllm {role.name.lower()}")
         self.connector_scheduler: KVStoreConnectorScheduler | None = None
         self.connector_worker: KVStoreConnectorWorker | None = None
@@ -112,10 +157,11 @@ class KVStoreConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             tc = self._kv_transfer_config
             self.connector_scheduler = KVStoreConnectorScheduler(store, layout, loads=tc.is_kv_consumer,
-                                                                 saves=tc.is_kv_producer, shards=all_shards(tp))
+                                                                 saves=tc.is_kv_producer, shards=all_shards(tp),
+                                                                 groups=len(kv_cache_config.kv_cache_groups))
         else:
-            self.connector_worker = KVStoreConnectorWorker(store, layout, layers, kv_cache_config.num_blocks, page,
-                                                           Shard(_tp_rank(tp), tp))
+            self.connector_worker = KVStoreConnectorWorker(store, layout, blocks.layers, kv_cache_config.num_blocks,
+                                                           blocks.page, Shard(_tp_rank(tp), tp), blocks.groups)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -152,9 +198,14 @@ class KVStoreConnector(KVConnectorBase_V1):
         return self._scheduler().build_connector_meta(scheduler_output)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        self._scheduler().on_load_errors(set(connector_output.invalid_block_ids or ()))
+        self._scheduler().on_load_errors(set(connector_output.invalid_block_ids or ()),
+                                         set(getattr(connector_output, "failed_recving", None) or ()))
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self._scheduler().request_finished(request)
+
+    def request_finished_all_groups(self, request: Request,
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler().request_finished(request)
 
     def reset_cache(self) -> bool:
@@ -190,6 +241,12 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self._worker().get_finished(finished_req_ids)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """Loads of a hybrid model's requests (several KV cache groups) are vLLM's asynchronous kind: each
+        ends here, a failed one in ``failed_recving`` too (vLLM then recomputes the request)."""
+        done, failed = self._worker().take_finished_loads()
+        return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker().get_block_ids_with_load_errors()

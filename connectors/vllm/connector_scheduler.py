@@ -17,6 +17,15 @@ which only ``get_num_new_matched_tokens`` is told: vLLM sets
 preemption vLLM asks again from 0 (or from its cache's new hit), so the start
 is taken afresh at each ask.
 
+Hybrid models (several KV cache groups under vLLM's hybrid allocator: sliding-window
+layers beside full-attention ones): a kvstore block still carries one position of
+every layer, and each group's block of that position is loaded into, or saved from,
+that group's block table; a sliding-window group's null block (positions before the
+window) is skipped, so only the window is written. vLLM accepts a failed load of
+several groups only for a whole request, so these loads are vLLM's asynchronous
+kind: the request waits one step in ``WAITING_FOR_REMOTE_KVS`` while the workers
+load, and a failure makes vLLM recompute it (and kvstore offer it nothing more).
+
 Roles: a ``kv_consumer`` engine only loads, a ``kv_producer`` only saves
 (disaggregated prefill through the store); ``kv_both`` does both.
 """
@@ -30,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from connectors.engine_keys import PromptKeys
 from connectors.engine_store import EngineBlockStore
-from connectors.vllm.connector_meta import BlockTransfer, KVStoreConnectorMetadata
+from connectors.vllm.connector_meta import NULL, BlockTransfer, KVStoreConnectorMetadata
 from connectors.vllm.shards import Shard
 from kvstore.layout import KVLayout
 
@@ -51,14 +60,17 @@ class _RequestState:
     pending_load: BlockTransfer | None = None
     last_load: tuple[tuple[int, ...], BlockTransfer] | None = None
     """The latest load sent to the workers, with the position in the request of each of its blocks."""
+    load_failed: bool = False
+    """An asynchronous load of it failed: vLLM recomputes it, and kvstore offers it nothing more."""
 
 
 class KVStoreConnectorScheduler:
     """The scheduler half of :class:`~connectors.vllm.connector.KVStoreConnector`."""
 
     def __init__(self, store: EngineBlockStore, layout: KVLayout, loads: bool = True, saves: bool = True,
-                 shards: Sequence[Shard] = (Shard(),)) -> None:
-        """``shards``: every tensor-parallel rank; a block counts as cached only when each rank's shard is stored."""
+                 shards: Sequence[Shard] = (Shard(),), groups: int = 1) -> None:
+        """``shards``: every tensor-parallel rank; a block counts as cached only when each rank's shard is stored.
+        ``groups``: vLLM's KV cache groups (more than one: a hybrid model, loaded asynchronously)."""
         self.store = store
         self.shards = list(shards)
         self.layout = layout
@@ -66,6 +78,9 @@ class KVStoreConnectorScheduler:
         """Whether this engine loads from kvstore (``False`` for a ``kv_producer``)."""
         self.saves = saves
         """Whether this engine saves to kvstore (``False`` for a ``kv_consumer``)."""
+        self.groups = groups
+        self.async_loads = groups > 1
+        """Loads are vLLM's asynchronous kind (see the module docstring)."""
         self._requests: dict[str, _RequestState] = {}
         self._kv_cache_manager: KVCacheManager | None = None
         self._epoch: bytes | None = None
@@ -94,7 +109,7 @@ class KVStoreConnectorScheduler:
         self._epoch = os.urandom(16)
         for st in self._requests.values():
             st.chain = self._chain(st.request)
-            st.stored_blocks, st.pending_load, st.last_load = 0, None, None
+            st.stored_blocks, st.pending_load, st.last_load, st.load_failed = 0, None, None, False
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         """Tokens after ``num_computed_tokens`` whose blocks kvstore holds (loaded synchronously: ``False``).
@@ -113,12 +128,12 @@ class KVStoreConnectorScheduler:
                 for shard in self.shards:
                     self.store.announce(shard.keys(full))
             return 0, False
-        if last <= first:
+        if last <= first or st.load_failed:
             return 0, False
         chain = st.chain.keys(request.all_token_ids, last)
         # the whole chain (a daemon's remote tier groups by position), per rank: the least of the ranks' prefixes
         hits = min(self.store.probe(shard.keys(chain), first) for shard in self.shards) - first
-        return hits * bs, False
+        return hits * bs, self.async_loads and hits > 0
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Plan the load of the ``num_external_tokens`` matched tokens into the blocks vLLM allocated for them."""
@@ -128,35 +143,39 @@ class KVStoreConnectorScheduler:
         bs = self.layout.block_size
         first = st.load_start  # vLLM's own prefix hit (request.num_computed_tokens is still 0 here)
         n = num_external_tokens // bs
-        allocated = blocks.blocks[0][first : first + n]
+        allocated = [[NULL if b.is_null else b.block_id for b in group[first : first + n]] for group in blocks.blocks]
         keys = st.chain.keys(request.all_token_ids, first + n)[first:]
         # Sliding-window attention: positions before the window get vLLM's null block (nothing reads it), so
-        # only the blocks inside the window are loaded.
-        kept = [(first + i, b.block_id, k) for i, (b, k) in enumerate(zip(allocated, keys)) if not b.is_null]
-        st.pending_load = BlockTransfer(request.request_id, tuple(b for _, b, _ in kept), tuple(k for _, _, k in kept))
-        st.last_load = (tuple(p for p, _, _ in kept), st.pending_load)
+        # only the blocks inside the window are loaded; a position no group needs is not read at all.
+        kept = [i for i in range(n) if any(group[i] != NULL for group in allocated)]
+        st.pending_load = BlockTransfer(request.request_id, tuple(tuple(g[i] for i in kept) for g in allocated),
+                                        tuple(keys[i] for i in kept))
+        st.last_load = (tuple(first + i for i in kept), st.pending_load)
         st.stored_blocks = max(st.stored_blocks, first + n)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVStoreConnectorMetadata:
         """This step's loads (planned at allocation) and saves (blocks the step fills)."""
         meta = KVStoreConnectorMetadata()
         bs = self.layout.block_size
+        for st in self._requests.values():  # an asynchronous load's request is not scheduled in its step
+            if st.pending_load is not None:
+                (meta.async_loads if self.async_loads else meta.loads).append(st.pending_load)
+                st.pending_load = None
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             st = self._requests.get(req_id)
             if st is None:
                 continue
-            if st.pending_load is not None:
-                meta.loads.append(st.pending_load)
-                st.pending_load = None
             full = min(st.request.num_computed_tokens + n, st.request.num_tokens) // bs
             if full <= st.stored_blocks or not self.saves:
                 continue
             assert self._kv_cache_manager is not None, "bind_kv_cache_manager was not called"
-            block_ids = self._kv_cache_manager.get_block_ids(req_id)[0][st.stored_blocks : full]
+            groups = [g[st.stored_blocks : full] for g in self._kv_cache_manager.get_block_ids(req_id)]
             keys = st.chain.keys(st.request.all_token_ids, full)[st.stored_blocks :]
             null = self._null_block_id()
-            pairs = [(b, k) for b, k in zip(block_ids, keys) if b != null]  # a sliding window's dropped blocks
-            meta.saves.append(BlockTransfer(req_id, tuple(b for b, _ in pairs), tuple(k for _, k in pairs)))
+            # a position a sliding window already dropped in some group cannot be stored whole: skipped
+            kept = [i for i in range(len(keys)) if all(g[i] != null for g in groups)]
+            meta.saves.append(BlockTransfer(req_id, tuple(tuple(g[i] for i in kept) for g in groups),
+                                            tuple(keys[i] for i in kept)))
             st.stored_blocks = full
         return meta
 
@@ -166,15 +185,23 @@ class KVStoreConnectorScheduler:
         null = getattr(pool, "null_block", None)
         return None if null is None else int(null.block_id)
 
-    def on_load_errors(self, invalid_block_ids: set[int]) -> None:
-        """Blocks the workers could not load will be recomputed: save them again from the first failed one on."""
+    def on_load_errors(self, invalid_block_ids: set[int], failed_requests: set[str] = frozenset()) -> None:
+        """Blocks the workers could not load will be recomputed: save them again from the first failed one on.
+
+        ``failed_requests``: requests whose asynchronous load failed (hybrid models); vLLM recomputes each
+        whole, so kvstore offers it nothing more and saves it again from its own prefix hit on."""
+        for req_id in failed_requests:
+            st = self._requests.get(req_id)
+            if st is not None:
+                st.load_failed = True
+                st.stored_blocks = min(st.stored_blocks, st.load_start)
         if not invalid_block_ids:
             return
         for st in self._requests.values():
             if st.last_load is None:
                 continue
             positions, load = st.last_load
-            failed = [i for i, b in enumerate(load.block_ids) if b in invalid_block_ids]
+            failed = [i for i, b in enumerate(load.block_ids[0]) if b in invalid_block_ids]
             if failed:
                 st.stored_blocks = min(st.stored_blocks, positions[failed[0]])
 

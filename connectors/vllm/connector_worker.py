@@ -13,6 +13,13 @@ still being copied. A block kvstore does not return (evicted meanwhile, or
 corrupt: kvstore deletes a block failing its checksum) is reported by
 ``get_block_ids_with_load_errors`` and vLLM recomputes from it on.
 
+Hybrid models (several KV cache groups): each layer's slice goes to, or comes from,
+the block of its own group (``BlockTransfer.block_ids[group]``), and a group's
+:data:`~connectors.vllm.connector_meta.NULL` position (before a sliding window) is
+not written. Their loads are vLLM's asynchronous kind (``async_loads``): done in
+``start_load_kv`` before it returns, and reported, failed or not, by
+:meth:`KVStoreConnectorWorker.take_finished_loads`.
+
 Saves: ``save_kv_layer`` copies the layer's slice of the blocks the step
 fills into a host staging buffer as each layer finishes; ``wait_for_save``
 writes the staged blocks to kvstore and returns when kvstore holds them, so
@@ -29,7 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from connectors.engine_store import EngineBlockStore
-from connectors.vllm.connector_meta import BlockTransfer, KVStoreConnectorMetadata
+from connectors.vllm.connector_meta import NULL, BlockTransfer, KVStoreConnectorMetadata
 from connectors.vllm.shards import Shard
 from kvstore.layout import KVLayout
 
@@ -93,6 +100,9 @@ class _StepLoad:
     def __init__(self, num_layers: int) -> None:
         self.layer_done = [threading.Event() for _ in range(num_layers)]
         self.failed_block_ids: set[int] = set()
+        """Group 0's blocks left unfilled (what vLLM recomputes from, one KV cache group only)."""
+        self.complete = True
+        """Every block was found and written."""
         self.future: Future[None] | None = None
 
     def wait_layer(self, layer: int) -> None:
@@ -109,8 +119,9 @@ class KVStoreConnectorWorker:
     """The worker half of :class:`~connectors.vllm.connector.KVStoreConnector`."""
 
     def __init__(self, store: EngineBlockStore, layout: KVLayout, layer_names: Sequence[str], num_blocks: int,
-                 page_bytes: int, shard: Shard = Shard()) -> None:
-        """``shard``: this worker's tensor-parallel rank; it stores and loads its shard under its own keys."""
+                 page_bytes: int, shard: Shard = Shard(), layer_groups: Sequence[int] | None = None) -> None:
+        """``shard``: this worker's tensor-parallel rank; it stores and loads its shard under its own keys.
+        ``layer_groups``: the KV cache group of each of ``layer_names`` (default: all in group 0)."""
         if page_bytes * len(layer_names) != layout.bytes_per_block:
             raise ValueError(f"{len(layer_names)} layers of {page_bytes} bytes per block do not make the layout's "
                              f"{layout.bytes_per_block}-byte block")
@@ -119,6 +130,9 @@ class KVStoreConnectorWorker:
         self.shard = shard
         self.layer_names = list(layer_names)
         self._layer_index = {n: i for i, n in enumerate(layer_names)}
+        self.layer_groups = list(layer_groups) if layer_groups is not None else [0] * len(self.layer_names)
+        if len(self.layer_groups) != len(self.layer_names):
+            raise ValueError(f"{len(self.layer_groups)} layer groups for {len(self.layer_names)} layers")
         self.num_blocks = num_blocks
         self.page_bytes = page_bytes
         self.cache: _PagedCache | None = None
@@ -128,6 +142,8 @@ class KVStoreConnectorWorker:
         self._saves: list[BlockTransfer] = []
         self._save_staging: torch.Tensor | None = None  # [n_blocks, layers, page_bytes] host copy of this step's saves
         self._staged: list[bool] = []  # per layer: save_kv_layer copied it this step
+        self._loads_done: set[str] = set()
+        self._loads_failed: set[str] = set()
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Attach vLLM's paged KV tensors (checked: one block axis, ``page_bytes`` per block per layer)."""
@@ -140,13 +156,23 @@ class KVStoreConnectorWorker:
 
     # ----------------------------------------------------------------- loads
     def start_load_kv(self, meta: KVStoreConnectorMetadata) -> None:
-        """Start this step's loads in the background (returns at once); prepare the step's saves."""
+        """Start this step's loads in the background (returns at once; asynchronous-kind loads are done before
+        it returns: their requests are not in this step's forward); prepare the step's saves."""
         self._saves = list(meta.saves)
-        n_save = sum(len(s.block_ids) for s in self._saves)
+        n_save = sum(len(s.keys) for s in self._saves)
         self._save_staging = torch.empty((n_save, len(self.layer_names), self.page_bytes), dtype=torch.uint8) \
             if n_save else None
         self._staged = [False] * len(self.layer_names)
         self._load = None
+        for transfer in meta.async_loads:  # their requests wait for them: loaded here, reported by take_finished_loads
+            async_load = _StepLoad(len(self.layer_names))
+            try:
+                self._run_load(async_load, [transfer])
+            except Exception:  # logged; every block counts as failed
+                pass
+            self._loads_done.add(transfer.req_id)
+            if not async_load.complete:
+                self._loads_failed.add(transfer.req_id)
         if not meta.loads:
             return
         load = _StepLoad(len(self.layer_names))
@@ -157,20 +183,22 @@ class KVStoreConnectorWorker:
         cache = self._cache()
         try:
             keys = [k for t in transfers for k in t.keys]
-            block_ids = [b for t in transfers for b in t.block_ids]
+            groups = len(transfers[0].block_ids)
+            block_ids = [[b for t in transfers for b in t.block_ids[g]] for g in range(groups)]
             staging = torch.empty((len(keys), self.layout.bytes_per_block), dtype=torch.uint8)
             found = self.store.get(self.shard.keys(keys), list(staging))
-            ok = [i for i, f in enumerate(found) if f]
-            load.failed_block_ids = {b for b, f in zip(block_ids, found) if not f}
+            load.failed_block_ids = {b for b, f in zip(block_ids[0], found) if not f}
+            load.complete = all(found)
             per_layer = staging.view(len(keys), len(self.layer_names), self.page_bytes)
-            ok_ids = [block_ids[i] for i in ok]
-            for layer in range(len(self.layer_names)):
-                if ok_ids:
-                    cache.write(layer, ok_ids, per_layer[ok, layer])
+            for layer, group in enumerate(self.layer_groups):
+                ok = [i for i, f in enumerate(found) if f and block_ids[group][i] != NULL]
+                if ok:
+                    cache.write(layer, [block_ids[group][i] for i in ok], per_layer[ok, layer])
                     cache.fence()  # the forward may read the layer as soon as the event is set
                 load.layer_done[layer].set()
         except BaseException:
-            load.failed_block_ids = {b for t in transfers for b in t.block_ids}
+            load.failed_block_ids = {b for t in transfers for b in t.block_ids[0]}
+            load.complete = False
             log.exception("kvstore load failed; %d blocks will be recomputed", len(load.failed_block_ids))
             raise
         finally:
@@ -193,7 +221,7 @@ class KVStoreConnectorWorker:
 
     def _stage(self, layer: int) -> None:
         assert self._save_staging is not None
-        ids = [b for s in self._saves for b in s.block_ids]
+        ids = [b for s in self._saves for b in s.block_ids[self.layer_groups[layer]]]
         self._save_staging[:, layer].copy_(self._cache().read(layer, ids))
         self._staged[layer] = True
 
@@ -234,6 +262,13 @@ class KVStoreConnectorWorker:
             self._finish_load()
         errors, self._load_errors = self._load_errors, set()
         return errors
+
+    def take_finished_loads(self) -> tuple[set[str], set[str]]:
+        """``(done, failed)`` request ids of the asynchronous loads since the last call (failed ones are in both,
+        as vLLM wants them)."""
+        done, failed = self._loads_done, self._loads_failed
+        self._loads_done, self._loads_failed = set(), set()
+        return done, failed
 
     def shutdown(self) -> None:
         self._io.shutdown(wait=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,29 @@ _TENSOR_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1}
 def kv_tensor_dtype(dtype: str, kv_cache_dtype: str) -> str:
     """The KV tensors' dtype: ``uint8`` for every fp8 format (vLLM's storage), else the model's dtype."""
     return "uint8" if kv_cache_dtype.startswith("fp8") else dtype
+
+
+_KINDS = {"full_attention": "FullAttentionSpec", "sliding_attention": "SlidingWindowSpec"}
+"""``config.json`` ``layer_types`` entries and the KV cache spec vLLM gives such a layer."""
+
+
+def _layer_kinds(cfg: dict[str, Any], layers: int, model: str | Path) -> str:
+    """The layout's layer kinds (as :func:`connectors.vllm.connector.block_layout` names them, in model order).
+
+    ``layer_types`` (Gemma 3 and other hybrids) names each layer; without it, a ``sliding_window`` windows
+    every layer (Mistral-style). Raises ``ValueError`` for a layer kind whose cache is not attention K/V."""
+    types = cfg.get("layer_types")
+    if not types:
+        windowed = cfg.get("sliding_window") and cfg.get("use_sliding_window", True)
+        return "SlidingWindowSpec" if windowed else "FullAttentionSpec"
+    other = sorted(set(types) - set(_KINDS))
+    if other:
+        raise ValueError(f"{model}: layer types {other} keep state that is not per-token K/V; kvstore's vLLM "
+                         f"connector stores attention layers only")
+    kinds = [_KINDS[t] for t in types[:layers]]
+    if len(set(kinds)) == 1:
+        return kinds[0]
+    return ",".join(f"{k}*{len(list(run))}" for k, run in groupby(kinds))
 
 
 def vllm_daemon_model(model: str | Path, dtype: str, block_size: int, kv_cache_dtype: str = "auto",
@@ -65,9 +89,7 @@ def vllm_daemon_model(model: str | Path, dtype: str, block_size: int, kv_cache_d
             head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
             if heads % tensor_parallel_size:
                 raise ValueError(f"{model}: {heads} K/V heads cannot be split among {tensor_parallel_size} ranks")
-            # every layer windowed (Mistral-style): vLLM's one group is a SlidingWindowSpec
-            windowed = cfg.get("sliding_window") and cfg.get("use_sliding_window", True) and not cfg.get("layer_types")
-            spec = "SlidingWindowSpec" if windowed else "FullAttentionSpec"
+            spec = _layer_kinds(cfg, layers, model)
             page = 2 * block_size * (heads // tensor_parallel_size) * head_dim
     except KeyError as exc:
         raise ValueError(f"{model}/config.json has no {exc.args[0]!r}; start vLLM with the connector once and "

@@ -34,7 +34,7 @@ class Site:
         self.root = short_tmpdir()
         self.model = h.model_dir(self.root)
         cfg = h.vllm_config(self.model, full_connector(self.root / "not-read.yaml"))
-        layout = block_layout(cfg, h.make_kv_cache_config(cfg))[0]
+        layout = block_layout(cfg, h.make_kv_cache_config(cfg)).layout
         section = yaml.safe_load(daemon_model_section(layout))["model"]
         self.daemon_config = write_config(self.root, model=section, host={"capacity": "1MiB"})
         self.daemon: Daemon | None = start_daemon(self.daemon_config)
@@ -70,7 +70,7 @@ def test_prompt_saved_by_one_request_is_loaded_layer_by_layer_for_the_next(site:
         out = rig.step()
         assert out.num_scheduled_tokens == {"b": 2}  # 48 tokens from kvstore, only the suffix computed
         loads = out.kv_connector_metadata.loads
-        assert [len(t.block_ids) for t in loads] == [3]
+        assert [len(t.keys) for t in loads] == [3]
         assert rig.blocks_hold("b", PROMPT, 3)
         assert rig.load_errors[-1] == set()
         rig.run("b")
@@ -95,7 +95,7 @@ def test_corrupt_block_is_a_load_error_and_recomputed(site: Site) -> None:
         first = rig.step()
         assert first.num_scheduled_tokens == {"b": 2}  # kvstore still lists the block: 48 tokens claimed
         failed = rig.load_errors[-1]
-        bad_block = first.kv_connector_metadata.loads[0].block_ids[1]
+        bad_block = first.kv_connector_metadata.loads[0].block_ids[0][1]
         assert failed == {bad_block}
         outs = rig.run("b")
         assert scheduled(outs, "b")[0] == 34  # recomputed from the corrupt block on

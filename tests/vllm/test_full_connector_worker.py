@@ -13,7 +13,7 @@ import torch
 
 from connectors.engine_keys import PromptKeys, engine_layout
 from connectors.engine_store import EngineBlockStore
-from connectors.vllm.connector_meta import BlockTransfer, KVStoreConnectorMetadata
+from connectors.vllm.connector_meta import NULL, BlockTransfer, KVStoreConnectorMetadata
 from connectors.vllm.connector_worker import KVStoreConnectorWorker
 from kvstore.tiers.host import HostTier
 
@@ -23,10 +23,11 @@ PAGE = 2 * BS * HEADS * DIM * 2  # K and V, fp16
 TOKENS = list(range(1, 4 * BS + 1))
 
 
-def rig(block_axis_first: bool = False) -> tuple[KVStoreConnectorWorker, dict[str, torch.Tensor], list[bytes]]:
+def rig(block_axis_first: bool = False,
+        layer_groups: list[int] | None = None) -> tuple[KVStoreConnectorWorker, dict[str, torch.Tensor], list[bytes]]:
     layout = engine_layout("vllm-blocks", "test", "float16", BS, PAGE * len(LAYERS))
     store = EngineBlockStore(layout, [HostTier(layout, 64 * layout.bytes_per_block)])
-    worker = KVStoreConnectorWorker(store, layout, LAYERS, NUM_BLOCKS, PAGE)
+    worker = KVStoreConnectorWorker(store, layout, LAYERS, NUM_BLOCKS, PAGE, layer_groups=layer_groups)
     shape = (NUM_BLOCKS, 2, BS, HEADS, DIM) if block_axis_first else (2, NUM_BLOCKS, BS, HEADS, DIM)
     caches = {n: torch.randn(shape).to(torch.float16) for n in LAYERS}
     worker.register_kv_caches(caches)
@@ -42,7 +43,7 @@ def test_saved_blocks_load_back_bit_for_bit_even_for_layers_save_kv_layer_skippe
     worker, caches, keys = rig(block_axis_first)
     axis = 0 if block_axis_first else 1
     want = {(n, b): block(caches, n, b, axis) for n in LAYERS for b in (2, 5)}
-    worker.start_load_kv(KVStoreConnectorMetadata(saves=[BlockTransfer("a", (2, 5), tuple(keys[:2]))]))
+    worker.start_load_kv(KVStoreConnectorMetadata(saves=[BlockTransfer("a", ((2, 5),), tuple(keys[:2]))]))
     worker.save_kv_layer("l0", caches["l0"])
     worker.save_kv_layer("l2", caches["l2"])  # l1's attention never called it: wait_for_save copies it itself
     worker.wait_for_save()
@@ -50,7 +51,7 @@ def test_saved_blocks_load_back_bit_for_bit_even_for_layers_save_kv_layer_skippe
 
     for t in caches.values():
         t.zero_()
-    worker.start_load_kv(KVStoreConnectorMetadata(loads=[BlockTransfer("b", (6, 1), tuple(keys[:2]))]))
+    worker.start_load_kv(KVStoreConnectorMetadata(loads=[BlockTransfer("b", ((6, 1),), tuple(keys[:2]))]))
     for n in LAYERS:
         worker.wait_for_layer_load(n)
     worker.wait_for_save()
@@ -62,10 +63,10 @@ def test_saved_blocks_load_back_bit_for_bit_even_for_layers_save_kv_layer_skippe
 
 def test_a_block_kvstore_does_not_return_is_a_load_error_and_the_others_load() -> None:
     worker, caches, keys = rig()
-    worker.start_load_kv(KVStoreConnectorMetadata(saves=[BlockTransfer("a", (0,), (keys[0],))]))
+    worker.start_load_kv(KVStoreConnectorMetadata(saves=[BlockTransfer("a", ((0,),), (keys[0],))]))
     worker.wait_for_save()
     want = block(caches, "l1", 0, 1)
-    worker.start_load_kv(KVStoreConnectorMetadata(loads=[BlockTransfer("b", (3, 4), (keys[0], keys[1]))]))
+    worker.start_load_kv(KVStoreConnectorMetadata(loads=[BlockTransfer("b", ((3, 4),), (keys[0], keys[1]))]))
     for n in LAYERS:
         worker.wait_for_layer_load(n)  # returns although block 4 never arrives
     assert worker.get_block_ids_with_load_errors() == {4}
@@ -73,10 +74,35 @@ def test_a_block_kvstore_does_not_return_is_a_load_error_and_the_others_load() -
     assert torch.equal(block(caches, "l1", 3, 1), want)
 
 
+def test_hybrid_groups_each_layer_goes_to_its_groups_block_and_a_null_position_is_not_written() -> None:
+    """Layers l0, l2 in a full-attention group (0), l1 in a sliding-window group (1): a position before the
+    window has no block in group 1 (NULL). Saves read each layer from its group's block; asynchronous loads
+    (a hybrid model's kind) finish within ``start_load_kv`` and are reported once, a failed one as failed."""
+    worker, caches, keys = rig(layer_groups=[0, 1, 0])
+    want = {"l0": block(caches, "l0", 2, 1), "l1": block(caches, "l1", 6, 1), "l2": block(caches, "l2", 2, 1)}
+    want1 = {n: block(caches, n, 3 if n != "l1" else 7, 1) for n in LAYERS}
+    worker.start_load_kv(KVStoreConnectorMetadata(saves=[BlockTransfer("a", ((2, 3), (6, 7)), tuple(keys[:2]))]))
+    worker.wait_for_save()
+    for t in caches.values():
+        t.zero_()
+    worker.start_load_kv(KVStoreConnectorMetadata(async_loads=[BlockTransfer("b", ((4, 5), (NULL, 1)), tuple(keys[:2]))]))
+    assert worker.take_finished_loads() == ({"b"}, set())
+    assert worker.take_finished_loads() == (set(), set())  # reported once
+    assert torch.equal(block(caches, "l0", 4, 1), want["l0"]) and torch.equal(block(caches, "l2", 4, 1), want["l2"])
+    assert torch.equal(block(caches, "l1", 1, 1), want1["l1"]) and torch.equal(block(caches, "l0", 5, 1), want1["l0"])
+    written = {(n, b) for n in LAYERS for b in range(NUM_BLOCKS) if block(caches, n, b, 1).any()}
+    assert written == {("l0", 4), ("l2", 4), ("l0", 5), ("l2", 5), ("l1", 1)}  # l1 had no block at position 0
+    assert worker.get_block_ids_with_load_errors() == set()
+
+    worker.start_load_kv(KVStoreConnectorMetadata(async_loads=[BlockTransfer("c", ((4, 5), (0, 1)), (keys[0], keys[3]))]))
+    assert worker.take_finished_loads() == ({"c"}, {"c"})  # a block missing: the whole request fails
+    assert worker.get_block_ids_with_load_errors() == set()  # never as block ids: vLLM refuses those for several groups
+
+
 def test_on_cuda_each_layer_is_announced_only_after_its_copies_are_fenced(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA branch (stream sync before a layer's event) driven on CPU with a fake stream."""
     worker, caches, keys = rig()
-    worker.start_load_kv(KVStoreConnectorMetadata(saves=[BlockTransfer("a", (0,), (keys[0],))]))
+    worker.start_load_kv(KVStoreConnectorMetadata(saves=[BlockTransfer("a", ((0,),), (keys[0],))]))
     worker.wait_for_save()
     assert worker.cache is not None
     worker.cache.on_cuda = True
@@ -88,7 +114,7 @@ def test_on_cuda_each_layer_is_announced_only_after_its_copies_are_fenced(monkey
             seen.append([ev.is_set() for ev in worker._load.layer_done])
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
-    worker.start_load_kv(KVStoreConnectorMetadata(loads=[BlockTransfer("b", (3,), (keys[0],))]))
+    worker.start_load_kv(KVStoreConnectorMetadata(loads=[BlockTransfer("b", ((3,),), (keys[0],))]))
     for n in LAYERS:
         worker.wait_for_layer_load(n)
     assert seen == [[False, False, False], [True, False, False], [True, True, False]]

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -127,9 +128,10 @@ def run_engine(model: Path, rounds: list[dict[str, Any]], kv_transfer_config: di
         return record
 
 
-def random_checkpoint(arch: str, out: Path, tokenizer_from: Path, **config: Any) -> Path:
-    """A tiny Hugging Face checkpoint of ``arch`` (``Llama``, ``Mistral``, ``DeepseekV2``: transformers'
-    ``<arch>Config`` / ``<arch>ForCausalLM``) with random weights as transformers initialises them (so outputs
+def random_checkpoint(arch: str, out: Path, tokenizer_from: Path, config_class: str | None = None,
+                      **config: Any) -> Path:
+    """A tiny Hugging Face checkpoint of ``arch`` (``Llama``, ``Mistral``, ``DeepseekV2``, ``Gemma3``: transformers'
+    ``<arch>Config`` or ``config_class`` / ``<arch>ForCausalLM``) with random weights as transformers initialises them (so outputs
     depend on the KV cache), 2 layers of width 256 unless ``config`` says otherwise, and ``tokenizer_from``'s
     tokenizer (SmolLM2's: the prompts are its token ids). For model kinds no small checkpoint is published of."""
     import shutil
@@ -142,11 +144,39 @@ def random_checkpoint(arch: str, out: Path, tokenizer_from: Path, **config: Any)
                               "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
                               "initializer_range": 0.05, "torch_dtype": "float32", **config}
     torch.manual_seed(0)
-    model = getattr(transformers, f"{arch}ForCausalLM")(getattr(transformers, f"{arch}Config")(**fields))
+    model = getattr(transformers, f"{arch}ForCausalLM")(getattr(transformers, config_class or f"{arch}Config")(**fields))
     model.save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer_from / name, out / name)
     return out
+
+
+def swap_blocks(site: Site, layout: Any, source: list[int], target: list[int],
+                ranks: Sequence[Any] = ()) -> int:
+    """The control of a load test: store ``source``'s stored blocks under ``target``'s keys (well-formed
+    blocks with valid checksums, the wrong KV), for each tensor-parallel rank of ``ranks``
+    (:class:`connectors.vllm.shards.Shard`; none: one rank); how many blocks ``target`` then has."""
+    import torch
+
+    from connectors.engine_keys import PromptKeys
+    from connectors.vllm.shards import Shard
+    from kvstore.daemon.client import DaemonClient
+    from kvstore.daemon.tier import DaemonTier
+
+    assert site.daemon is not None
+    n = min(len(source), len(target) - 1) // layout.block_size
+    client = DaemonClient(layout, socket_path=site.daemon.socket_path)
+    client.connect(10)
+    tier = DaemonTier(layout, client)
+    try:
+        for shard in ranks or [Shard()]:
+            blocks = [torch.empty(layout.bytes_per_block, dtype=torch.uint8) for _ in range(n)]
+            assert all(tier.get(shard.keys(PromptKeys(layout, None).keys(source, n)), blocks)), "source not stored"
+            assert all(tier.put(shard.keys(PromptKeys(layout, None).keys(target, n)), blocks))
+        tier.flush()
+    finally:
+        tier.close()
+    return n
 
 
 def prompt_tokens(model: Path, n_tokens: int, seed: int = 0) -> list[int]:

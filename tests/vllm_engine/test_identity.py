@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import rig
+from kvstore.layout import KVLayout
 from prompts import Prompts
 from rig import tokens
 
@@ -29,20 +30,31 @@ def fp8_site(model: Path) -> Any:
 
 
 def _loads_its_own_blocks(model: Path, prompts: Prompts, site: rig.Site, kv_cache_dtype: str) -> None:
-    record = rig.run_engine(model, [
+    """A new engine process loads an fp8 engine's blocks and decodes as it did; the control: another
+    prompt's blocks stored under a prompt's keys change that prompt's output (its own output, from the
+    first process, computed under a cache salt, so its keys stay free)."""
+    first = rig.run_engine(model, [
         {"prompts": [prompts.long], "max_tokens": 12},
-        {"prompts": [prompts.long], "max_tokens": 12, "before": "reset_prefix_cache"},
+        {"prompts": [prompts.other], "max_tokens": 12, "cache_salts": ["reference"]},
     ], site.connector(), kv_cache_dtype=kv_cache_dtype)
-    assert record["rounds"][1]["external_prefix_cache_hits"] == 33 * BS
-    assert tokens(record, 1) == tokens(record, 0)
+    layout = KVLayout(**rig.daemon_model(model, kv_cache_dtype=kv_cache_dtype))
+    swapped = rig.swap_blocks(site, layout, prompts.long, prompts.other)
+    second = rig.run_engine(model, [
+        {"prompts": [prompts.long], "max_tokens": 12},
+        {"prompts": [prompts.other], "max_tokens": 12},
+    ], site.connector(), kv_cache_dtype=kv_cache_dtype)
+    assert second["rounds"][0]["external_prefix_cache_hits"] == 33 * BS
+    assert tokens(second, 0) == tokens(first, 0)
+    assert second["rounds"][1]["external_prefix_cache_hits"] == swapped * BS  # the control
+    assert tokens(second, 1) != tokens(first, 1)
 
 
-def test_an_fp8_e4m3_engine_loads_its_own_blocks_bit_for_bit(model: Path, prompts: Prompts,
+def test_an_fp8_e4m3_engine_loads_its_own_blocks_and_another_prompts_change_the_output(model: Path, prompts: Prompts,
                                                             fp8_site: rig.Site) -> None:
     _loads_its_own_blocks(model, prompts, fp8_site, "fp8_e4m3")
 
 
-def test_an_fp8_e5m2_engine_loads_its_own_blocks_from_its_own_daemon(model: Path, prompts: Prompts) -> None:
+def test_an_fp8_e5m2_engine_loads_its_own_blocks_from_its_own_daemon_and_another_prompts_change_the_output(model: Path, prompts: Prompts) -> None:
     site = rig.Site.start(model, kv_cache_dtype="fp8_e5m2")  # its own identity: the e4m3 daemon refuses it (below)
     try:
         _loads_its_own_blocks(model, prompts, site, "fp8_e5m2")

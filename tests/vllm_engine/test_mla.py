@@ -14,12 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 import rig
-from connectors.engine_keys import PromptKeys
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.tier import DaemonTier
 from kvstore.layout import KVLayout
 from prompts import Prompts
 from rig import tokens
@@ -50,28 +46,11 @@ def runs(mla_model: Path, prompts: Prompts) -> dict[str, Any]:
         out["first"] = rig.run_engine(mla_model, rounds[:1], site.connector(), **ENGINE)
         out["second"] = rig.run_engine(mla_model, rounds[:1], site.connector(), **ENGINE)  # a new process
         layout = KVLayout(**rig.daemon_model(mla_model, block_size=BS, dtype=DTYPE))
-        out["swapped"] = _swap(site, layout, prompts.long, prompts.other)
+        out["swapped"] = rig.swap_blocks(site, layout, prompts.long, prompts.other)
         out["control"] = rig.run_engine(mla_model, rounds[1:], site.connector(), **ENGINE)
         return out
     finally:
         site.close()
-
-
-def _swap(site: rig.Site, layout: KVLayout, source: list[int], target: list[int]) -> int:
-    """Store ``source``'s blocks under ``target``'s keys (well-formed blocks, the wrong KV); returns how many."""
-    assert site.daemon is not None
-    n = (len(target) - 1) // BS
-    client = DaemonClient(layout, socket_path=site.daemon.socket_path)
-    client.connect(10)
-    tier = DaemonTier(layout, client)
-    try:
-        blocks = [torch.empty(layout.bytes_per_block, dtype=torch.uint8) for _ in range(n)]
-        assert all(tier.get(PromptKeys(layout, None).keys(source, n), blocks))
-        assert all(tier.put(PromptKeys(layout, None).keys(target, n), blocks))
-        tier.flush()
-    finally:
-        tier.close()
-    return n
 
 
 def test_mla_blocks_loaded_by_a_new_process_equal_vllm_alone(runs: dict[str, Any], prompts: Prompts) -> None:

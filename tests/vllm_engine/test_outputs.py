@@ -21,12 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 import rig
 from connectors.engine_keys import PromptKeys
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.tier import DaemonTier
 from kvstore.layout import KVLayout
 from prompts import Prompts
 from rig import metric, tokens
@@ -129,24 +126,6 @@ def vllm_layout(model: Path) -> KVLayout:
     return KVLayout(**section)
 
 
-def swap_blocks(site: rig.Site, layout: KVLayout, source: list[int], target: list[int]) -> int:
-    """Store ``source``'s blocks under ``target``'s keys (well-formed blocks with the wrong KV); returns how many."""
-    assert site.daemon is not None
-    n = (len(target) - 1) // BS
-    chain_src, chain_dst = PromptKeys(layout, None), PromptKeys(layout, None)
-    client = DaemonClient(layout, socket_path=site.daemon.socket_path)
-    client.connect(10)
-    tier = DaemonTier(layout, client)
-    try:
-        blocks = [torch.empty(layout.bytes_per_block, dtype=torch.uint8) for _ in range(n)]
-        assert all(tier.get(chain_src.keys(source, n), blocks))
-        assert all(tier.put(chain_dst.keys(target, n), blocks))
-        tier.flush()
-    finally:
-        tier.close()
-    return n
-
-
 def damage_block_on_disk(site: rig.Site, layout: KVLayout, prompt: list[int], block: int) -> None:
     """Flip one byte in the middle of ``prompt``'s block ``block`` in the daemon's LMDB (daemon stopped)."""
     from kvstore.tiers.disk import DiskTier
@@ -163,7 +142,7 @@ def damage_block_on_disk(site: rig.Site, layout: KVLayout, prompt: list[int], bl
 @pytest.fixture(scope="module")
 def third(model: Path, prompts: Prompts, site: rig.Site, second: dict[str, Any]) -> dict[str, Any]:
     layout = vllm_layout(model)
-    swapped = swap_blocks(site, layout, prompts.long, prompts.other)
+    swapped = rig.swap_blocks(site, layout, prompts.long, prompts.other)
     assert site.daemon is not None
     site.daemon.stop()
     damage_block_on_disk(site, layout, prompts.long, 20)

@@ -5,7 +5,8 @@ cache; SmolLM2's tokenizer; fp32) runs with ``tensor_parallel_size=2`` on this C
 rank (``VLLM_CPU_OMP_THREADS_BIND=0|1``). Both ranks share one daemon (one shard layout, each rank's keys
 its own, :mod:`connectors.vllm.shards`). A new engine process loads every block from both ranks' shards and
 decodes as vLLM alone does; with one rank's shard of a block deleted, the scheduler counts only the blocks
-before it (each rank must have its shard), and the output is still vLLM alone's.
+before it (each rank must have its shard), and the output is still vLLM alone's. The control: both ranks'
+shards of one prompt stored under another prompt's keys change that prompt's output.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 import rig
 from connectors.engine_keys import PromptKeys
-from connectors.vllm.shards import Shard
+from connectors.vllm.shards import Shard, all_shards
 from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.tier import DaemonTier
 from kvstore.layout import KVLayout
@@ -44,13 +45,15 @@ def runs(tp_model: Path, prompts: Prompts) -> dict[str, Any]:
     site = rig.Site.start(tp_model, tp=TP)
     try:
         rnd = [{"prompts": [prompts.long], "max_tokens": 12}]
-        out: dict[str, Any] = {"alone": rig.run_engine(tp_model, rnd, env=ENV, **ENGINE)}
+        control = [{"prompts": [prompts.other], "max_tokens": 12}]
+        out: dict[str, Any] = {"alone": rig.run_engine(tp_model, rnd + control, env=ENV, **ENGINE)}
         out["first"] = rig.run_engine(tp_model, rnd, site.connector(), env=ENV, **ENGINE)
         out["second"] = rig.run_engine(tp_model, rnd, site.connector(), env=ENV, **ENGINE)  # a new process
         layout = KVLayout(**rig.daemon_model(tp_model, tp=TP))
         out["stored"] = _shards_stored(site, layout, prompts.long)
+        out["swapped"] = rig.swap_blocks(site, layout, prompts.long, prompts.other, all_shards(TP))
         _delete_shard(site, layout, prompts.long, Shard(1, TP), MISSING)
-        out["third"] = rig.run_engine(tp_model, rnd, site.connector(), env=ENV, **ENGINE)
+        out["third"] = rig.run_engine(tp_model, rnd + control, site.connector(), env=ENV, **ENGINE)
         return out
     finally:
         site.close()
@@ -95,6 +98,11 @@ def test_each_rank_stores_its_own_shard_and_a_new_process_loads_both_equal_to_vl
 def test_a_rank_missing_its_shard_makes_the_block_recomputed_on_every_rank(runs: dict[str, Any]) -> None:
     assert runs["third"]["rounds"][0]["external_prefix_cache_hits"] == MISSING * BS  # only the blocks before it
     assert tokens(runs["third"], 0) == tokens(runs["alone"], 0)
+
+
+def test_control_another_prompts_shards_change_the_output(runs: dict[str, Any]) -> None:
+    assert runs["third"]["rounds"][1]["external_prefix_cache_hits"] == runs["swapped"] * BS
+    assert tokens(runs["third"], 1) != tokens(runs["alone"], 1)
 
 
 def test_the_shard_keys_of_one_rank_are_the_plain_keys_and_ranks_never_share_one() -> None:
