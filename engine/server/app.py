@@ -1,5 +1,5 @@
 """The engine server's HTTP application: OpenAI ``/v1/completions`` and ``/v1/chat/completions``,
-``/health``, ``/metrics`` and ``/v1/models``.
+``/health``, ``/metrics`` (Prometheus text), ``/stats`` (the same figures as JSON) and ``/v1/models``.
 
 Every response names the replica in the ``x-kvstore-replica`` header.
 ``/health`` also returns the KV layout the replica's block keys are rooted in,
@@ -19,8 +19,10 @@ from aiohttp import web
 from engine.sampling_params import SamplingParams
 from engine.server.prompt import PromptRenderer
 from engine.server.responses import SSE_DONE, ResponseWriter, error_body
+from engine.server.metrics import engine_families
 from engine.server.worker import Delta, EngineWorker
 from kvstore.layout import KVLayout
+from kvstore.prometheus import CONTENT_TYPE, render
 from kvstore.route.openai_request import CompletionRequest, RequestError, RequestKind, parse_request
 
 REPLICA_HEADER = "x-kvstore-replica"
@@ -32,7 +34,8 @@ def bad_request(message: str, param: str | None = None, status: int = 400) -> we
 
 
 class EngineServer:
-    """The handlers over one :class:`EngineWorker`. ``extra_metrics`` adds sections to ``/metrics`` (events)."""
+    """The handlers over one :class:`EngineWorker`. ``extra_metrics`` adds sections to ``/stats`` and
+    ``/metrics`` (events)."""
 
     def __init__(self, worker: EngineWorker, renderer: PromptRenderer, model_name: str, replica_id: str,
                  layout: KVLayout, extra_metrics: Callable[[], dict[str, Any]] | None = None) -> None:
@@ -60,6 +63,7 @@ class EngineServer:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/stats", self.stats)
         app.router.add_get("/v1/models", self.models)
         return app
 
@@ -75,13 +79,22 @@ class EngineServer:
                                   "kv_layout": dataclasses.asdict(self.layout)},
                                  status=200 if self.worker.failure is None else 503)
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    def snapshot(self) -> dict[str, Any]:
+        """Every figure ``/stats`` and ``/metrics`` report, read once."""
         load = self.worker.load()
+        pool = self.worker.llm.pool
         body: dict[str, Any] = {"replica": self.replica_id, "in_flight_requests": load.in_flight_requests,
-                                "in_flight_tokens": load.in_flight_tokens, "totals": dict(self.worker.totals)}
+                                "in_flight_tokens": load.in_flight_tokens, "totals": dict(self.worker.totals),
+                                "gpu_blocks": {"total": pool.num_blocks, "used": pool.num_blocks - pool.num_free}}
         if self.extra_metrics is not None:
             body.update(self.extra_metrics())
-        return web.json_response(body)
+        return body
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.snapshot())
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=render(engine_families(self.snapshot())), headers={"Content-Type": CONTENT_TYPE})
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [

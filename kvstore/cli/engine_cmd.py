@@ -76,7 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve the built-in engine over HTTP: POST /v1/completions and /v1/chat/completions "
         "(OpenAI-compatible; \"stream\": true for server-sent events; usage.prompt_tokens_details.cached_tokens "
         "counts the prompt tokens served from the prefix cache), GET /health (status and the KV layout block "
-        "keys are rooted in), GET /metrics (in-flight requests and tokens, totals, KV events) and GET /v1/models. "
+        "keys are rooted in), GET /metrics (Prometheus text: in-flight requests and tokens, totals, GPU blocks, KV events), GET /stats "
+        "(the same as JSON) and GET /v1/models. "
         "Concurrent requests are batched by the engine. The prefix cache goes through kvstore as --config says "
         "(default: an embedded store; unset data paths become .kvstore-data/engine-<replica-id>/). Chat requests "
         "use the model's chat template, or kvstore's role-tagged fallback when it has none (the built-in model).",

@@ -48,7 +48,7 @@ class ReplicaEvents:
         return f"; KV events on {self.endpoint}{replay}"
 
     def stats(self) -> dict[str, Any]:
-        """The ``events`` section of ``/metrics``."""
+        """The ``events`` section of the engine server's ``/stats`` and ``/metrics``."""
         if self.publisher is None:
             return {"events": {"enabled": False}}
         p = self.publisher

@@ -72,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the replica with the lowest cost: uncached prompt blocks (weighted by tier) plus load (in-flight "
         "requests and tokens: its own accounting plus the replicas' /metrics). A replica that is down gets no "
         "traffic and a request it refused is retried on the next best one. POST /route answers the choice "
-        "without forwarding; GET /metrics reports decisions, hit blocks per decision and event lag.",
+        "without forwarding; GET /metrics (Prometheus text) reports decisions, hit blocks, replicas and event lag, "
+        "GET /stats the same as JSON.",
     )
     p.add_argument("--store", action="append", default=[], metavar="events=EP[,replay=EP,name=NAME,serves=R1+R2]",
                    help="a sidecar daemon's KV events (`kvstore serve --events-endpoint EP`, or daemon.events): the "

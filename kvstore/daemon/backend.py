@@ -456,6 +456,7 @@ class DaemonBackend:
         c.bytes_out += found * self.layout.bytes_per_block
         c.host_hits += host_hits
         c.host_misses += n - host_hits
+        self.host.count_served(host_hits)  # the bytes leave through shared memory or a copy, never host.get
         if self.disk is not None:
             c.disk_hits += found - host_hits
             c.disk_misses += n - found

@@ -11,12 +11,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from kvstore.prometheus import CONTENT_TYPE
+
 log = logging.getLogger(__name__)
 
 MAX_LINE = 8192
 MAX_HEADERS = 64
 READ_TIMEOUT_S = 5.0
-PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class HttpEndpoints:
@@ -70,5 +71,5 @@ class HttpEndpoints:
             ok = self._healthy()
             return ("200 OK" if ok else "503 Service Unavailable"), "text/plain", (b"ok\n" if ok else b"stopping\n")
         if path == "/metrics":
-            return "200 OK", PROMETHEUS_TYPE, (await self._metrics()).encode()
+            return "200 OK", CONTENT_TYPE, (await self._metrics()).encode()
         return "404 Not Found", "text/plain", b"not found; try /healthz or /metrics\n"

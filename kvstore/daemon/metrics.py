@@ -12,6 +12,8 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstore.prometheus import Family, Kind, number, render
+
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 )
@@ -61,105 +63,92 @@ class DaemonMetrics:
         self.errors[code] = self.errors.get(code, 0) + 1
 
 
-def _fmt(value: float) -> str:
-    return repr(float(value)) if isinstance(value, float) else str(value)
-
-
-def _label_value(text: str) -> str:
-    """``text`` escaped for a Prometheus label value (backslash, double quote, newline)."""
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def render_prometheus(m: DaemonMetrics, backend: dict[str, Any], build: dict[str, str]) -> str:
     """The ``/metrics`` body for the metrics ``m``, a :meth:`DaemonBackend.stats` snapshot and the
     :func:`~kvstore.build_info.build_info` of this process."""
-    lines: list[str] = []
+    families: list[Family] = []
 
-    def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            lines.append(f"{name}{labels} {_fmt(value)}")
+    def family(name: str, kind: Kind, help_text: str, samples: list[tuple[dict[str, str], float]]) -> None:
+        families.append(Family(name, kind, help_text, samples))
 
     tiers = [(t, backend[t]) for t in ("host", "disk", "remote") if backend.get(t) is not None]
     c = backend["counters"]
     family("kvstore_hits_total", "counter", "Blocks found, by the tier that served them.",
-           [('{tier="host"}', c["host_hits"])] + ([('{tier="disk"}', c["disk_hits"])] if backend.get("disk") else [])
-           + ([('{tier="remote"}', backend["remote"]["hits"])] if backend.get("remote") else []))
+           [({"tier": "host"}, c["host_hits"])] + ([({"tier": "disk"}, c["disk_hits"])] if backend.get("disk") else [])
+           + ([({"tier": "remote"}, backend["remote"]["hits"])] if backend.get("remote") else []))
     family("kvstore_misses_total", "counter", "Blocks asked for and not found in the tier.",
-           [('{tier="host"}', c["host_misses"])] + ([('{tier="disk"}', c["disk_misses"])] if backend.get("disk") else [])
-           + ([('{tier="remote"}', backend["remote"]["misses"])] if backend.get("remote") else []))
+           [({"tier": "host"}, c["host_misses"])] + ([({"tier": "disk"}, c["disk_misses"])] if backend.get("disk") else [])
+           + ([({"tier": "remote"}, backend["remote"]["misses"])] if backend.get("remote") else []))
     family("kvstore_prefix_cache_queries_total", "counter",
            "Prompt tokens looked up in the daemon's tiers, as vLLM's prefix_cache_queries counts them. The daemon "
            "sees block keys, not tokens: counted as blocks probed (EXISTS_PREFIX) x block size, and an engine "
-           "asks only for blocks beyond its own GPU cache.", [("", c["prefix_query_tokens"])])
+           "asks only for blocks beyond its own GPU cache.", [({}, c["prefix_query_tokens"])])
     family("kvstore_prefix_cache_hits_total", "counter",
            "Of kvstore_prefix_cache_queries_total, the tokens found cached (leading blocks held in host or disk, "
-           "x block size), as vLLM's prefix_cache_hits.", [("", c["prefix_hit_tokens"])])
+           "x block size), as vLLM's prefix_cache_hits.", [({}, c["prefix_hit_tokens"])])
     family("kvstore_build_info", "gauge", "Always 1; the labels say which build is running.",
-           [("{" + ",".join(f'{k}="{_label_value(v)}"' for k, v in sorted(build.items())) + "}", 1)])
+           [(dict(build), 1)])
     family("kvstore_block_bytes_out_total", "counter", "Block bytes served to clients (shared memory or inline).",
-           [("", c["bytes_out"])])
-    family("kvstore_block_bytes_in_total", "counter", "Block bytes stored by clients.", [("", c["bytes_in"])])
+           [({}, c["bytes_out"])])
+    family("kvstore_block_bytes_in_total", "counter", "Block bytes stored by clients.", [({}, c["bytes_in"])])
     family("kvstore_tier_bytes_read_total", "counter", "Raw block bytes read out of the tier.",
-           [(f'{{tier="{t}"}}', s["bytes_read"]) for t, s in tiers])
+           [({"tier": t}, s["bytes_read"]) for t, s in tiers])
     family("kvstore_tier_bytes_written_total", "counter", "Raw block bytes stored into the tier.",
-           [(f'{{tier="{t}"}}', s["bytes_written"]) for t, s in tiers])
+           [({"tier": t}, s["bytes_written"]) for t, s in tiers])
     family("kvstore_evictions_total", "counter", "Blocks evicted to respect the tier's capacity.",
-           [(f'{{tier="{t}"}}', s["evictions"]) for t, s in tiers])
+           [({"tier": t}, s["evictions"]) for t, s in tiers])
     family("kvstore_corrupt_dropped_total", "counter", "Stored entries that failed verification and were deleted.",
-           [(f'{{tier="{t}"}}', s["corrupt_dropped"]) for t, s in tiers])
-    family("kvstore_used_bytes", "gauge", "Bytes occupied in the tier.", [(f'{{tier="{t}"}}', s["used_bytes"]) for t, s in tiers])
+           [({"tier": t}, s["corrupt_dropped"]) for t, s in tiers])
+    family("kvstore_used_bytes", "gauge", "Bytes occupied in the tier.", [({"tier": t}, s["used_bytes"]) for t, s in tiers])
     family("kvstore_capacity_bytes", "gauge", "Capacity of the tier in bytes.",
-           [(f'{{tier="{t}"}}', s["capacity_bytes"]) for t, s in tiers])
-    family("kvstore_blocks", "gauge", "Blocks stored in the tier.", [(f'{{tier="{t}"}}', s["num_blocks"]) for t, s in tiers])
+           [({"tier": t}, s["capacity_bytes"]) for t, s in tiers])
+    family("kvstore_blocks", "gauge", "Blocks stored in the tier.", [({"tier": t}, s["num_blocks"]) for t, s in tiers])
     remote = backend.get("remote")
     if remote is not None:
         family("kvstore_remote_errors_total", "counter", "Remote-tier round trips (or commands in one) that failed: "
                "refused or lost connection, timeout, cluster down; each was answered as a miss.",
-               [("", remote["errors"])])
+               [({}, remote["errors"])])
         family("kvstore_remote_probe_timeouts_total", "counter", "Remote prefix probes not answered within "
-               "remote.probe_timeout_s (answered as misses).", [("", remote["probe_timeouts"])])
+               "remote.probe_timeout_s (answered as misses).", [({}, remote["probe_timeouts"])])
         family("kvstore_remote_skipped_total", "counter", "Remote accesses answered as misses without a round trip "
-               "while the tier backed off after failures.", [("", remote["skipped"])])
+               "while the tier backed off after failures.", [({}, remote["skipped"])])
         family("kvstore_remote_reconnects_total", "counter", "Times the remote server answered again after failures.",
-               [("", remote["reconnects"])])
+               [({}, remote["reconnects"])])
         family("kvstore_remote_evictions_total", "counter", "Remote blocks Redis evicted, by how the tier learnt of it "
                "(keyspace notification, or a read that found no value).",
-               [('{source="notified"}', remote["evictions_notified"]),
-                ('{source="inferred"}', remote["evictions_inferred"])])
+               [({"source": "notified"}, remote["evictions_notified"]),
+                ({"source": "inferred"}, remote["evictions_inferred"])])
         family("kvstore_remote_groups_stored_total", "counter", "Remote values (groups of blocks) newly stored.",
-               [("", remote["groups_stored"])])
+               [({}, remote["groups_stored"])])
     family("kvstore_no_room_total", "counter", "Keys not served because every host slot was locked or reserved.",
-           [("", c["no_room"])])
-    family("kvstore_holds", "gauge", "Host slot holds held by clients now.", [("", backend["holds"])])
+           [({}, c["no_room"])])
+    family("kvstore_holds", "gauge", "Host slot holds held by clients now.", [({}, backend["holds"])])
     family("kvstore_holds_expired_total", "counter", "Holds ended by their deadline (vanished or slow clients).",
-           [("", backend["holds_expired"])])
-    family("kvstore_pending_writes", "gauge", "Committed blocks not yet written to disk.", [("", backend["pending_writes"])])
+           [({}, backend["holds_expired"])])
+    family("kvstore_pending_writes", "gauge", "Committed blocks not yet written to disk.", [({}, backend["pending_writes"])])
     family("kvstore_write_failures_total", "counter", "Blocks the write-behind failed to write to disk (full or failing disk).",
-           [("", backend["write_failures"])])
+           [({}, backend["write_failures"])])
     family("kvstore_not_durable_total", "counter", "Acknowledged blocks whose disk write failed (lost at restart).",
-           [("", backend["not_durable"])])
+           [({}, backend["not_durable"])])
     family("kvstore_flush_failures_total", "counter", "Flushes that reported acknowledged blocks not durable.",
-           [("", c["flush_failures"])])
+           [({}, c["flush_failures"])])
     family("kvstore_hold_owner_releases_total", "counter",
-           "Holds ended at once because the client process holding them exited.", [("", c["owner_releases"])])
-    family("kvstore_protocol_bytes_in_total", "counter", "Protocol bytes received.", [("", m.bytes_in)])
-    family("kvstore_protocol_bytes_out_total", "counter", "Protocol bytes sent.", [("", m.bytes_out)])
-    family("kvstore_connected_clients", "gauge", "Client connections open now.", [("", m.clients)])
-    family("kvstore_connections_total", "counter", "Client connections accepted.", [("", m.connections)])
+           "Holds ended at once because the client process holding them exited.", [({}, c["owner_releases"])])
+    family("kvstore_protocol_bytes_in_total", "counter", "Protocol bytes received.", [({}, m.bytes_in)])
+    family("kvstore_protocol_bytes_out_total", "counter", "Protocol bytes sent.", [({}, m.bytes_out)])
+    family("kvstore_connected_clients", "gauge", "Client connections open now.", [({}, m.clients)])
+    family("kvstore_connections_total", "counter", "Client connections accepted.", [({}, m.connections)])
     family("kvstore_requests_total", "counter", "Requests served, by operation.",
-           [(f'{{op="{op}"}}', n) for op, n in sorted(m.requests.items())])
+           [({"op": op}, n) for op, n in sorted(m.requests.items())])
     family("kvstore_errors_total", "counter", "Error replies sent, by error code.",
-           [(f'{{code="{code}"}}', n) for code, n in sorted(m.errors.items())])
-    lines.append("# HELP kvstore_request_seconds Request latency in the daemon, by operation.")
-    lines.append("# TYPE kvstore_request_seconds histogram")
+           [({"code": code}, n) for code, n in sorted(m.errors.items())])
+    lines = ["# HELP kvstore_request_seconds Request latency in the daemon, by operation.",
+             "# TYPE kvstore_request_seconds histogram"]
     for op, h in sorted(m.latency.items()):
         running = 0
         for bound, count in zip(list(h.bounds) + [float("inf")], h.counts):
             running += count
-            le = "+Inf" if bound == float("inf") else repr(bound)
-            lines.append(f'kvstore_request_seconds_bucket{{op="{op}",le="{le}"}} {running}')
-        lines.append(f'kvstore_request_seconds_sum{{op="{op}"}} {h.sum!r}')
+            lines.append(f'kvstore_request_seconds_bucket{{op="{op}",le="{number(bound)}"}} {running}')
+        lines.append(f'kvstore_request_seconds_sum{{op="{op}"}} {number(h.sum)}')
         lines.append(f'kvstore_request_seconds_count{{op="{op}"}} {h.total}')
-    return "\n".join(lines) + "\n"
+    return render(families, "\n".join(lines) + "\n")

@@ -1,4 +1,4 @@
-"""``kvstore route``'s HTTP front: OpenAI passthrough to the replica the policy picks, ``POST /route``, ``/metrics``.
+"""``kvstore route``'s HTTP front: OpenAI passthrough to the replica the policy picks, ``POST /route``, ``/metrics`` (``/stats``: JSON).
 
 Per request::
 
@@ -28,7 +28,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from kvstore.prometheus import CONTENT_TYPE, render
 from kvstore.route.index import RouterIndex
+from kvstore.route.metrics import route_families
 from kvstore.route.openai_request import CompletionRequest, RequestError, RequestKind, parse_request
 from kvstore.route.policy import CostPolicy, Decision
 from kvstore.route.prompt_keys import PromptKeys, block_scales, cached_prefixes, prompt_keys
@@ -50,7 +52,7 @@ def error_response(message: str, param: str | None = None, status: int = 400) ->
 
 @dataclass
 class RouteStats:
-    """What ``/metrics`` reports about decisions (changed only by :class:`Router`)."""
+    """What ``/stats`` and ``/metrics`` report about decisions (changed only by :class:`Router`)."""
 
     decisions: int = 0
     by_replica: dict[str, int] = field(default_factory=dict)
@@ -82,7 +84,7 @@ class Router:
 
     ``token_ids`` turns a parsed request into the token ids the replicas will
     run (the served model's chat template and tokenizer); ``event_stats``
-    gives the ``events`` section of ``/metrics`` (the subscriber's lag and
+    gives the ``events`` section of ``/stats`` (the subscriber's lag and
     losses). ``index_lock`` is the lock the subscriber changes the index under
     (:attr:`EventSubscriber.lock`); lookups take it too.
     """
@@ -107,6 +109,7 @@ class Router:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/route", self.route)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/stats", self.stats_view)
         app.router.add_get("/health", self.health)
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
@@ -244,13 +247,15 @@ class Router:
         return web.json_response({"status": "ok" if up else "no replica up", "replicas_up": up},
                                  status=200 if up else 503)
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    def snapshot(self) -> dict[str, Any]:
+        """Every figure ``/stats`` and ``/metrics`` report, read once."""
         s = self.stats
         body: dict[str, Any] = {
             "decisions": s.decisions, "retries": s.retries, "failed": s.failed,
             "prompt_blocks": s.prompt_blocks, "hit_blocks": s.hit_blocks,
             "hit_blocks_per_decision": s.hit_blocks / s.decisions if s.decisions else 0.0,
-            "hit_blocks_histogram": s.hit_histogram,
+            "hit_blocks_histogram": dict(s.hit_histogram),
+            "decision_seconds_total": s.decision_seconds_total,
             "decision_seconds": {"mean": s.decision_seconds_total / s.decisions if s.decisions else 0.0,
                                  "max": s.decision_seconds_max},
             "replicas": {n: {"url": r.spec.url, "up": r.up, "reason": r.reason, "decisions": s.by_replica.get(n, 0),
@@ -261,4 +266,10 @@ class Router:
         }
         if self.event_stats is not None:
             body["events"] = self.event_stats()
-        return web.json_response(body)
+        return body
+
+    async def stats_view(self, request: web.Request) -> web.Response:
+        return web.json_response(self.snapshot())
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=render(route_families(self.snapshot())), headers={"Content-Type": CONTENT_TYPE})

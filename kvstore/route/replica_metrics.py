@@ -1,16 +1,15 @@
-"""A replica's ``/metrics`` read as load: kvstore's JSON, or vLLM's Prometheus text.
+"""A replica's ``/metrics`` (Prometheus text) read as load: kvstore's engine gauges, or vLLM's.
 
-kvstore's engine server answers ``{"in_flight_requests": N, "in_flight_tokens": T}``. vLLM answers
-Prometheus text; its in-flight requests are ``vllm:num_requests_running + vllm:num_requests_waiting``
-(summed over label sets: one per engine / data-parallel rank). vLLM 0.33 has no gauge of tokens in
-flight, so a vLLM replica reports 0 tokens (the router still counts the tokens it sent there itself).
-A body that does not parse, or a sample that is not a finite number, counts as nothing: the poller
-never fails on what a replica's metrics say, only on not reaching it.
+kvstore's engine server reports ``kvstore_engine_in_flight_requests`` and ``kvstore_engine_in_flight_tokens``
+(:mod:`engine.server.metrics`). vLLM's in-flight requests are ``vllm:num_requests_running +
+vllm:num_requests_waiting`` (summed over label sets: one per engine / data-parallel rank); vLLM 0.33 has no
+gauge of tokens in flight, so a vLLM replica reports 0 tokens (the router still counts the tokens it sent
+there itself). A body that does not parse, or a sample that is not a finite number, counts as nothing: the
+poller never fails on what a replica's metrics say, only on not reaching it.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Any
@@ -48,25 +47,14 @@ def _count(value: Any) -> int:
     return max(int(value), 0)
 
 
-def vllm_load(text: str) -> ReplicaLoad:
-    """The load vLLM's Prometheus ``/metrics`` text reports (tokens: 0, vLLM has no such gauge)."""
-    totals = prometheus_totals(text)
+KVSTORE_GAUGES = ("kvstore_engine_in_flight_requests", "kvstore_engine_in_flight_tokens")
+"""kvstore's engine server's gauges of requests and tokens in flight."""
+
+
+def replica_load(body: bytes) -> ReplicaLoad:
+    """The load a replica's ``/metrics`` text reports: kvstore's engine gauges when present, else vLLM's."""
+    totals = prometheus_totals(body.decode("utf-8", errors="replace"))
+    requests, tokens = KVSTORE_GAUGES
+    if requests in totals:
+        return ReplicaLoad(_count(totals[requests]), _count(totals.get(tokens, 0.0)))
     return ReplicaLoad(sum(_count(totals.get(name, 0.0)) for name in VLLM_REQUEST_GAUGES), 0)
-
-
-def kvstore_load(body: bytes) -> ReplicaLoad:
-    """The load kvstore's JSON ``/metrics`` body reports (a field that is missing or not a number: 0)."""
-    try:
-        fields = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return ReplicaLoad(0, 0)
-    if not isinstance(fields, dict):
-        return ReplicaLoad(0, 0)
-    return ReplicaLoad(_count(fields.get("in_flight_requests")), _count(fields.get("in_flight_tokens")))
-
-
-def replica_load(content_type: str, body: bytes) -> ReplicaLoad:
-    """The load a ``/metrics`` answer reports: JSON (kvstore) by its content type, else Prometheus text (vLLM)."""
-    if content_type == "application/json":
-        return kvstore_load(body)
-    return vllm_load(body.decode("utf-8", errors="replace"))

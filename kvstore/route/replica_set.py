@@ -228,7 +228,7 @@ class ReplicaSet:
             async with session.get(f"{url}/health", timeout=self.timeout) as resp:
                 status, health_body = resp.status, await resp.read()
             async with session.get(f"{url}/metrics", timeout=self.timeout) as resp:
-                reported = (replica_load(resp.content_type, await resp.read()) if resp.status == 200
+                reported = (replica_load(await resp.read()) if resp.status == 200
                             else ReplicaLoad(0, 0))
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             self.mark_down(name, f"{url}: {type(exc).__name__}: {exc}")

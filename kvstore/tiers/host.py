@@ -353,6 +353,14 @@ class HostTier(Tier):
             self._free.extend(sorted(freed, reverse=True))  # handed out again lowest first (see _make_room)
             return len(freed)
 
+    def count_served(self, n: int) -> None:
+        """Count ``n`` blocks another party read out of the arena itself (a daemon client through shared memory,
+        or the daemon copying for one) as :meth:`get` counts its own: hits and bytes read, so a tier's
+        ``bytes_read`` agrees with its hits however the bytes left."""
+        with self._lock:
+            self._stats.hits += n
+            self._stats.bytes_read += n * self.bpb
+
     def stats(self) -> TierStats:
         """Counters, with ``used_bytes``/``capacity_bytes``/``num_blocks`` filled from the arena."""
         with self._lock:

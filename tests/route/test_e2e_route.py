@@ -97,7 +97,7 @@ def _wait_route(fleet: Fleet, messages: list[dict[str, str]], ok: Callable[[Any]
         if status == 200 and ok(answer):
             return answer
         if time.monotonic() > deadline:
-            _, _, metrics = _get(f"{fleet.url}/metrics")
+            _, _, metrics = _get(f"{fleet.url}/stats")
             raise AssertionError(f"/route never satisfied the check; last answer {answer}; metrics {metrics}")
         time.sleep(0.05)
 
@@ -115,7 +115,7 @@ def _get(url: str) -> tuple[int, dict[str, str], Any]:
 
 
 def _feed(fleet: Fleet, name: str) -> dict[str, Any]:
-    return _get(f"{fleet.url}/metrics")[2]["events"]["replicas"][name]
+    return _get(f"{fleet.url}/stats")[2]["events"]["replicas"][name]
 
 
 def _seed(fleet: Fleet, name: str, text: str) -> tuple[list[dict[str, str]], int]:
@@ -146,7 +146,7 @@ def test_each_later_turn_goes_to_the_replica_holding_its_history(fleet: Fleet) -
             assert headers[ROUTED] == headers["x-kvstore-replica"] == home[i]
             assert _cached(answers[i]) >= held * BS  # the replica did not recompute the history
             assert int(headers["x-kvstore-hit-blocks"]) >= held
-    metrics = _get(f"{fleet.url}/metrics")[2]
+    metrics = _get(f"{fleet.url}/stats")[2]
     assert metrics["decisions"] >= 18 and metrics["retries"] == 0 and metrics["hit_blocks"] > 0
 
 
@@ -207,5 +207,5 @@ def test_a_replica_that_is_down_gets_no_traffic(fleet: Fleet) -> None:
         if i == 0:  # the history died with r2: another replica computed it (later ones may find it there)
             assert _cached(body) <= TEMPLATE_BLOCKS * BS
     assert "r2" not in served
-    replicas = _get(f"{fleet.url}/metrics")[2]["replicas"]
+    replicas = _get(f"{fleet.url}/stats")[2]["replicas"]
     assert replicas["r2"]["up"] is False and replicas["r2"]["reason"]

@@ -141,14 +141,14 @@ def test_health_names_the_layout_and_metrics_count_in_flight_work() -> None:
         pending = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 40,
                                                                              "ignore_eos": True}))
         for _ in range(500):
-            metrics = await (await client.get("/metrics")).json()
+            metrics = await (await client.get("/stats")).json()
             if metrics["in_flight_requests"]:
                 break
             await asyncio.sleep(0.01)
         assert metrics["in_flight_requests"] == 1 and metrics["in_flight_tokens"] == 4 + 40
         server.worker.start()
         assert (await (await pending).json())["usage"]["completion_tokens"] == 40
-        metrics = await (await client.get("/metrics")).json()
+        metrics = await (await client.get("/stats")).json()
         assert metrics["in_flight_requests"] == 0 and metrics["in_flight_tokens"] == 0
         assert metrics["totals"] == {"requests": 1, "prompt_tokens": 4, "cached_tokens": 0, "generated_tokens": 40,
                                      "refused": 0}

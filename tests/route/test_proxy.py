@@ -35,7 +35,8 @@ def _fake_replica(name: str, metrics: dict[str, int] | None = None) -> web.Appli
         return web.json_response({"status": "ok", "kv_layout": dataclasses.asdict(LAYOUT)})
 
     async def get_metrics(request: web.Request) -> web.Response:
-        return web.json_response(metrics or {"in_flight_requests": 0, "in_flight_tokens": 0})
+        load = metrics or {"in_flight_requests": 0, "in_flight_tokens": 0}
+        return web.Response(text="".join(f"kvstore_engine_{k} {v}\n" for k, v in load.items()))
 
     async def complete(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -92,7 +93,7 @@ def test_the_replica_holding_the_prefix_gets_the_request() -> None:
         answer = await (await client.post("/route", json={"messages": [{"role": "user", "content": PROMPT}]})).json()
         assert answer["replica"] == "b" and answer["hit_blocks"] == 4 and answer["prompt_blocks"] == 8
         assert answer["costs"] == {"a": 8.0, "b": 4.0}
-        metrics = await (await client.get("/metrics")).json()
+        metrics = await (await client.get("/stats")).json()
         assert metrics["decisions"] == 2 and metrics["hit_blocks"] == 8 and metrics["prompt_blocks"] == 16
         assert metrics["hit_blocks_histogram"] == {"4-15": 2}
         assert metrics["replicas"]["b"]["decisions"] == 2 and metrics["replicas"]["b"]["in_flight_requests"] == 0

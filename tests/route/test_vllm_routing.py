@@ -72,9 +72,9 @@ def _vllm_replica(name: str, metrics: bytes = b"", content_type: str = "text/pla
 
 
 def _kvstore_replica(name: str) -> web.Application:
-    """A kvstore engine server: its layout on /health, JSON /metrics."""
+    """A kvstore engine server: its layout on /health, its gauges on /metrics."""
     return _replica(name, lambda: web.json_response({"status": "ok", "kv_layout": dataclasses.asdict(LAYOUT)}),
-                    lambda: web.json_response({"in_flight_requests": 0, "in_flight_tokens": 0}))
+                    lambda: web.Response(text="kvstore_engine_in_flight_requests 0\nkvstore_engine_in_flight_tokens 0\n"))
 
 
 def _run(fleet: dict[str, tuple[web.Application, str]],
@@ -165,7 +165,7 @@ def test_a_mixed_fleet_picks_the_replica_holding_more_of_the_prompt_in_tokens() 
         assert answer["costs"] == {"k": 1.0, "v": 2.0} and answer["prompt_blocks"] == 6
         router.index.store("k", kv_keys[:4], "host")  # 4 of k's 5 now also in host: gpu is still the fastest
         assert (await (await client.post("/route", json={"prompt": prompt})).json())["costs"]["k"] == 1.0
-        metrics = await (await client.get("/metrics")).json()
+        metrics = await (await client.get("/stats")).json()
         assert metrics["decisions"] == 5 and metrics["hit_blocks"] == 2 + 2 + 5 + 5 + 5
 
     _run({"k": (_kvstore_replica("k"), ""), "v": (_vllm_replica("v"), ",keys=vllm,block_size=32")}, test)
@@ -204,6 +204,7 @@ def test_vllm_prometheus_metrics_are_its_load() -> None:
      "text/plain"),
     (b"vllm:num_requests_running -5\nvllm:num_requests_waiting\n{} 3\n", "text/plain"),
     (b'{"in_flight_requests": "many", "in_flight_tokens": [1]}', "application/json"),
+    (b"kvstore_engine_in_flight_requests NaN\nkvstore_engine_in_flight_tokens -3\n", "text/plain"),
     (b"[1, 2", "application/json"),
     (b'["not", "an", "object"]', "application/json"),
 ])
