@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvstore.cli.main import build_parser
 
 
@@ -38,6 +40,38 @@ def test_serve_refuses_a_config_without_host_tier(tmp_path: Path, capsys) -> Non
     assert main(["serve", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "lacks 'host'" in err and str(cfg) in err
+
+
+@pytest.mark.parametrize("config", [
+    "host:\n  capacity: 100\n",
+    "tiers: [host, lmdb]\ndisk:\n  max_size: 4KiB\n",
+    "tiers: [lmdb]\n",
+    "tiers: [host, remote]\nremote:\n  write: write_back\n",
+])
+def test_config_check_refuses_what_serve_refuses_with_the_same_message(tmp_path: Path, capsys,  # noqa: ANN001
+                                                                       config: str) -> None:
+    """One list of checks (kvstore/config/serve_checks.py): a config `config check` passes, `serve` starts on."""
+    from kvstore.cli.main import main
+
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(config)
+    assert main(["serve", "--config", str(cfg), "--socket", str(tmp_path / "s.sock")]) == 2
+    served = capsys.readouterr().err
+    assert main(["config", "check", str(cfg)]) == 2
+    checked = capsys.readouterr().err
+    assert str(cfg) in served and served.strip().removeprefix("error: ") in checked
+    assert main(["config", "check", "--for", "engine", str(cfg)]) == 0  # an engine's embedded store gives its layout
+    capsys.readouterr()
+
+
+def test_a_decimal_size_is_said_back_in_binary_units(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from kvstore.cli.main import main
+
+    cfg = tmp_path / "gb.yaml"
+    cfg.write_text("host:\n  capacity: 4GB\n")
+    assert main(["config", "check", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "host.capacity: 4GB is 4,000,000,000 bytes (3.73 GiB: decimal units); 4GiB would be 4,294,967,296" in out
 
 
 def test_serve_refuses_remote_write_back_without_a_disk_tier_naming_the_fields(tmp_path: Path, capsys) -> None:  # noqa: ANN001

@@ -67,6 +67,8 @@ async def _serve(cfg: KVStoreConfig, config_name: str) -> int:
 def _run(args: argparse.Namespace) -> int:
     from kvstore.config import ConfigError, load_config  # here, not at the top: pydantic costs `kvstore --help` ~0.3 s
     from kvstore.config.events import events_override
+    from kvstore.config.serve_checks import serve_problems
+    from kvstore.config.units import decimal_size_notes
 
     try:
         cfg = load_config(args.config)
@@ -79,15 +81,13 @@ def _run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if "host" not in cfg.tiers:
-        print(f"error: invalid config {args.config or '<built-in defaults>'}: tiers {cfg.tiers} lacks 'host'; "
-              "kvstore serve needs it (its shared-memory arena is how engines exchange blocks)", file=sys.stderr)
+    problems = serve_problems(cfg, args.config or "<built-in defaults>")
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
         return 2
-    if "remote" in cfg.tiers and cfg.remote.write == "write_back" and not set(cfg.tiers) & {"lmdb", "file", "slab"}:
-        print(f"error: invalid config {args.config or '<built-in defaults>'}: remote.write: write_back sends a group "
-              f"when its block leaves the daemon's disk tier, and tiers {cfg.tiers} names none; add lmdb, or use "
-              "write_through or write_through_selective", file=sys.stderr)
-        return 2
+    for note in decimal_size_notes(cfg):
+        print(f"note: {note}", file=sys.stderr)
     _setup_logging(args.log_level or cfg.logging.level, cfg.logging.format)
     import asyncio  # here, not at the top, like the config: `kvstore --help` must not pay for it
 

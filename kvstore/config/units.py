@@ -56,3 +56,33 @@ def format_size(n: int) -> str:
             return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
         size /= 1024
     return f"{n}B"  # pragma: no cover - the loop always returns
+
+
+def decimal_size_notes(section: Any, prefix: str = "") -> list[str]:
+    """One line per size of the config model ``section`` (recursively) that is a whole number of SI units
+    and not of binary ones, saying it in both (``host.capacity: 4GB is 4,000,000,000 bytes (3.73 GiB:
+    decimal units); 4GiB would be 4,294,967,296 bytes``): the defaults are binary, so a ``GB`` typed for
+    a ``GiB`` is shown, not silently taken. Pure."""
+    from pydantic import BaseModel
+
+    notes: list[str] = []
+    if not isinstance(section, BaseModel):
+        return notes
+    for name in type(section).model_fields:
+        value = getattr(section, name)
+        path = f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            notes += decimal_size_notes(value, f"{path}.")
+        elif isinstance(value, ByteSize) and value:
+            text = exact_size(int(value))
+            if text.endswith("B") and not text.endswith("iB"):
+                unit, factor = next((u, f) for u, f in _UNITS if text.endswith(u) and not u.endswith("iB"))
+                binary = int(value) // factor * _binary(unit)
+                notes.append(f"{path}: {text} is {int(value):,} bytes ({int(value) / _binary(unit):.2f} {unit[0]}iB: "
+                             f"decimal units); {text[: -len(unit)]}{unit[0]}iB would be {binary:,} bytes")
+    return notes
+
+
+def _binary(unit: str) -> int:
+    """The binary unit of the same letter as SI ``unit`` (``GB`` -> 2^30)."""
+    return dict(_UNITS)[unit[0] + "iB"]
