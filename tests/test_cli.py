@@ -124,3 +124,14 @@ def test_config_check_shows_sizes_in_the_units_they_were_given(tmp_path: Path) -
                      "max_inflight_bytes: 1GB",
                      "max_inflight_bytes: 256MiB"], shown  # daemon: its default
     assert "3906250KiB" not in res.stdout
+
+
+def test_stats_without_a_daemon_says_where_it_looked_and_why_a_relative_path_moves(tmp_path: Path, capsys,  # noqa: ANN001
+                                                                                  monkeypatch) -> None:  # noqa: ANN001
+    from kvstore.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["stats"]) != 0
+    err = capsys.readouterr().err
+    assert f"looked for {tmp_path / '.kvstore-data' / 'kvstore.sock'}" in err
+    assert "is relative" in err and "KVSTORE_DAEMON__SOCKET_PATH" in err

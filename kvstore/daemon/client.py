@@ -113,6 +113,21 @@ class DaemonClient:
         """``unix:PATH`` or ``tcp:HOST:PORT``."""
         return f"unix:{self.socket_path}" if self.socket_path else f"tcp:{self.tcp[0]}:{self.tcp[1]}"  # type: ignore[index]
 
+    def _where_hint(self, exc: BaseException) -> str:
+        """For a Unix socket that is not there (or has no listener): where that is, and why it may differ
+        from where the daemon listens (a relative path resolves against each process's directory)."""
+        if self.socket_path is None or not isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
+            return ""
+        here = os.path.abspath(self.socket_path)
+        hint = f" (looked for {here}; is `kvstore serve` running"
+        if not os.path.isabs(self.socket_path):
+            hint += (f"? the socket path {self.socket_path!r} is relative, so it depends on the directory a process "
+                     "starts in: run from the daemon's directory, or give daemon.socket_path as an absolute path "
+                     "(--socket, KVSTORE_DAEMON__SOCKET_PATH)")
+        else:
+            hint += " with this daemon.socket_path?"
+        return hint + ")"
+
     # -------------------------------------------------------- connection
     def connect(self, wait_s: float = 0.0) -> m.HelloReply:
         """Connect and handshake, retrying with backoff for up to ``wait_s`` seconds.
@@ -180,7 +195,7 @@ class DaemonClient:
                 raise self._refusal(exc) from None  # a refused login: retrying cannot help
             self._next_attempt = time.monotonic() + self._backoff  # unreachable, or refused for now (a cap)
             self._backoff = min(self._backoff * 2, self.backoff_max_s)
-            raise DaemonUnavailable(f"cannot reach the daemon at {self.address}: {exc}") from None
+            raise DaemonUnavailable(f"cannot reach the daemon at {self.address}: {exc}{self._where_hint(exc)}") from None
         self._detach()
         if arena_fd is not None:
             try:
