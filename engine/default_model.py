@@ -46,6 +46,21 @@ def default_model_path(distribution: str | None = None) -> Path:
         f"`{INSTALL_HINT} --force-reinstall`")
 
 
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+BUILTIN_NAME = "builtin-random"
+"""The name the tiny random model is served under: it says its answers are noise."""
+
+
+def served_name(name: str | None) -> str:
+    """The model name a server answers under for a command-line model name: the default model's own name for
+    ``default``, :data:`BUILTIN_NAME` for the built-in tiny random model, else the name as given (vLLM's rule)."""
+    if name == "default":
+        return DEFAULT_NAME
+    if name in (None, "builtin"):
+        return BUILTIN_NAME
+    return name
+
+
 def resolve_model(name: str | None) -> Path | str | None:
     """What ``LLM(model=...)`` takes for a command-line model name.
 

@@ -38,8 +38,12 @@ class EngineServer:
     ``/metrics`` (events)."""
 
     def __init__(self, worker: EngineWorker, renderer: PromptRenderer, model_name: str, replica_id: str,
-                 layout: KVLayout, extra_metrics: Callable[[], dict[str, Any]] | None = None) -> None:
+                 layout: KVLayout, extra_metrics: Callable[[], dict[str, Any]] | None = None,
+                 aliases: tuple[str, ...] = ()) -> None:
+        """``model_name``: the name ``/v1/models`` lists and responses carry; a request may also name the model
+        by one of ``aliases`` (the command-line name it was started with)."""
         self.worker = worker
+        self.aliases = aliases
         self.renderer = renderer
         self.model_name = model_name
         self.replica_id = replica_id
@@ -107,7 +111,7 @@ class EngineServer:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RequestError(None, f"the request body is not JSON: {exc}") from exc
         req = parse_request(kind, body)
-        if req.model is not None and req.model != self.model_name:
+        if req.model is not None and req.model != self.model_name and req.model not in self.aliases:
             raise RequestError("model", f"'model' {req.model!r} is not served here; this replica serves "
                                f"{self.model_name!r}")
         return req, self.renderer.token_ids(req)

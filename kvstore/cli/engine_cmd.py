@@ -19,7 +19,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from connectors import KVConnector, build_connector
     from engine import LLM, CheckpointError
-    from engine.default_model import resolve_model
+    from engine.default_model import resolve_model, served_name
     from engine.model_text import ModelText
     from engine.server.app import EngineServer
     from engine.server.prompt import PromptRenderer
@@ -46,7 +46,11 @@ def _serve(args: argparse.Namespace) -> int:
         events = ReplicaEvents.start(cfg, connector, replica, args.events_endpoint, args.replay_endpoint)
         worker = EngineWorker(llm)
         server = EngineServer(worker, PromptRenderer(ModelText(llm.tokenizer, llm.chat_template)),
-                              args.served_model_name or args.model, replica, llm.pool.layout, events.stats)
+                              args.served_model_name or served_name(args.model), replica, llm.pool.layout, events.stats,
+                              aliases=() if args.served_model_name else (args.model,))
+        if resolve_model(args.model) is None:
+            print("kvstore engine serve: --model builtin is the tiny model with random weights (for tests): its "
+                  "answers are random text; --model default serves SmolLM2-135M-Instruct", file=sys.stderr)
         worker.start()
         run_app(server.app(), args.host, args.port,
                 lambda port: f"kvstore engine serve: replica {replica} ({args.model}) listening on "
@@ -91,7 +95,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--replica-id", default=None, metavar="ID",
                    help="this replica's name in KV events and responses (default: HOST:PORT)")
     s.add_argument("--served-model-name", default=None, metavar="NAME",
-                   help="the model name requests must use, if they name one (default: the --model value)")
+                   help="the model name requests must use, if they name one, and /v1/models lists (default: "
+                   "SmolLM2-135M-Instruct for --model default, builtin-random for builtin, else the --model value)")
     s.add_argument("--events-endpoint", default=None, metavar="ZMQ",
                    help="publish the store's KV events on this ZMQ PUB endpoint, e.g. tcp://127.0.0.1:5557 "
                    "(overrides events.endpoint in --config and enables events)")

@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from connectors.embedded import EmbeddedConnector
 from engine import LLM, EngineConfig
+from engine.default_model import served_name
 from engine.model_text import ModelText
 from engine.server.app import REPLICA_HEADER, EngineServer
 from engine.server.prompt import PromptRenderer
@@ -29,7 +30,7 @@ def _server() -> tuple[EngineServer, EmbeddedConnector]:
     connector = EmbeddedConnector(KVStoreConfig.model_validate({"tiers": ["host"], "host": {"capacity": "1MiB"}}))
     llm = LLM(None, config=EngineConfig(block_size=BS, num_gpu_blocks=64, device="cpu"), connector=connector)
     server = EngineServer(EngineWorker(llm), PromptRenderer(ModelText(llm.tokenizer, llm.chat_template)),
-                          "builtin", "r0", llm.pool.layout)
+                          served_name("builtin"), "r0", llm.pool.layout, aliases=("builtin",))
     return server, connector
 
 
@@ -169,5 +170,21 @@ def test_a_client_that_goes_away_aborts_its_request() -> None:
         assert server.worker.load().in_flight_requests == 0
         assert server.worker.totals["requests"] == 0  # aborted, not finished
         assert not server.worker.llm.has_unfinished()
+
+    _run(test)
+
+
+def test_the_server_names_its_model_and_takes_the_name_it_was_started_with() -> None:
+    assert (served_name("default"), served_name("builtin"), served_name("/m/llama")) == (
+        "SmolLM2-135M-Instruct", "builtin-random", "/m/llama")
+
+    async def test(client: TestClient, server: EngineServer) -> None:
+        models = await (await client.get("/v1/models")).json()
+        assert [m["id"] for m in models["data"]] == ["builtin-random"]  # says its answers are noise
+        for name in ("builtin-random", "builtin"):
+            resp = await client.post("/v1/completions", json={"model": name, "prompt": "ab", "max_tokens": 1})
+            assert resp.status == 200 and (await resp.json())["model"] == "builtin-random"
+        resp = await client.post("/v1/completions", json={"model": "gpt-4", "prompt": "ab", "max_tokens": 1})
+        assert resp.status == 400 and "'builtin-random'" in (await resp.json())["error"]["message"]
 
     _run(test)
