@@ -1,6 +1,6 @@
 """Asynchronous loads of a matched prefix from the lower tiers back to the GPU.
 
-A :class:`Lease` moves through two phases::
+A :class:`StoreLease` moves through two phases::
 
     acquire ─► phase 1 (worker): disk or remote ─► host slot, batch by batch, under the byte budget
     resolve ─► stop policy decides how many blocks are usable; the rest is cancelled
@@ -58,7 +58,7 @@ class BlockPlan:
 
 
 @dataclass
-class Lease:
+class StoreLease:
     """A request's hold on a cached prefix: its GPU blocks, possibly still loading.
 
     Created by the store's ``acquire``; the engine calls :meth:`resolve` once,
@@ -155,7 +155,7 @@ class Prefetcher:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvstore-prefetch")
 
     # ---------------------------------------------------------------- start
-    def start(self, lease: Lease) -> None:
+    def start(self, lease: StoreLease) -> None:
         """Begin phase 1 for the lease's disk blocks (if any)."""
         lease._resolver = self
         lease._sync = LayerSync(lease.num_layers, self.streams)
@@ -164,7 +164,7 @@ class Prefetcher:
         else:
             lease._phase1_done.set()
 
-    def _phase1(self, lease: Lease) -> None:
+    def _phase1(self, lease: StoreLease) -> None:
         h = self.h
         bpb = h.layout.bytes_per_block
         todo = [(pos, p) for pos, p in enumerate(lease.plan) if p.source in PHASE1_SOURCES]
@@ -231,14 +231,14 @@ class Prefetcher:
         return p.staging
 
     # -------------------------------------------------------------- resolve
-    def timeout_s(self, lease: Lease) -> float:
+    def timeout_s(self, lease: StoreLease) -> float:
         """The ``timeout`` policy's budget for this lease, in seconds."""
         tokens = len(lease.plan) * lease.block_size
         ms = self.policy.prefetch_timeout_base_ms + self.policy.prefetch_timeout_per_1k_tokens_ms * tokens / 1000
         return ms / 1000.0
 
-    def resolve(self, lease: Lease) -> None:
-        """See :meth:`Lease.resolve`."""
+    def resolve(self, lease: StoreLease) -> None:
+        """See :meth:`StoreLease.resolve`."""
         t0 = time.perf_counter()
         mode = self.policy.prefetch
         if mode == "wait_complete":
@@ -262,7 +262,7 @@ class Prefetcher:
         else:
             lease._sync.mark_all()
 
-    def _trim(self, lease: Lease, usable: int) -> None:
+    def _trim(self, lease: StoreLease, usable: int) -> None:
         """Give back what the blocks after ``usable`` held (called under the lock).
 
         A block whose read is still in flight is marked ``dropped``; the
@@ -304,7 +304,7 @@ class Prefetcher:
             pl.release(p.host)
         p.host = None
 
-    def _phase2(self, lease: Lease, to_copy: list[BlockPlan]) -> None:
+    def _phase2(self, lease: StoreLease, to_copy: list[BlockPlan]) -> None:
         h = self.h
         assert lease._sync is not None
         try:
@@ -335,7 +335,7 @@ class Prefetcher:
         assert p.staging is not None
         return p.staging
 
-    def _register_loaded(self, lease: Lease, loaded: list[BlockPlan]) -> None:
+    def _register_loaded(self, lease: StoreLease, loaded: list[BlockPlan]) -> None:
         """Record the new GPU copies in the index (the index takes its own reference) and unpin their host slots.
 
         With exclusive tiers (``policy.placement``) the loaded blocks then leave host and disk (the disk deletes run here,

@@ -2,8 +2,8 @@
 
 Request flow (see ``DESIGN.md``)::
 
-    tokens ─► block keys ─► radix match ─► probe lower tiers ─► PrefixMatch
-    acquire(match) ─► Lease (GPU hits referenced, lower-tier hits loading)
+    tokens ─► block keys ─► radix match ─► probe lower tiers ─► StoreMatch
+    acquire(match) ─► StoreLease (GPU hits referenced, lower-tier hits loading)
     engine computes the suffix ─► commit(keys, blocks) ─► release(lease)
 
 Every method says what it changes. One lock serialises the index and the
@@ -26,8 +26,8 @@ from kvstore.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt, block_keys
 from kvstore.hierarchy import Hierarchy
 from kvstore.layout import KVLayout
-from kvstore.prefetch import BlockPlan, Lease, Prefetcher
-from kvstore.prefix_match import PrefixMatch
+from kvstore.prefetch import BlockPlan, StoreLease, Prefetcher
+from kvstore.store_match import StoreMatch
 from kvstore.radix import BlockEntry, RadixIndex, RadixMatch
 from kvstore.remote_writer import MAX_QUEUED_BYTES, RemoteWrite, RemoteWriter
 from kvstore.spill import Spiller
@@ -132,7 +132,7 @@ class TieredStore:
         return block_keys(tokens, self.layout, salt)
 
     # --------------------------------------------------------------- lookup
-    def lookup(self, tokens: Sequence[int], salt: Salt = None) -> PrefixMatch:
+    def lookup(self, tokens: Sequence[int], salt: Salt = None) -> StoreMatch:
         """Longest prefix of ``tokens`` cached in any tier. Changes access order and hit counts only.
 
         The index is walked by token comparison (no hashing); keys are computed
@@ -166,7 +166,7 @@ class TieredStore:
         return self._finish_lookup(m, due, rest, len(toks), toks, salt)
 
     def _finish_lookup(self, m: RadixMatch, due: list[BlockEntry], rest: list[bytes], prompt_tokens: int,
-                       tokens: list[int] | None, salt: Salt) -> PrefixMatch:
+                       tokens: list[int] | None, salt: Salt) -> StoreMatch:
         """Confirm disk-only blocks with a tier that cannot report evictions, write down ``due``, probe
         beyond the index match ``m`` with ``rest`` (the keys after it), count.
 
@@ -199,7 +199,7 @@ class TieredStore:
             rest = rest[k:]
         bs = self.layout.block_size
         matched_tokens = tokens[: len(keys) * bs] if tokens is not None else None
-        match = PrefixMatch(keys, tiers, bs, prompt_tokens, matched_tokens, salt, entries)
+        match = StoreMatch(keys, tiers, bs, prompt_tokens, matched_tokens, salt, entries)
         with h.lock:
             c = h.counters
             c.lookups += 1
@@ -228,7 +228,7 @@ class TieredStore:
         return first_missing
 
     # -------------------------------------------------------------- acquire
-    def acquire(self, match: PrefixMatch) -> Lease:
+    def acquire(self, match: StoreMatch) -> StoreLease:
         """Hold the matched prefix for a request and start loading its lower-tier blocks.
 
         Pins the matched index path (through the match's entry handles, no
@@ -236,7 +236,7 @@ class TieredStore:
         sources; then makes GPU room (copies outside the lock), allocates GPU
         blocks for the rest and reserves host slots, and starts phase 1 of
         the load. When the GPU pool or the host tier cannot take every block,
-        the lease covers fewer and :attr:`Lease.shortfall` says why; it never
+        the lease covers fewer and :attr:`StoreLease.shortfall` says why; it never
         waits for a load.
         """
         h, pl = self.h, self.h.placement
@@ -273,14 +273,14 @@ class TieredStore:
                     break
                 plan.append(src)
         tokens = list(match.tokens[: len(plan) * bs]) if match.tokens is not None else None
-        lease = Lease(tuple(p.key for p in plan), plan, node, bs, self.layout.num_layers, shortfall=shortfall,
+        lease = StoreLease(tuple(p.key for p in plan), plan, node, bs, self.layout.num_layers, shortfall=shortfall,
                       tokens=tokens, salt=match.salt, chain=tuple(match.keys))
         if shortfall:
             log.info("acquire: %d of %d matched blocks planned: %s", len(plan), match.num_blocks, shortfall)
         self.prefetcher.start(lease)
         return lease
 
-    def _live_prefix(self, match: PrefixMatch) -> list[BlockEntry]:
+    def _live_prefix(self, match: StoreMatch) -> list[BlockEntry]:
         """The match's entries that are still indexed and live somewhere (under the lock).
 
         A match built without entry handles (from keys alone) is looked up by key.
@@ -352,7 +352,7 @@ class TieredStore:
         return None
 
     # --------------------------------------------------------------- release
-    def release(self, lease: Lease) -> None:
+    def release(self, lease: StoreLease) -> None:
         """End a lease: cancel unfinished loads, drop its GPU references and unpin its index path."""
         if lease.released:
             return

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROMPT = prompt(1, 45)  # 11 full blocks of 4 and one partial
 ALLOWED_KVSTORE = {"kvstore.gpu_pool", "kvstore.hashing", "kvstore.layout", "kvstore.errors"}
 STORE_INTERNALS = ("kvstore.store", "kvstore.prefetch", "kvstore.spill", "kvstore.hierarchy", "kvstore.placement",
-                   "kvstore.policy.gpu_lru", "kvstore.host_slot", "kvstore.prefix_match", "kvstore.tiers", "kvstore.daemon")
+                   "kvstore.policy.gpu_lru", "kvstore.host_slot", "kvstore.store_match", "kvstore.tiers", "kvstore.daemon")
 
 
 def _imported_modules(path: Path) -> set[str]:

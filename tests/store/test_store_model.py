@@ -18,7 +18,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvstore.errors import OutOfBlocks
-from kvstore.prefetch import Lease
+from kvstore.prefetch import StoreLease
 from kvstore.tiers.base import Buffer
 
 from storelib import LAYOUT, MemoryTier, make_store
@@ -56,7 +56,7 @@ class StoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.disk = FaultyDisk()
         self.s = make_store(gpu_blocks=8, host_blocks=3, disk=self.disk, write="write_back")
-        self.leases: list[tuple[Lease, list[int], bool]] = []  # lease, tokens, resolved
+        self.leases: list[tuple[StoreLease, list[int], bool]] = []  # lease, tokens, resolved
         self.owned: list[int] = []
 
     # ------------------------------------------------------------------ requests

@@ -10,7 +10,7 @@ from kvstore.radix_node import BlockEntry
 
 
 @dataclass(frozen=True)
-class PrefixMatch:
+class StoreMatch:
     """The longest cached prefix of a prompt and where its blocks are (fastest copy)."""
 
     keys: tuple[bytes, ...]
