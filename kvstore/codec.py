@@ -35,7 +35,7 @@ the GIL on large buffers, and detects every burst error up to 32 bits, which
 is the failure mode of a torn or bit-rotted page; it is a corruption check,
 not an authenticator. For reference zstd level 1 compresses fp16 noise at
 about 0.7 GiB/s on the same machine, so the checksum is a small fraction of
-a compressed read. Since issue 15 the CRC-32 is ISA-L's (``isal``, same
+a compressed read. The CRC-32 is ISA-L's (``isal``, same
 polynomial, initial value and results as ``zlib.crc32``, so values written by
 either verify with the other): 22-53 GB/s against zlib's 4.0-4.1 on this
 machine (64 MiB / 64 KiB buffers); an environment without ``isal`` falls back

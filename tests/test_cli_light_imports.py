@@ -1,4 +1,4 @@
-"""`kvstore --help`, `config check`, `plan` and `stats` answer without importing torch or numpy (issue 12, §3);
+"""`kvstore --help`, `config check`, `plan` and `stats` answer without importing torch or numpy;
 `--help` does not import pydantic (or asyncio) either: it only lists the commands."""
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def test_cli_check_shows_env_override(repo: Path) -> None:
 
 
 def test_frame_bound_too_small_for_one_block_is_refused(tmp_path: Path) -> None:
-    # issue 10 item 13: max_frame_bytes 16 used to be accepted, and then every login failed.
+    # max_frame_bytes 16 used to be accepted, and then every login failed.
     p = tmp_path / "tiny-frames.yaml"
     p.write_text("daemon:\n  max_frame_bytes: 16\n")
     with pytest.raises(ConfigError) as info:

@@ -59,7 +59,7 @@ TARGET_OF_LIMIT = 0.7
 TARGET_OF_PARALLEL_READ = 0.8
 READ_THREADS = (4, 8)
 HOST_TARGET = 0.85
-"""Host tier put and get against memcpy (issue 15)."""
+"""Host tier put and get, as a share of memcpy's bandwidth on the same buffers (the machine's limit)."""
 SMALL_BLOCK = 256 << 10
 TARGETED = ("lmdb", "slab")
 """The disk tiers held to the issue-15 targets (the file tier is the baseline)."""

@@ -1,4 +1,4 @@
-"""KV-cache-aware routing (issue 16): send each request to the replica that already holds its prefix.
+"""KV-cache-aware routing: send each request to the replica that already holds its prefix.
 
 - :mod:`kvstore.route.kv_events`: block stored / removed / all-cleared events in vLLM's msgpack shape.
 - :mod:`kvstore.route.publisher`: a replica publishes its store's events over ZMQ, with replay and a full report.

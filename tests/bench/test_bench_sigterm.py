@@ -1,4 +1,4 @@
-"""SIGTERM during a benchmark removes its temporary directory, as Ctrl-C does, and exits 143 (issue 12, §3)."""
+"""SIGTERM during a benchmark removes its temporary directory, as Ctrl-C does, and exits 143."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The machine-limit probes of the tiers suite: the parallel O_DIRECT read (issue 15)."""
+"""The machine-limit probes of the tiers suite: the parallel O_DIRECT read."""
 
 from __future__ import annotations
 

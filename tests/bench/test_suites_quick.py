@@ -51,7 +51,7 @@ def test_suite_quick_writes_results_and_plot(suite: str, tmp_path: Path) -> None
     _check_schema(doc, suite, out)
     assert doc["command"].startswith("kvstore bench " + suite)
     assert [p.name for p in out.iterdir() if p.is_dir()] == [], "scratch data must be removed"
-    if suite == "tiers":  # issue 15: the disk's parallel read limit and both targets of LMDB and slab, per block size
+    if suite == "tiers":  # the disk's parallel read limit and both targets of LMDB and slab, per block size
         sizes = doc["config"]["block_bytes"]
         assert all(_value(doc, "raw.read_parallel", block_bytes=b) > 0 for b in sizes)
         targets = {(r["name"], r["params"]["block_bytes"]): r["target"] for r in doc["ratios"] if "codec" not in r["params"]}

@@ -1,6 +1,6 @@
 """The connector API owns its types: another store implements it from ``connectors.base`` alone.
 
-Covers issue 11's "the connector API owns its types": ``connectors/base.py``
+The connector API owns its types: ``connectors/base.py``
 imports no store internals (statically and at run time), a dict-backed
 connector written against it drives the engine to the recompute oracle's
 output, and the embedded connector hands out the API's own types and

@@ -1,4 +1,4 @@
-"""Issue 10 item 7: nothing in the daemon grows with the number of blocks that went through it.
+"""Nothing in the daemon grows with the number of blocks that went through it.
 
 Tier eviction events used to pile up in an unbounded list nobody drained (about 1 MB/s in a soak);
 the multi-minute soak benchmark is ``kvstore bench soak``, these are the bounded checks."""

@@ -1,4 +1,4 @@
-"""A logged-in client cannot make the daemon hold memory (issue 30 item 7).
+"""A logged-in client cannot make the daemon hold memory.
 
 Measured before: a GET_INLINE naming one key 1,023 times (64 KiB blocks) got a 67 MB reply; replies left
 unread and 60 MiB frames sent halfway held hundreds of MB (the only bound was connections x

@@ -1,4 +1,4 @@
-"""Issue 16: the daemon publishes KV events of its own tiers, and a router counts them for the replicas sharing it.
+"""The daemon publishes KV events of its own tiers, and a router counts them for the replicas sharing it.
 
 Backend level: the exact, ordered events of puts, write-behind, host evictions, disk reads copied up, and
 deletes. Process level: a real ``kvstore serve --events-endpoint`` followed by the router's subscriber as a

@@ -1,4 +1,4 @@
-"""Bounds a hostile client cannot push the daemon past (issue 10 items 8 and 9).
+"""Bounds a hostile client cannot push the daemon past.
 
 Item 8: a request is bounded by ``daemon.max_keys_per_request`` and a
 GET_INLINE by the reply it could need; repeated keys are read once. Item 9:

@@ -1,4 +1,4 @@
-"""Tenants and logins against a live daemon (issue 10 items 4 and 5).
+"""Tenants and logins against a live daemon.
 
 Item 4: the daemon namespaces every key by the tenant its token maps to, so a
 tenant that sends another tenant's (or a local engine's) exact keys reaches
@@ -102,7 +102,7 @@ def test_tenant_gets_its_salt_and_no_shared_memory(daemon: Daemon) -> None:
 
 
 def test_with_tenants_no_local_process_can_map_a_tenants_blocks(daemon: Daemon) -> None:
-    """Issue 30 item 8: a local process with access to the socket read, altered and got persisted a TCP
+    """A local process with access to the socket read, altered and got persisted a TCP
     tenant's blocks through the shared segment every local client maps, and killed the daemon by
     truncating it. With tenants configured the host tier is the daemon's private memory: there is no
     segment to open, and every client is served inline."""

@@ -1,4 +1,4 @@
-"""Issue 10 item 10: the holds of a client process that died end at once, not at the hold deadline;
+"""The holds of a client process that died end at once, not at the hold deadline;
 a client that is alive with its connection closed keeps the slots it reserved (quarantined: it may still
 copy into them) until it exits."""
 

@@ -1,4 +1,4 @@
-"""Issue 10 items 1 and 3 at the backend: FLUSH reports acknowledged blocks whose disk write failed, and
+"""At the backend: FLUSH reports acknowledged blocks whose disk write failed, and
 ``disk.sync: always`` acknowledges a put only after its disk write (in-process, with an injected ENOSPC)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 10 item 1 through a real daemon: a full disk makes FLUSH fail with the count of acknowledged blocks that
+"""Through a real daemon: a full disk makes FLUSH fail with the count of acknowledged blocks that
 did not reach disk, reads go on, /metrics counts it, the log says it once, SIGTERM exits non-zero, and the count
 is exactly what a restart lost. Once with an injected ENOSPC, once (as root) on a real, small tmpfs."""
 

@@ -1,4 +1,4 @@
-"""Issue 10 item 3: what ``disk.sync`` (and ``slab.sync``) promises through the daemon, tested with kill -9 of
+"""What ``disk.sync`` (and ``slab.sync``) promises through the daemon, tested with kill -9 of
 the daemon, for the LMDB and the slab disk tier.
 
 ``always``: every put the daemon acknowledged survives, with no FLUSH. ``interval``: what a FLUSH

@@ -1,4 +1,4 @@
-"""Deferred runs (issue 15, commit speed): a GPU-only commit makes no BlockEntry until one is read, and every
+"""Deferred runs: a GPU-only commit makes no BlockEntry until one is read, and every
 path that reads one (lookup, key probes, eviction, a refused commit, pins) sees the same state as if the
 entries had been made at commit."""
 

@@ -1,4 +1,4 @@
-"""The batched paths of lookup and commit (issue 15) keep exact behaviour: events, LRU order, tiers, copies."""
+"""The batched paths of lookup and commit keep exact behaviour: events, LRU order, tiers, copies."""
 
 from __future__ import annotations
 

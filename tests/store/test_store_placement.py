@@ -1,4 +1,4 @@
-"""Issue 11: one placement owner. No phantom hits, O(1) GPU victims, no I/O under the store lock."""
+"""One placement owner. No phantom hits, O(1) GPU victims, no I/O under the store lock."""
 
 from __future__ import annotations
 

@@ -136,7 +136,7 @@ def test_decode_reads_zero_copy_buffers() -> None:
 
 @pytest.mark.parametrize("codec", CODEC_NAMES)
 def test_value_under_another_key_is_refused(codec: str) -> None:
-    """Issue 10 item 2: the checksum binds the key, so a valid value misplaced under another key is corrupt."""
+    """The checksum binds the key, so a valid value misplaced under another key is corrupt."""
     layout = LAYOUTS["float16"]
     raw = make_blocks(layout, 1, seed=3)[0]
     value = encode(raw, codec, 1, layout.fingerprint, 2, key=KEY)

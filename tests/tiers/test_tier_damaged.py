@@ -1,4 +1,4 @@
-"""Damaged LMDB files (issue 10 item 12): refused with a TierError naming the file and `kvstore repair` (never a
+"""Damaged LMDB files: refused with a TierError naming the file and `kvstore repair` (never a
 SIGBUS or a raw lmdb traceback), one unreadable block is a counted miss, and `kvstore repair` starts afresh."""
 
 from __future__ import annotations

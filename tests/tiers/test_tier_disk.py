@@ -113,7 +113,7 @@ _DAMAGE = {
     "foreign fingerprint": lambda v, _: encode(make_blocks(L, 1)[0], "none", 1, LAYOUTS["bfloat16"].fingerprint, key=bytes(32)),
     "unknown version": lambda v, _: v[:4] + struct.pack("<H", 99) + v[6:],
     "bad magic": lambda v, _: b"JUNK" + v[4:],
-    # Issue 10 item 2: another key's valid value, byte for byte.
+    # Another key's valid value, byte for byte.
     "misplaced": lambda v, first: first,
     "old format": lambda v, _: version_1_value(make_blocks(L, 1)[0], L.fingerprint),
 }

@@ -1,4 +1,4 @@
-"""LMDB disk tier gets split into runs read on several threads at once (issue 15, cold get), still verified."""
+"""LMDB disk tier gets split into runs read on several threads at once, still verified."""
 
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ def test_corrupt_file_is_a_counted_deleted_miss(tmp_path: Path, damage: str) -> 
         "truncate": value[:-9],
         "foreign": encode(blocks[0], "none", 1, LAYOUTS["float32"].fingerprint, key=keys[0]),
         "magic": b"ZZZZ" + value[4:],
-        # Issue 10 item 2: a valid value of another key (here keys[1]'s file) must not be served as keys[0].
+        # A valid value of another key (here keys[1]'s file) must not be served as keys[0].
         "misplaced": Path(tier.path_of(keys[1])).read_bytes(),
         "old format": version_1_value(blocks[0], L.fingerprint),
     }[damage]

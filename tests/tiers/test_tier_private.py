@@ -1,4 +1,4 @@
-"""Data at rest is owner-only, and one process at a time owns a data directory or segment (issue 10 items 6, 11)."""
+"""Data at rest is owner-only, and one process at a time owns a data directory or segment."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A flipped bit in an LMDB leaf node's size never takes the process down (issue 30 item 2).
+"""A flipped bit in an LMDB leaf node's size never takes the process down.
 
 LMDB trusts a node's data size: with bit 23 flipped a 65,584-byte value claims 8,454,192 bytes, and
 whatever touches them runs past the end of ``data.mdb`` (``SIGBUS``) or of the map (``SIGSEGV``).

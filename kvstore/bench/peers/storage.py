@@ -66,7 +66,7 @@ PAIRS: tuple[tuple[str, str, str, float | None], ...] = (
     ("kvstore.host.put/lmcache.cpu.put", "kvstore.host.put", "lmcache.cpu.put", None),
     ("kvstore.host.get/lmcache.cpu.get", "kvstore.host.get", "lmcache.cpu.get", None),
 )
-"""(ratio name, kvstore figure, reference figure, target from issue 15): ratio = kvstore GB/s / reference GB/s."""
+"""(ratio name, kvstore figure, reference figure, target): ratio = kvstore GB/s / reference GB/s."""
 
 Samples = dict[tuple[str, int], list[float]]
 """(row, block bytes) -> GB/s per round."""

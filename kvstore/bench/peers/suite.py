@@ -58,7 +58,7 @@ PAIRS: tuple[tuple[str, str, str, float | None], ...] = (
 )
 """(ratio name, peer figure, kvstore figure, target at the longest prompt): ratio = peer ms / kvstore ms."""
 NOT_MEASURED = {
-    "lmcache_commit": "LMCache's index insert of a prompt (issue 15's commit row, 'LMCache index') is not timed by "
+    "lmcache_commit": "LMCache's index insert of a prompt (the commit row's LMCache index) is not timed by "
                       "this suite yet; its lookup and storage backends are",
 }
 
