@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _launch_argv() -> list[str]:
     text = (REPO / "README.md").read_text()
-    section = text.split("## SGLang (HiCache storage backend)", 1)[1].split("\n## ", 1)[0]
+    section = text.split("### SGLang", 1)[1].split("\n## ", 1)[0]
     match = re.search(r"python -m sglang\.launch_server (.*?)\n```", section, flags=re.S)
-    assert match is not None, "the README's SGLang section shows no `python -m sglang.launch_server` command"
+    assert match is not None, "the README's SGLang set-up shows no `python -m sglang.launch_server` command"
     return shlex.split(match.group(1).replace("\\\n", " "))
 
 
