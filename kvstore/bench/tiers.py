@@ -43,7 +43,7 @@ from kvstore.bench.harness import Progress, Results, SuiteOptions, scratch_dir
 from kvstore.bench.kvdata import kv_like_blocks
 from kvstore.bench.lmdb_txn import TXN_SIZES, lmdb_put_gbps
 from kvstore.bench.plots import grid, grouped_bars, save
-from kvstore.bench.rawio import (
+from kvstore.rawio import (
     RAW_FILE, best_parallel_read, buffered_write_gbps, direct_io_gbps, memcpy_gbps, memcpy_per_block_gbps,
 )
 from kvstore.bench.tier_runs import run_tier

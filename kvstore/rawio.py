@@ -1,7 +1,8 @@
 """The machine's own limits: memcpy bandwidth and raw direct I/O on a disk, one request and many in flight.
 
-These are the denominators of the ``tiers`` suite, measured in the same run
-as the tiers themselves:
+``kvstore plan`` measures them when not given bandwidths, and they are the
+denominators of the ``tiers`` suite, measured in the same run as the tiers
+themselves:
 
 - memcpy: a copy of the same bytes between two preallocated buffers (a
   ``memmove`` through ``memoryview``, so measuring it needs no torch);
