@@ -103,8 +103,8 @@ class _EmbeddedTiers:
     """Host tier in front of an LMDB tier in this process, written through synchronously."""
 
     def __init__(self, layout: KVLayout, capacity: int, disk_bytes: int, path: Path) -> None:
-        from kvstore.tiers.disk import DiskTier
-        from kvstore.tiers.host import HostTier
+        from kvstore.tiers.lmdb.tier import DiskTier
+        from kvstore.tiers.host.tier import HostTier
 
         self.host = HostTier(layout, capacity, pin_memory="never")
         self.disk = DiskTier(layout, path, disk_bytes, sync="interval")

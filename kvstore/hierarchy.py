@@ -23,7 +23,7 @@ from kvstore.placement import Placement
 from kvstore.radix import BlockEntry, RadixIndex
 from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 from kvstore.policy.use_memory import UseMemory
 
 LOWER_TIERS = ("host", "disk", "remote")

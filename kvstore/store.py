@@ -34,7 +34,7 @@ from kvstore.spill import Spiller
 from kvstore.store_stats import store_stats
 from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 from kvstore.transfer import CopyStreams
 from kvstore.policy.named import PlacementPolicy
 from kvstore.policy.use_memory import use_memory_for

@@ -26,8 +26,8 @@ from kvstore.gpu_pool import GPUBlockPool, default_device
 from kvstore.host_slot import HostSlot
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
-from kvstore.tiers.arena import HostArena, resolve_pin
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.arena import HostArena, resolve_pin
+from kvstore.tiers.host.tier import HostTier
 from kvstore.transfer import (
     CudaCopyStreams,
     LayerSync,

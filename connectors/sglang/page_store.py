@@ -34,7 +34,7 @@ from kvstore.daemon.tier import DaemonTier
 from kvstore.layout import KVLayout
 from kvstore.tiers import build_tier
 from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 
 CONNECT_WAIT_S = 10.0
 """How long opening a sidecar store waits for the daemon to answer."""

@@ -25,7 +25,7 @@ from kvstore.config.schema import PolicyConfig
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 
 FULL_NODES = (1_000, 10_000, 100_000)
 QUICK_NODES = (300, 1_000)

@@ -1,4 +1,4 @@
-"""LMDB's own put bandwidth by transaction size: why :data:`kvstore.tiers.disk.TXN_BYTES` is what it is.
+"""LMDB's own put bandwidth by transaction size: why :data:`kvstore.tiers.lmdb.tier.TXN_BYTES` is what it is.
 
 The same values (no codec, no checksum, no eviction: plain ``txn.put`` of
 ``bytes``) go into a fresh environment opened as the disk tier opens it

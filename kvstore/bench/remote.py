@@ -2,7 +2,7 @@
 and the Mooncake trace replayed by N processes sharing one Redis (hit rate with and without it).
 
 Bandwidth: for each block size and group size, N blocks are stored (``put``) and read back (``get``)
-through :class:`~kvstore.tiers.remote.RedisTier`, against a raw redis-py pipeline of SET / GET of
+through :class:`~kvstore.tiers.redis.tier.RedisTier`, against a raw redis-py pipeline of SET / GET of
 values of the same size (no codec, no checksum) and ``redis-benchmark -P 16`` GET/SET of one value
 size. All on one throwaway ``redis-server`` on loopback, started and stopped by pid.
 
@@ -41,7 +41,7 @@ def _layout(block_bytes: int) -> KVLayout:
 def _bandwidth(server: RedisServer, results: Results, block_bytes: int, group: int, total: int, repeat: int) -> None:
     import redis
 
-    from kvstore.tiers.remote import RedisTier
+    from kvstore.tiers.redis.tier import RedisTier
 
     layout = _layout(block_bytes)
     n = max(group, (total // block_bytes) // group * group)

@@ -19,7 +19,7 @@ from kvstore.config.schema import PolicyConfig
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=16, block_size=4, dtype="float16", model_id="mooncake-replay")
 """Small blocks (1 KiB): the replay measures reuse, not bandwidth."""
@@ -31,7 +31,7 @@ GROUP_BLOCKS = 4
 def replay(worker: int, of: int, url: str, trace: Path, limit: int, tiers: list[str]) -> dict[str, object]:
     """Replay this worker's requests; returns block counts by the tier they were found in."""
     from kvstore.bench.mooncake import load_mooncake
-    from kvstore.tiers.remote import RedisTier
+    from kvstore.tiers.redis.tier import RedisTier
 
     requests = load_mooncake(trace, limit).requests[worker::of]
     pool = GPUBlockPool(LAYOUT, GPU_BLOCKS, device="cpu")

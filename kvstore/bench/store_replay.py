@@ -25,10 +25,10 @@ from kvstore.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 from kvstore.policy.named import PlacementPolicy
 from kvstore.store import TieredStore
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 from kvstore.codec import HEADER_SIZE
-from kvstore.tiers.slab import SlabTier
-from kvstore.tiers.slab_file import slot_bytes
+from kvstore.tiers.slab.tier import SlabTier
+from kvstore.tiers.slab.data_file import slot_bytes
 
 LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=8, block_size=1, dtype="float16", model_id="store-replay")
 

@@ -80,19 +80,19 @@ def tier_openers(layout: KVLayout, root: Path, total: int, codec: str, results: 
     tight = int(1.25 * total) + (16 << 20)
     out: dict[str, Callable[[], Any]] = {}
     try:
-        from kvstore.tiers.host import HostTier
+        from kvstore.tiers.host.tier import HostTier
 
         out["host"] = lambda: HostTier(layout, total + layout.bytes_per_block)
     except ImportError as exc:  # the tier is still being written
-        results.skipped.setdefault("host", f"kvstore.tiers.host not importable: {exc}")
+        results.skipped.setdefault("host", f"kvstore.tiers.host.tier not importable: {exc}")
     try:
         from kvstore.config.schema import DiskConfig
-        from kvstore.tiers.disk import DiskTier
+        from kvstore.tiers.lmdb.tier import DiskTier
 
         lmdb_cfg = DiskConfig(path=str(root / "lmdb"), max_size=tight, codec=codec)
         out["lmdb"] = lambda: DiskTier.from_config(lmdb_cfg, layout)
     except (ImportError, ValueError) as exc:  # not written yet, or its config section changed
-        results.skipped.setdefault("lmdb", f"kvstore.tiers.disk not usable: {exc}")
+        results.skipped.setdefault("lmdb", f"kvstore.tiers.lmdb.tier not usable: {exc}")
     try:
         from kvstore.config.schema import FileConfig
         from kvstore.tiers.file import FileTier
@@ -104,12 +104,12 @@ def tier_openers(layout: KVLayout, root: Path, total: int, codec: str, results: 
     if codec == "none":  # fixed-size slots: the slab tier stores the none codec only
         try:
             from kvstore.config.schema import SlabConfig
-            from kvstore.tiers.slab import SlabTier
+            from kvstore.tiers.slab.tier import SlabTier
 
             slab_cfg = SlabConfig(path=str(root / "slab"), max_size=tight)
             out["slab"] = lambda: SlabTier.from_config(slab_cfg, layout)
         except (ImportError, ValueError) as exc:  # not written yet, or its config section changed
-            results.skipped.setdefault("slab", f"kvstore.tiers.slab not usable: {exc}")
+            results.skipped.setdefault("slab", f"kvstore.tiers.slab.tier not usable: {exc}")
     return out
 
 
@@ -140,7 +140,7 @@ def _block_size(options: SuiteOptions, results: Results, bpb: int, total: int) -
             if name == "lmdb":  # a page-cache writer: its limit on this machine, right before it
                 buffered = buffered_write_gbps(root / "buffered.bench", n * bpb)
                 results.add("raw.write_buffered", buffered, "GB/s", **p)
-                for txn_bytes in TXN_SIZES:  # LMDB alone by transaction size (kvstore.tiers.disk.TXN_BYTES)
+                for txn_bytes in TXN_SIZES:  # LMDB alone by transaction size (kvstore.tiers.lmdb.tier.TXN_BYTES)
                     results.add("lmdb_raw.put", lmdb_put_gbps(root, bpb, n * bpb, txn_bytes), "GB/s",
                                 txn_bytes=txn_bytes, **p)
             t = run_tier(open_tier, pool, n, f"{name}/{bpb}", cold, prefault=host, evicting=host or targeted,

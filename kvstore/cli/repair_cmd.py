@@ -11,8 +11,8 @@ from kvstore.errors import KVStoreError
 
 def _run(args: argparse.Namespace) -> int:
     from kvstore.config import ConfigError, load_config  # here, not at the top: pydantic costs `kvstore --help` ~0.3 s
-    from kvstore.tiers.repair import repair_disk
-    from kvstore.tiers.slab_repair import repair_slab
+    from kvstore.tiers.lmdb.repair import repair_disk
+    from kvstore.tiers.slab.repair import repair_slab
 
     try:
         cfg = load_config(args.config).for_role("daemon")  # the daemon's environment (``disk.path`` unset: its default)

@@ -49,7 +49,7 @@ from kvstore.errors import BlockStateError, NotDurable
 
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Tier
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 
 QUARANTINE_FACTOR = 30
 """An expired write hold's slot is reused at the latest this many hold timeouts after it was granted."""

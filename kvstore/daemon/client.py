@@ -35,8 +35,8 @@ from kvstore.errors import KVStoreError, NotDurable
 from kvstore.layout import KVLayout
 
 if TYPE_CHECKING:  # imported where a shared arena is attached: it needs torch, which `kvstore stats` must not load
-    from kvstore.tiers.arena import HostArena
-    from kvstore.tiers.slot_directory import DirectoryReader
+    from kvstore.tiers.host.arena import HostArena
+    from kvstore.tiers.host.slot_directory import DirectoryReader
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class DaemonClient:
         (:attr:`directory`); ``False``: every get asks the daemon."""
         self.prefault = prefault
         """Map this process's view of the shared segment ahead, on a background thread, at each attach
-        (:mod:`kvstore.tiers.prefault`), so its first copy into each slot takes no page faults."""
+        (:mod:`kvstore.tiers.host.prefault`), so its first copy into each slot takes no page faults."""
         self.timeout_s = timeout_s
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self.lock = threading.RLock()
@@ -225,8 +225,8 @@ class DaemonClient:
 
     def _attach(self, hello: m.HelloReply, fd: int) -> None:
         """Map the daemon's shared arena from ``fd`` (taken over), and its slot directory where one is there and usable."""
-        from kvstore.tiers.arena import HostArena
-        from kvstore.tiers.slot_directory import DirectoryReader, reads_supported
+        from kvstore.tiers.host.arena import HostArena
+        from kvstore.tiers.host.slot_directory import DirectoryReader, reads_supported
 
         assert hello.shm_name is not None
         self.arena = HostArena.attach(fd, hello.shm_name, hello.bytes_per_block, num_slots=hello.num_slots)

@@ -73,7 +73,7 @@ class Op(IntEnum):
     """GET_SHM that first releases keys like RELEASE_QUIET (protocol 4): a get's RELEASE rides in the next get's
     frame, so a get costs the daemon one frame, not two. The reply is GET_SHM's."""
     TOUCH_QUIET = 15
-    """Keys a client read through the slot directory (protocol 5; :mod:`kvstore.tiers.slot_directory`): the daemon
+    """Keys a client read through the slot directory (protocol 5; :mod:`kvstore.tiers.host.slot_directory`): the daemon
     counts the hits and marks the blocks used, as a GET_SHM would have. No reply, like RELEASE_QUIET."""
     EXISTS_CHAIN = 16
     """EXISTS_PREFIX of a chain sent from position 0 with the position ``start`` to count from (protocol 7): the

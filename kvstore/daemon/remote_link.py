@@ -1,7 +1,7 @@
 """The daemon's remote tier: its clients' chains shared, in groups, with every daemon and engine on the same Redis.
 
 The remote tier stores ``G = remote.group_blocks`` consecutive blocks of a chain as one value, under
-the key of the group's last block (:mod:`kvstore.tiers.remote`), exactly as an embedded store does, so
+the key of the group's last block (:mod:`kvstore.tiers.redis.tier`), exactly as an embedded store does, so
 a daemon and an embedded engine on one Redis find each other's prefixes. A group is a span of chain
 *positions*, and a client's GET or PUT carries keys only; what places a key in its group is the chain a
 lookup sends (EXISTS_CHAIN: every key from position 0, as vLLM's scheduler and the sidecar store have

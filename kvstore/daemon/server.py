@@ -50,7 +50,7 @@ from kvstore.errors import NotDurable
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Tier
 from kvstore.policy.order import EvictionOrder
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 
 if TYPE_CHECKING:
     from kvstore.route.publisher import EventPublisher
@@ -220,7 +220,7 @@ class DaemonServer:
         """The disk tier ``cfg.tiers`` names (``lmdb``, ``file`` or ``slab``), if any, evicting through ``order``
         when given. The host tier always exists: its shared-memory arena is the daemon's data plane."""
         from kvstore.tiers import build_tier
-        from kvstore.tiers.lmdbcheck import check_walkable_databases
+        from kvstore.tiers.lmdb.check import check_walkable_databases
 
         sections = {"lmdb": self.cfg.disk, "file": self.cfg.file, "slab": self.cfg.slab}
         names = [t for t in self.cfg.tiers if t in sections]

@@ -502,7 +502,7 @@ class Session:
 
     async def _pass_arena(self, writer: asyncio.StreamWriter) -> None:
         """Send the shared arena's descriptor right after the HELLO reply that granted it: one byte carrying it
-        as ``SCM_RIGHTS``. The arena has no name anywhere (:mod:`kvstore.tiers.arena`), so this is the only way
+        as ``SCM_RIGHTS``. The arena has no name anywhere (:mod:`kvstore.tiers.host.arena`), so this is the only way
         in, and only for a client that logged in. The reply is sent first and in full (a few dozen bytes into
         an empty socket), so the byte cannot overtake it."""
         fd = self.ctx.backend.host.arena.fd

@@ -7,7 +7,7 @@ radix index and GPU pool stay in the engine process.
 Data path for a local client (Unix socket, shared memory)::
 
     get:  keys the slot directory lists: copy slot → dest, proven whole by the slot's seqlock
-          (kvstore.tiers.slot_directory), no request; the reads are reported later (TOUCH_QUIET, no
+          (kvstore.tiers.host.slot_directory), no request; the reads are reported later (TOUCH_QUIET, no
           reply, with the next request or after QUIET_DELAY_S). The rest (on disk only, or a slot
           reused during the copy):
           GET_SHM (daemon locks slots) ─► copy slot → dest ─► release deferred: inside the next
@@ -42,7 +42,7 @@ from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, Op
 from kvstore.errors import TierError
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
-from kvstore.tiers.arena import SlotCopy, copy_split
+from kvstore.tiers.host.arena import SlotCopy, copy_split
 
 log = logging.getLogger(__name__)
 PUT_RETRIES = 4
@@ -248,7 +248,7 @@ class DaemonTier(Tier):
 
     def _get_direct(self, keys: list[bytes], addrs: list[int]) -> list[bool] | None:
         """Copy the keys the slot directory lists straight out of the arena, with no request (client lock held);
-        ``True`` where the copy is proven whole (see :mod:`kvstore.tiers.slot_directory`), and those reads are
+        ``True`` where the copy is proven whole (see :mod:`kvstore.tiers.host.slot_directory`), and those reads are
         reported to the daemon with the next request (TOUCH_QUIET). ``None``: the directory lists none of them."""
         c = self.client
         assert c.directory is not None and c.arena is not None

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Tier
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 
 log = logging.getLogger(__name__)
 FAILURE_LOG_INTERVAL_S = 10.0

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from kvstore.layout import KVLayout
     from kvstore.tiers.base import Tier
-    from kvstore.tiers.host import HostTier
+    from kvstore.tiers.host.tier import HostTier
 
 
 class UseMemory:

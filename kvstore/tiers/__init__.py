@@ -1,5 +1,6 @@
-"""Tiers below the GPU: host RAM (L2), LMDB disk (L3), the file-per-block baseline, the O_DIRECT slab
-disk tier and Redis (remote).
+"""Tiers below the GPU, a package each: ``host/`` (RAM, L2), ``lmdb/`` (disk, L3), ``slab/`` (the opt-in
+O_DIRECT disk tier), ``redis/`` (remote), and ``file.py`` (the file-per-block baseline); what they share
+(the interface, data directories, sync loops, the victim hook) sits here.
 
 ``TIERS`` maps the YAML name of a tier to a builder taking ``(section, layout)``::
 
@@ -12,11 +13,11 @@ from pydantic import BaseModel
 
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Tier, TierEvent, TierRegistry, TierStats
-from kvstore.tiers.disk import DiskTier
+from kvstore.tiers.lmdb.tier import DiskTier
 from kvstore.tiers.file import FileTier
-from kvstore.tiers.host import HostTier
-from kvstore.tiers.remote import RedisTier
-from kvstore.tiers.slab import SlabTier
+from kvstore.tiers.host.tier import HostTier
+from kvstore.tiers.redis.tier import RedisTier
+from kvstore.tiers.slab.tier import SlabTier
 
 
 def default_tiers() -> TierRegistry:

@@ -9,7 +9,7 @@ from kvstore.layout import KVLayout
 from kvstore.policy.named import TierOrders
 from kvstore.tiers.base import Tier
 from kvstore.tiers.chain import ChainTier
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from kvstore.layout import KVLayout
 from kvstore.policy.duel import DuelIndex
 from kvstore.policy.order import make_order
 from kvstore.policy.gdsf import DAMPED, WEIGHTS, GDSFIndex
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 from kvstore.policy.lru import LRUIndex
 from kvstore.policy.s3fifo import S3FIFOIndex
 

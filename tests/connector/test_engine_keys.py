@@ -10,8 +10,8 @@ import torch
 from connectors.engine_keys import PromptKeys, engine_layout
 from connectors.engine_store import EngineBlockStore, daemon_model_section
 from kvstore.hashing import block_keys
-from kvstore.tiers.disk import DiskTier
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.lmdb.tier import DiskTier
+from kvstore.tiers.host.tier import HostTier
 
 
 def test_engine_layout_has_the_chunk_bytes_and_an_identity_per_model_dtype_and_format() -> None:

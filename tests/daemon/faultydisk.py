@@ -12,8 +12,8 @@ from daemonlib import LAYOUT
 from kvstore.daemon.backend import DaemonBackend
 from kvstore.daemon.holds import HoldTable
 from kvstore.tiers.base import Buffer, Tier
-from kvstore.tiers.disk import DiskTier
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.lmdb.tier import DiskTier
+from kvstore.tiers.host.tier import HostTier
 
 
 class FaultyDisk(Tier):

@@ -1,6 +1,6 @@
 """The daemon's shared arena reaches a local client only as a descriptor passed at login, and nobody can
 shrink it: a local process that truncated the named POSIX segment killed the daemon with SIGBUS at its next
-copy. Now the arena is a sealed memfd (:mod:`kvstore.tiers.arena`): no name in /dev/shm to
+copy. Now the arena is a sealed memfd (:mod:`kvstore.tiers.host.arena`): no name in /dev/shm to
 open, ``ftruncate`` refused with ``EPERM`` to a client holding the descriptor and to a process that finds it
 under ``/proc/<daemon>/fd``, and the daemon serves on with every block's bytes intact."""
 

@@ -12,7 +12,7 @@ import pytest
 from daemonlib import LAYOUT, block_for, keys_for
 from faultydisk import faulty_backend
 from kvstore.tiers import base
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 
 
 def test_many_put_evict_cycles_leave_no_queued_events_or_state(tmp_path: Path) -> None:

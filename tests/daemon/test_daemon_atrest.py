@@ -24,7 +24,7 @@ def serve_expecting_refusal(config: object, timeout: float = 60.0) -> subprocess
 
 def test_second_daemon_on_the_same_directory_is_refused_and_the_first_keeps_serving() -> None:
     """Only the data directory can be contended: each daemon's arena is its own unnamed memfd, which no other
-    daemon can open by name, let alone claim (:mod:`kvstore.tiers.arena`)."""
+    daemon can open by name, let alone claim (:mod:`kvstore.tiers.host.arena`)."""
     root = short_tmpdir()
     first = None
     try:

@@ -21,8 +21,8 @@ from kvstore.daemon.tier import DaemonTier
 from kvstore.events import StoreEvent
 from kvstore.route.index import PrefixHit, RouterIndex
 from kvstore.route.subscriber import EventSubscriber, StoreEndpoints
-from kvstore.tiers.disk import DiskTier
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.lmdb.tier import DiskTier
+from kvstore.tiers.host.tier import HostTier
 
 
 

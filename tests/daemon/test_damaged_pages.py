@@ -7,7 +7,7 @@ child first and refuses to start, naming ``data.mdb`` and ``kvstore repair``;
 the salvage then keeps every block that still verifies and the daemon starts.
 
 A flipped bit in a leaf node's size sends LMDB's value past its page and the file: the daemon checks
-every value's place before it touches it (:mod:`kvstore.tiers.lmdb_value`), so the block is a counted
+every value's place before it touches it (:mod:`kvstore.tiers.lmdb.value`), so the block is a counted
 miss and every other client keeps being served.
 """
 

@@ -17,7 +17,7 @@ from kvstore.errors import NotDurable
 
 DISK_FULL_WHEN_FLAG_EXISTS = """
 import os, lmdb
-from kvstore.tiers.disk import DiskTier
+from kvstore.tiers.lmdb.tier import DiskTier
 _put = DiskTier.put
 def put(self, keys, srcs):
     if os.path.exists({flag!r}):

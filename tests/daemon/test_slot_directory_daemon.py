@@ -16,7 +16,7 @@ from daemonlib import (
 from kvstore.daemon import messages as m
 from kvstore.daemon.frames import ErrorCode, Op, encode_frame
 from kvstore.daemon.tier import DaemonTier
-from kvstore.tiers.slot_directory import ReadTicket
+from kvstore.tiers.host.slot_directory import ReadTicket
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +183,7 @@ def test_touch_quiet_before_login_is_refused_and_the_connection_closed(daemon: D
 
 def test_where_the_seqlock_read_is_not_sound_the_client_maps_no_directory(daemon: Daemon,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvstore.tiers.slot_directory as sd
+    import kvstore.tiers.host.slot_directory as sd
 
     monkeypatch.setattr(sd, "reads_supported", lambda: False)  # as on a machine other than x86-64
     tier = daemon.tier()

@@ -18,7 +18,7 @@ from kvstore.gpu_pool import GPUBlockPool  # noqa: E402
 from kvstore.remote_writer import RemoteWrite  # noqa: E402
 from kvstore.store import TieredStore  # noqa: E402
 from kvstore.tiers.base import Tier  # noqa: E402
-from kvstore.tiers.host import HostTier  # noqa: E402
+from kvstore.tiers.host.tier import HostTier  # noqa: E402
 
 G = 4
 """Blocks per remote value."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from kvstore.config.remote import RemoteConfig
 from kvstore.layout import KVLayout
-from kvstore.tiers.remote import RedisTier
+from kvstore.tiers.redis.tier import RedisTier
 
 
 def remote_tier(layout: KVLayout, url: str, **over: Any) -> RedisTier:

@@ -18,7 +18,7 @@ from tiers_testlib import BIG, LAYOUTS, empty_blocks, make_blocks, make_keys
 
 from kvstore.bench.redis_servers import RedisServer, make_tls_files, start_server
 from kvstore.codec import HEADER_SIZE
-from kvstore.tiers.redis_client import parse_target
+from kvstore.tiers.redis.client import parse_target
 
 L = LAYOUTS["float16"]
 _prefixes = itertools.count()

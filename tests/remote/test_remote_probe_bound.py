@@ -16,7 +16,7 @@ from storelib import LAYOUT, prefill  # noqa: E402
 from kvstore.bench.redis_servers import start_server  # noqa: E402
 from kvstore.gpu_pool import GPUBlockPool  # noqa: E402
 from kvstore.store import TieredStore  # noqa: E402
-from kvstore.tiers.host import HostTier  # noqa: E402
+from kvstore.tiers.host.tier import HostTier  # noqa: E402
 
 
 def _store(url: str, write: str) -> TieredStore:

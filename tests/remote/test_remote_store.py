@@ -18,7 +18,7 @@ from kvstore.bench.redis_servers import RedisServer, start_server  # noqa: E402
 from kvstore.config.schema import PolicyConfig  # noqa: E402
 from kvstore.gpu_pool import GPUBlockPool  # noqa: E402
 from kvstore.store import TieredStore  # noqa: E402
-from kvstore.tiers.host import HostTier  # noqa: E402
+from kvstore.tiers.host.tier import HostTier  # noqa: E402
 
 G = 4
 _prefixes = itertools.count()

@@ -7,10 +7,10 @@ import torch
 from tiers_testlib import LAYOUTS, empty_blocks, make_blocks, make_keys
 
 from kvstore.errors import CorruptBlock
-from kvstore.tiers.backoff import Backoff
+from kvstore.tiers.redis.backoff import Backoff
 from kvstore.tiers.chain import groups_of
-from kvstore.tiers.group_value import decode_group, encode_group
-from kvstore.tiers.redis_evictions import notifications_enabled
+from kvstore.tiers.redis.group_value import decode_group, encode_group
+from kvstore.tiers.redis.evictions import notifications_enabled
 
 L = LAYOUTS["float16"]
 

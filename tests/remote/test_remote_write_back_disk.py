@@ -18,9 +18,9 @@ from kvstore.bench.redis_servers import RedisServer, start_server
 from kvstore.config.schema import PolicyConfig
 from kvstore.store import TieredStore
 from kvstore.tiers.base import Buffer, Tier
-from kvstore.tiers.disk import DiskTier
+from kvstore.tiers.lmdb.tier import DiskTier
 from kvstore.tiers.file import FileTier
-from kvstore.tiers.slab import SlabTier
+from kvstore.tiers.slab.tier import SlabTier
 
 DISK_BLOCKS = {"file": 12, "slab": 12, "lmdb": 11}
 """Blocks each small disk tier holds (a file or a slot takes one 4 KiB block; LMDB's 22 pages keep 11 blocks of

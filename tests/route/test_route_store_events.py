@@ -19,7 +19,7 @@ from kvstore.route.index import PrefixHit, RouterIndex
 from kvstore.route.publisher import EventPublisher, attach_publisher
 from kvstore.route.subscriber import EventSubscriber, ReplicaEndpoints
 from kvstore.store import TieredStore
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=4, block_size=4, dtype="float16", model_id="route-test")
 BS = LAYOUT.block_size

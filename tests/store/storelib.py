@@ -14,7 +14,7 @@ from kvstore.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.tiers.base import Buffer, Tier
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 
 LAYOUT = KVLayout(num_layers=3, num_kv_heads=2, head_dim=4, block_size=4, dtype="float16", model_id="store-test")
 

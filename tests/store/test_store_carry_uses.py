@@ -12,10 +12,10 @@ import torch
 from kvstore.config.schema import PolicyConfig
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.store import TieredStore
-from kvstore.tiers.disk import DiskTier
+from kvstore.tiers.lmdb.tier import DiskTier
 from kvstore.policy.gdsf import GDSFIndex
 from kvstore.policy.named import POLICIES, PlacementPolicy
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 from storelib import LAYOUT, prefill, read_lease
 
 BS = LAYOUT.block_size

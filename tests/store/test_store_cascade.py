@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from kvstore.config.schema import PolicyConfig
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.store import TieredStore
-from kvstore.tiers.disk import DiskTier
+from kvstore.tiers.lmdb.tier import DiskTier
 from kvstore.policy.named import POLICIES, PlacementPolicy
 from kvstore.policy.order import ORDERS, make_order
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 from storelib import LAYOUT, fill_keyed
 
 BS = LAYOUT.block_size

@@ -10,7 +10,7 @@ from kvstore.config.schema import PolicyConfig
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.policy.named import PlacementPolicy
 from kvstore.store import TieredStore
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 from storelib import LAYOUT, prefill
 
 BS = LAYOUT.block_size

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvstore.errors import TierError
-from kvstore.tiers.arena import HostArena, copy_runs
+from kvstore.tiers.host.arena import HostArena, copy_runs
 from kvstore.tiers.base import buffer_addresses, check_buffers
 
 BPB = 4096

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from kvstore.layout import KVLayout
-from kvstore.tiers.arena import PARALLEL_COPY_BYTES, copy_split
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.arena import PARALLEL_COPY_BYTES, copy_split
+from kvstore.tiers.host.tier import HostTier
 
 
 def test_a_large_copy_is_split_in_halves_and_a_small_one_is_not() -> None:

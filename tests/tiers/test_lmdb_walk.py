@@ -10,7 +10,7 @@ from pathlib import Path
 
 import lmdb
 
-from kvstore.tiers.lmdb_walk import walk
+from kvstore.tiers.lmdb.walk import walk
 
 
 def _env(path: Path, n: int) -> dict[bytes, bytes]:

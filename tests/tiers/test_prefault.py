@@ -1,4 +1,4 @@
-"""Host arena pages mapped ahead (kvstore.tiers.prefault): the daemon's segment allocated, a client's view
+"""Host arena pages mapped ahead (kvstore.tiers.host.prefault): the daemon's segment allocated, a client's view
 mapped with no faults left for its copies, a kernel that refuses, and a stop between chunks."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 import torch
 from tiers_testlib import LAYOUTS
 
-from kvstore.tiers import prefault as prefault_module
-from kvstore.tiers.arena import HostArena
-from kvstore.tiers.host import HostTier
-from kvstore.tiers.prefault import MADV_POPULATE_WRITE, Prefaulter
+from kvstore.tiers.host import prefault as prefault_module
+from kvstore.tiers.host.arena import HostArena
+from kvstore.tiers.host.tier import HostTier
+from kvstore.tiers.host.prefault import MADV_POPULATE_WRITE, Prefaulter
 
 L = LAYOUTS["float16"]
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -79,7 +79,7 @@ def test_a_kernel_without_populate_write_is_logged_and_changes_nothing(caplog: p
         ctypes.set_errno(errno.EINVAL)
         return -1
 
-    with caplog.at_level(logging.INFO, logger="kvstore.tiers.prefault"):
+    with caplog.at_level(logging.INFO, logger="kvstore.tiers.host.prefault"):
         p = Prefaulter(1 << 20, ARENA, "old kernel", madvise=refuse)
         assert p.done.wait(10)
     assert len(calls) == 1 and calls[0][2] == MADV_POPULATE_WRITE  # no retry per chunk

@@ -15,7 +15,7 @@ from tiers_testlib import BIG, fail_puts_after_first, empty_blocks, make_blocks,
 
 from kvstore.cli.main import main
 from kvstore.errors import TierError
-from kvstore.tiers.slab import SlabTier
+from kvstore.tiers.slab.tier import SlabTier
 
 N = 24
 SLOTS = 320

@@ -1,4 +1,4 @@
-"""The slot directory (kvstore.tiers.slot_directory): the writer keeps it in step with the published slots, a
+"""The slot directory (kvstore.tiers.host.slot_directory): the writer keeps it in step with the published slots, a
 reader finds exactly those, a copy torn by a reuse is caught, and garbage in the shared table costs a
 fallback, never a wrong slot, a crash or a change to what the writer decides."""
 
@@ -12,8 +12,8 @@ import pytest
 from tiers_testlib import LAYOUTS
 
 from kvstore.errors import IntegrityError
-from kvstore.tiers.host import HostTier
-from kvstore.tiers.slot_directory import (
+from kvstore.tiers.host.tier import HostTier
+from kvstore.tiers.host.slot_directory import (
     _HEADER, MAX_PROBE, DirectoryReader, DirectoryWriter, _aligned, directory_bytes,
 )
 

@@ -11,7 +11,7 @@ from tiers_testlib import BIG, make_blocks, make_keys
 
 from kvstore.errors import TierError
 from kvstore.tiers import DiskTier
-from kvstore.tiers.lmdb_env import LmdbEnv
+from kvstore.tiers.lmdb.env import LmdbEnv
 from kvstore.tiers.sync_loop import SyncLoop
 
 

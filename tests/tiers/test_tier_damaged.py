@@ -70,7 +70,7 @@ def test_garbage_data_mdb_is_refused_naming_the_file(tmp_path: Path, content: st
     else:
         (tmp_path / "data.mdb").write_bytes({"random": os.urandom(64 << 10), "short": b"not lmdb", "empty": b""}[content])
     if content == "empty":  # a crash while LMDB created it, or a file cut to nothing: a new environment, said aloud
-        with caplog.at_level("WARNING", logger="kvstore.tiers.lmdb_env"):
+        with caplog.at_level("WARNING", logger="kvstore.tiers.lmdb.env"):
             DiskTier(BIG, tmp_path, 16 << 20).close()
         assert f"LMDB data file {tmp_path / 'data.mdb'} is empty (0 bytes)" in caplog.text
         return

@@ -20,7 +20,7 @@ from kvstore.codec import encode
 from kvstore.config.schema import DiskConfig
 from kvstore.errors import TierError
 from kvstore.tiers import DiskTier, build_tier
-from kvstore.tiers import disk as disk_module
+from kvstore.tiers.lmdb import tier as disk_module
 from kvstore.policy.s3fifo import S3FIFOIndex
 from kvstore.policy.order import make_order
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiers_testlib import BIG, empty_blocks, make_blocks, make_keys
 
-import kvstore.tiers.lmdb_reads as reads_module
+import kvstore.tiers.lmdb.reads as reads_module
 from kvstore.codec import HEADER_SIZE, encode
 from kvstore.config.schema import DiskConfig
 from kvstore.tiers import DiskTier

@@ -15,8 +15,8 @@ from tiers_testlib import LAYOUTS, empty_blocks, make_blocks, make_keys
 
 from kvstore.config.schema import HostConfig
 from kvstore.errors import BlockStateError, TierError
-from kvstore.tiers.arena import HostArena
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.arena import HostArena
+from kvstore.tiers.host.tier import HostTier
 from kvstore.policy.named import POLICIES
 from kvstore.policy.order import make_order
 
@@ -206,7 +206,7 @@ def test_pinning_modes_without_cuda() -> None:
 
 _CHILD = """
 import sys, torch
-from kvstore.tiers.arena import HostArena
+from kvstore.tiers.host.arena import HostArena
 arena = HostArena.attach(int(sys.argv[1]), "test", int(sys.argv[2]))
 view = arena.slot_view(0)
 sys.stdout.write(bytes(view.numpy()).hex())

@@ -14,7 +14,7 @@ from tiers_testlib import LAYOUTS, make_blocks, make_keys
 
 from kvstore.errors import TierError
 from kvstore.tiers import DiskTier, FileTier, HostTier, SlabTier
-from kvstore.tiers.arena import HostArena
+from kvstore.tiers.host.arena import HostArena
 
 L = LAYOUTS["float16"]
 HERE = str(Path(__file__).parent)
@@ -128,7 +128,7 @@ def test_lock_of_a_killed_process_does_not_block_a_restart(tmp_path: Path) -> No
 
 _OWN_ARENA = """
 import sys
-from kvstore.tiers.arena import HostArena
+from kvstore.tiers.host.arena import HostArena
 arena = HostArena.allocate(2048, 32768, pin=False, shared=True)  # 64 MiB
 arena.prefault("test").done.wait(30)
 print("owned", flush=True)

@@ -17,7 +17,7 @@ from tiers_testlib import BIG, LAYOUTS, empty_blocks, make_blocks, make_keys
 from kvstore.config import ConfigError, load_config
 from kvstore.errors import TierError
 from kvstore.tiers import SlabTier, build_tier
-from kvstore.tiers.slab_file import Run, runs
+from kvstore.tiers.slab.data_file import Run, runs
 
 HERE = str(Path(__file__).parent)
 

@@ -12,10 +12,10 @@ from tiers_testlib import empty_blocks, make_blocks, make_keys
 
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import BlockReader, Tier, VictimSend
-from kvstore.tiers.disk import DiskTier
+from kvstore.tiers.lmdb.tier import DiskTier
 from kvstore.tiers.file import FileTier
-from kvstore.tiers.host import HostTier
-from kvstore.tiers.slab import SlabTier
+from kvstore.tiers.host.tier import HostTier
+from kvstore.tiers.slab.tier import SlabTier
 
 
 def _tier(kind: str, layout: KVLayout, root: Path) -> Tier:

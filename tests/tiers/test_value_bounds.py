@@ -38,7 +38,7 @@ def flip_size_bit(data_file: Path, key: bytes, bit: int) -> int:
     by LMDB itself: where its cursor's key lies in the map, less the map's start); returns the nodes changed."""
     import lmdb
 
-    from kvstore.tiers.lmdb_value import address_of, file_mappings, new_mapping
+    from kvstore.tiers.lmdb.value import address_of, file_mappings, new_mapping
 
     before = file_mappings(str(data_file))
     env = lmdb.open(str(data_file.parent), readonly=True, lock=False, max_dbs=2)
@@ -141,7 +141,7 @@ def test_a_node_is_held_to_its_overflow_run_and_the_file_not_only_to_the_codec_b
 
     import lmdb
 
-    from kvstore.tiers.lmdb_value import MapWindow, ValueOutOfBounds, check_node, file_mappings, new_mapping, read_node
+    from kvstore.tiers.lmdb.value import MapWindow, ValueOutOfBounds, check_node, file_mappings, new_mapping, read_node
 
     keys, _ = filled(tmp_path)
     assert flip_size_bit(tmp_path / "data.mdb", keys[3], 23) >= 1

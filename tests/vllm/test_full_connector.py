@@ -105,7 +105,7 @@ def test_corrupt_block_is_a_load_error_and_recomputed(site: Site) -> None:
 
 def _flip_byte_on_disk(path: Path, layout: Any, block: int) -> None:
     from connectors.engine_keys import PromptKeys
-    from kvstore.tiers.disk import DiskTier
+    from kvstore.tiers.lmdb.tier import DiskTier
 
     key = PromptKeys(layout, None).keys(PROMPT, 3)[block]
     disk = DiskTier(layout, str(path), 16 << 20)  # the size write_config gives the daemon

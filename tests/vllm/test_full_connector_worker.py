@@ -15,7 +15,7 @@ from connectors.engine_keys import PromptKeys, engine_layout
 from connectors.engine_store import EngineBlockStore
 from connectors.vllm.connector_meta import NULL, BlockTransfer, KVStoreConnectorMetadata
 from connectors.vllm.connector_worker import KVStoreConnectorWorker
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 
 LAYERS = ["l0", "l1", "l2"]
 NUM_BLOCKS, BS, HEADS, DIM = 8, 4, 2, 8

@@ -128,7 +128,7 @@ def vllm_layout(model: Path) -> KVLayout:
 
 def damage_block_on_disk(site: rig.Site, layout: KVLayout, prompt: list[int], block: int) -> None:
     """Flip one byte in the middle of ``prompt``'s block ``block`` in the daemon's LMDB (daemon stopped)."""
-    from kvstore.tiers.disk import DiskTier
+    from kvstore.tiers.lmdb.tier import DiskTier
 
     key = PromptKeys(layout, None).keys(prompt, block + 1)[block]
     disk = DiskTier(layout, str(site.root / "lmdb"), 512 << 20)

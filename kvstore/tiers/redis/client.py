@@ -3,7 +3,7 @@
 ``redis://`` and ``rediss://`` (TLS) reach one server (redis-py's own URL parser, so a ``/db``,
 ``user:password@`` and query options work as documented there); ``redis-cluster://`` and
 ``rediss-cluster://`` take a comma-separated list of ``host:port`` seed nodes of a Redis Cluster.
-Retries inside redis-py are off: the tier's :class:`~kvstore.tiers.backoff.Backoff` decides when
+Retries inside redis-py are off: the tier's :class:`~kvstore.tiers.redis.backoff.Backoff` decides when
 to try again, so a call never waits longer than ``timeout_s`` per round trip.
 """
 

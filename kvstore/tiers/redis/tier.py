@@ -37,14 +37,14 @@ from kvstore.codec import HEADER_SIZE
 from kvstore.config.remote import RemoteConfig
 from kvstore.errors import CorruptBlock, short_key
 from kvstore.layout import KVLayout
-from kvstore.tiers.backoff import Backoff
+from kvstore.tiers.redis.backoff import Backoff
 from kvstore.tiers.base import Buffer, TierStats, check_buffers
 from kvstore.tiers.chain import ChainTier, groups_of
-from kvstore.tiers.group_value import decode_group, encode_group
-from kvstore.tiers.redis_client import make_client, node_client, parse_target
-from kvstore.tiers.redis_evictions import EvictionListener
+from kvstore.tiers.redis.group_value import decode_group, encode_group
+from kvstore.tiers.redis.client import make_client, node_client, parse_target
+from kvstore.tiers.redis.evictions import EvictionListener
 
-log = logging.getLogger("kvstore.tiers.remote")
+log = logging.getLogger("kvstore.tiers.redis.tier")
 
 FAILURES = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 """What a round trip may raise that means "the server is unavailable", not a bug."""

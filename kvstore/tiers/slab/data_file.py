@@ -11,7 +11,7 @@ A write or read of consecutive slots is one request, staged in a page-aligned bu
 :attr:`SlotFile.direct` is ``False``; every read is still verified by the caller.
 
 This module knows offsets and bytes only; which key owns which slot is the index's business
-(:mod:`kvstore.tiers.slab`).
+(:mod:`kvstore.tiers.slab.tier`).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from typing import Literal
 import torch
 
 from kvstore.errors import TierError
-from kvstore.tiers.prefault import Prefaulter
+from kvstore.tiers.host.prefault import Prefaulter
 
 PinMode = Literal["auto", "always", "never"]
 
@@ -100,7 +100,7 @@ class HostArena:
         self.num_slots = tensor.numel() // bytes_per_block if num_slots is None else num_slots
         self.tensor: torch.Tensor | None = tensor[: self.num_slots * bytes_per_block]
         self.tail: torch.Tensor | None = None
-        """A shared segment's bytes after the slots (the slot directory, :mod:`kvstore.tiers.slot_directory`)."""
+        """A shared segment's bytes after the slots (the slot directory, :mod:`kvstore.tiers.host.slot_directory`)."""
         if shm is not None and num_slots is not None:
             self.tail = tensor[num_slots * bytes_per_block :]
         self._shm = shm
@@ -221,7 +221,7 @@ class HostArena:
         self.pinned = True
 
     def prefault(self, name: str) -> Prefaulter | None:
-        """Map this process's pages of the slots in the background (:mod:`kvstore.tiers.prefault`); ``None``
+        """Map this process's pages of the slots in the background (:mod:`kvstore.tiers.host.prefault`); ``None``
         where there is nothing to do (pinned: registering populated them). :meth:`close` stops it first."""
         if self.tensor is None or self.pinned or self._prefaulter is not None:
             return None

@@ -25,7 +25,7 @@ delete moves that many bytes within the page: the block stays, a counted miss, u
 Pages a write transaction changed live outside the map (LMDB copies them to the heap): an in-leaf value
 there is checked against the codec's bound only. The pages written are read once per
 :class:`MapWindow`, that is per read transaction, from the map's meta pages; a file truncated while the
-process runs (after the open-time check of :mod:`kvstore.tiers.lmdbcheck`) is outside what this can see.
+process runs (after the open-time check of :mod:`kvstore.tiers.lmdb.check`) is outside what this can see.
 
 Cost, measured on the dev VM: ~2.5 us per block (``Transaction.get`` took 0.2), most of it reading the
 key's address through the buffer protocol; 15-25% of a warm 64 KiB read, about 1% at the default
@@ -114,7 +114,7 @@ class MapWindow:
         """The window of a map of ``map_size`` bytes at ``base`` (:func:`new_mapping`), now: call it after
         beginning the transaction that reads. The pages written are read from the newer of the two meta
         pages in the map (no system call: a reading thread that released the GIL waits milliseconds for
-        it under load); the file held them when it was checked at open (:mod:`kvstore.tiers.lmdbcheck`).
+        it under load); the file held them when it was checked at open (:mod:`kvstore.tiers.lmdb.check`).
         ``base`` unknown: an empty window (only the codec's bound is checked)."""
         if base is None:
             return cls(0, 0, 0, psize, max_value)

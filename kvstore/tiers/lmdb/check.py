@@ -104,13 +104,13 @@ def check_walkable_databases(path: str, hint: str | None = None) -> None:
 
     LMDB meets some damage (a zeroed or overwritten leaf or branch page) with ``abort()`` inside a
     cursor step, which no ``except`` catches; the walk runs in a child process
-    (:func:`kvstore.tiers.lmdb_walk.check_walkable`: the keys of both databases, every leaf and branch
+    (:func:`kvstore.tiers.lmdb.walk.check_walkable`: the keys of both databases, every leaf and branch
     page stepped on, no value touched: a damaged node size is the serving process's to check,
-    :mod:`kvstore.tiers.lmdb_value`, and must not refuse the start), so the caller gets a message naming the file and
+    :mod:`kvstore.tiers.lmdb.value`, and must not refuse the start), so the caller gets a message naming the file and
     ``kvstore repair`` instead. A new (absent or empty) environment passes. Call it before opening the
     environment in a process that must not die of it (the daemon).
     """
-    from kvstore.tiers.lmdb_walk import check_walkable
+    from kvstore.tiers.lmdb.walk import check_walkable
 
     check_environment(path, hint)
     data_file = os.path.join(path, DATA_FILE)

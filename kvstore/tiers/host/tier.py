@@ -29,11 +29,11 @@ import torch
 from kvstore.config.schema import HostConfig
 from kvstore.errors import BlockStateError, IntegrityError, TierError, short_key
 from kvstore.layout import KVLayout
-from kvstore.tiers.arena import HostArena, PinMode, SlotCopy, copy_split, resolve_pin
+from kvstore.tiers.host.arena import HostArena, PinMode, SlotCopy, copy_split, resolve_pin
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
 from kvstore.policy.order import EvictionOrder, order_for
 from kvstore.policy.exclude import KeyFilter
-from kvstore.tiers.slot_directory import DirectoryWriter, directory_bytes
+from kvstore.tiers.host.slot_directory import DirectoryWriter, directory_bytes
 
 
 class _Pinned(KeyFilter):
@@ -69,10 +69,10 @@ class HostTier(Tier):
         """Allocate ``capacity_bytes // bytes_per_block`` slots now.
 
         ``shared_memory``: the arena is a sealed memfd whose descriptor (:attr:`arena` ``.fd``) other processes
-        map (:mod:`kvstore.tiers.arena`), ``label`` naming it in logs and ``/proc/<pid>/maps``.
+        map (:mod:`kvstore.tiers.host.arena`), ``label`` naming it in logs and ``/proc/<pid>/maps``.
 
         ``prefault``: map the arena's pages on a background thread from now on (``host.prefault``,
-        :mod:`kvstore.tiers.prefault`), so puts into fresh slots take no page faults.
+        :mod:`kvstore.tiers.host.prefault`), so puts into fresh slots take no page faults.
 
         ``auto_evict=False`` makes ``put``/``reserve`` fail instead of evicting,
         so the tiered store can spill the :meth:`victims` to disk first.
@@ -91,7 +91,7 @@ class HostTier(Tier):
         self.directory: DirectoryWriter | None = (
             DirectoryWriter(self.arena.tail.numpy(), num_slots) if self.arena.tail is not None else None)
         """The published keys' slots in the shared segment, for clients that read without a round trip
-        (:mod:`kvstore.tiers.slot_directory`); ``None`` for private memory."""
+        (:mod:`kvstore.tiers.host.slot_directory`); ``None`` for private memory."""
         self.auto_evict = auto_evict
         self._lock = threading.Lock()
         self._slots: dict[bytes, int] = {}  # published key -> slot

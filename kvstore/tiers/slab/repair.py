@@ -25,11 +25,11 @@ from kvstore.codec import HEADER_SIZE, decode_into
 from kvstore.config.schema import SlabConfig
 from kvstore.errors import CorruptBlock
 from kvstore.layout import KVLayout
-from kvstore.tiers.lmdb_walk import walk
+from kvstore.tiers.lmdb.walk import walk
 from kvstore.tiers.base import Tier
-from kvstore.tiers.repair import RepairReport, SalvageBatch, move_aside, readable_environment, salvage_failure
-from kvstore.tiers.slab_file import slot_bytes
-from kvstore.tiers.slab_index import RECORD
+from kvstore.tiers.lmdb.repair import RepairReport, SalvageBatch, move_aside, readable_environment, salvage_failure
+from kvstore.tiers.slab.data_file import slot_bytes
+from kvstore.tiers.slab.index import RECORD
 
 INDEX_DIR = "index"
 DATA_FILE = "slots.dat"
@@ -49,7 +49,7 @@ def repair_slab(section: SlabConfig, layout: KVLayout, *, salvage: bool) -> Repa
 
 
 def _salvage(source: str, section: SlabConfig, layout: KVLayout, report: RepairReport) -> None:
-    from kvstore.tiers.slab import SlabTier
+    from kvstore.tiers.slab.tier import SlabTier
 
     scratch = os.path.join(source, "salvage-scratch")
     env = readable_environment(os.path.join(source, INDEX_DIR), scratch, report)

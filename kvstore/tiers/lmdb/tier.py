@@ -39,16 +39,16 @@ Durability (``sync``):
 
 Reads: a large get is split into up to ``read_threads`` contiguous runs read
 at once, each in its own read transaction; cold reads rely on kernel
-readahead (``readahead=True``; :mod:`kvstore.tiers.lmdb_reads` says why).
+readahead (``readahead=True``; :mod:`kvstore.tiers.lmdb.reads` says why).
 The environment's opening, growth and error mapping are
-:mod:`kvstore.tiers.lmdb_env`.
+:mod:`kvstore.tiers.lmdb.env`.
 
 Files: the directory is 0700 and its files 0600 (narrowed if found wider), and
 the tier holds ``<path>/kvstore.lock`` (:mod:`kvstore.tiers.datadir`) while
 open: a second process on the same environment is refused, naming the holder.
 ``data.mdb`` is checked against its meta pages before it is mapped
-(:mod:`kvstore.tiers.lmdbcheck`): a truncated or foreign file is refused with
-:class:`TierError` naming it and ``kvstore repair`` (:mod:`kvstore.tiers.repair`),
+(:mod:`kvstore.tiers.lmdb.check`): a truncated or foreign file is refused with
+:class:`TierError` naming it and ``kvstore repair`` (:mod:`kvstore.tiers.lmdb.repair`),
 never mapped into a ``SIGBUS``. At run time an LMDB error reading one block
 (a damaged page) makes that block a miss, counted in ``read_errors`` and
 logged at most once per interval; a failed write raises :class:`TierError`.
@@ -85,10 +85,10 @@ from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, VictimSend, check_buffers
 from kvstore.tiers.datadir import DirLock, make_private_dir
 from kvstore.policy.order import EvictionOrder, order_for
-from kvstore.tiers.lmdb_env import LRU_RECORD, LmdbEnv
-from kvstore.tiers.lmdb_reads import RunReader, split_runs, txn_reader
-from kvstore.tiers.lmdb_value import ValueOutOfBounds
-from kvstore.tiers.lmdbcheck import damaged, repair_hint
+from kvstore.tiers.lmdb.env import LRU_RECORD, LmdbEnv
+from kvstore.tiers.lmdb.reads import RunReader, split_runs, txn_reader
+from kvstore.tiers.lmdb.value import ValueOutOfBounds
+from kvstore.tiers.lmdb.check import damaged, repair_hint
 from kvstore.tiers.sync_loop import SyncLoop
 from kvstore.tiers.unsynced import UnsyncedBytes
 from kvstore.tiers.victims import Handover
@@ -230,7 +230,7 @@ class DiskTier(PooledTier):
     def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
         """Decode found blocks straight from the map into ``dests`` (no intermediate bytes).
 
-        A batch of at least ``2 * READ_SPLIT_BYTES`` (:mod:`kvstore.tiers.lmdb_reads`) is split into up to ``read_threads`` contiguous
+        A batch of at least ``2 * READ_SPLIT_BYTES`` (:mod:`kvstore.tiers.lmdb.reads`) is split into up to ``read_threads`` contiguous
         runs read at once, each in its own read transaction (module docstring, "Cold reads"); the
         caller's thread reads the first. Every returned block passed :func:`decode_into`'s checks
         (header and CRC-32 of the decoded bytes). Marks hits recently used (queued, applied before the

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import redis
 
-log = logging.getLogger("kvstore.tiers.remote")
+log = logging.getLogger("kvstore.tiers.redis.tier")
 
 EVICTED_PATTERN = "__keyevent@*__:evicted"
 

@@ -8,7 +8,7 @@ thread faults one region at a time). Each value is decoded straight from the map
 shared with other runs; the tier merges what they found (:class:`RunRead`).
 
 Values are found with ``Cursor.set_key`` and checked against the pages LMDB wrote before a byte of
-them is touched (:mod:`kvstore.tiers.lmdb_value`: a damaged node size would otherwise fault past the
+them is touched (:mod:`kvstore.tiers.lmdb.value`: a damaged node size would otherwise fault past the
 file or the map); py-lmdb's ``Transaction.get`` touches every page of a value before it returns, so it
 is never used on ``blocks``. A value out of bounds is a corrupt block (counted, deleted when that is
 safe) or, inside its leaf page, an unreadable one.
@@ -31,8 +31,8 @@ import lmdb
 from kvstore.codec import decode_into
 from kvstore.errors import CorruptBlock
 from kvstore.tiers.base import BlockReader, Buffer, check_buffers
-from kvstore.tiers.lmdb_env import LmdbEnv
-from kvstore.tiers.lmdb_value import MapWindow, ValueOutOfBounds, bounded_value
+from kvstore.tiers.lmdb.env import LmdbEnv
+from kvstore.tiers.lmdb.value import MapWindow, ValueOutOfBounds, bounded_value
 
 READ_SPLIT_BYTES = 1 << 20
 """Least bytes of a get batch worth handing to another reading thread (smaller runs cost more to hand over

@@ -5,7 +5,7 @@
     data.mdb   the map: starts at ``map_step`` (or the file's size), grows by ``map_step`` to ``max_size``
     lock.mdb   LMDB's reader table
 
-What the disk tier (:mod:`kvstore.tiers.disk`) needs from LMDB besides reads and puts:
+What the disk tier (:mod:`kvstore.tiers.lmdb.tier`) needs from LMDB besides reads and puts:
 
 - :meth:`LmdbEnv.open`: the files are checked against their meta pages first (:func:`check_environment`:
   a truncated map would ``SIGBUS``), opened owner-only, and LMDB's open errors become :class:`TierError`
@@ -27,10 +27,10 @@ import lmdb
 
 from kvstore.errors import TierError
 from kvstore.tiers.datadir import FILE_MODE, narrow
-from kvstore.tiers.gate import ResizeGate
-from kvstore.tiers.lmdb_value import (MapWindow, ValueOutOfBounds, checked_items, file_mappings, new_mapping,
+from kvstore.tiers.lmdb.gate import ResizeGate
+from kvstore.tiers.lmdb.value import (MapWindow, ValueOutOfBounds, checked_items, file_mappings, new_mapping,
                                       read_node)
-from kvstore.tiers.lmdbcheck import check_environment, damaged
+from kvstore.tiers.lmdb.check import check_environment, damaged
 
 log = logging.getLogger(__name__)
 LRU_RECORD = struct.Struct("<QQ")
@@ -79,7 +79,7 @@ class LmdbEnv:
         return self._map_size
 
     def window(self, max_value: int) -> MapWindow:
-        """Where the values of a transaction begun now may lie (:mod:`kvstore.tiers.lmdb_value`)."""
+        """Where the values of a transaction begun now may lie (:mod:`kvstore.tiers.lmdb.value`)."""
         return MapWindow.of(self.map_base, self._map_size, self.psize, max_value)
 
     def txn(self, body: Callable[[lmdb.Transaction], object]) -> None:
@@ -133,7 +133,7 @@ class LmdbEnv:
         """``(clock, key, cost)`` of every block in ``blocks`` as recorded in ``lru``, oldest access first, and
         ``(key, cost)`` of blocks with no record (after a foreign writer or a damaged ``lru`` database:
         found by a scan of the keys and their leaf nodes; the overflow pages holding the values are never
-        touched, and a node whose size is out of bounds (:mod:`kvstore.tiers.lmdb_value`) is costed as
+        touched, and a node whose size is out of bounds (:mod:`kvstore.tiers.lmdb.value`) is costed as
         ``max_value``, the longest value a block encodes to: the first get of it drops it). Records of
         blocks that are gone are left out. Changes nothing."""
         records: list[tuple[int, bytes, int]] = []

@@ -1,10 +1,10 @@
 """The slab tier's index: an LMDB environment of 32-byte key -> ``<QQ slot, last-access counter>``.
 
-The only durable record of which key owns which slot of ``slots.dat`` (:mod:`kvstore.tiers.slab_file`);
+The only durable record of which key owns which slot of ``slots.dat`` (:mod:`kvstore.tiers.slab.data_file`);
 the tier keeps an in-memory copy, rebuilt from :meth:`SlabIndex.records` at open. Every change is one
 write transaction (:meth:`SlabIndex.write`), fsynced at commit under ``sync: always``, by
 :meth:`SlabIndex.sync` otherwise. The environment is checked before it is mapped
-(:mod:`kvstore.tiers.lmdbcheck`): a truncated or foreign ``data.mdb`` is refused naming the file and what to do.
+(:mod:`kvstore.tiers.lmdb.check`): a truncated or foreign ``data.mdb`` is refused naming the file and what to do.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import lmdb
 
 from kvstore.errors import TierError
 from kvstore.tiers.datadir import FILE_MODE, make_private_dir, narrow
-from kvstore.tiers.lmdb_value import MapWindow, checked_items, file_mappings, new_mapping
-from kvstore.tiers.lmdbcheck import check_environment, damaged
+from kvstore.tiers.lmdb.value import MapWindow, checked_items, file_mappings, new_mapping
+from kvstore.tiers.lmdb.check import check_environment, damaged
 
 RECORD = struct.Struct("<QQ")
 """An index value: slot, last-access counter."""
 
 
 def hint(path: str) -> str:
-    """What to do about a damaged index at ``path`` (:mod:`kvstore.tiers.slab_repair`)."""
+    """What to do about a damaged index at ``path`` (:mod:`kvstore.tiers.slab.repair`)."""
     tier = os.path.dirname(path)
     return (f"to keep the damaged files for inspection and start with an empty tier, stop every kvstore process "
             f"using it and run `kvstore repair --config <your config>` (moves {tier} (slab.path) aside to "
@@ -53,7 +53,7 @@ class SlabIndex:
 
     def records(self) -> list[tuple[int, bytes, int]]:
         """Every entry as ``(last access, key, slot)``, oldest access first; an entry whose node is damaged
-        (its size out of bounds, :mod:`kvstore.tiers.lmdb_value`) is left out, never touched. Changes nothing."""
+        (its size out of bounds, :mod:`kvstore.tiers.lmdb.value`) is left out, never touched. Changes nothing."""
         out: list[tuple[int, bytes, int]] = []
         try:
             with self.env.begin(buffers=True) as txn:

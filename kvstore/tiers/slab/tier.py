@@ -4,7 +4,7 @@ only the index (key -> slot) lives in LMDB.
 ::
 
     <path>/slots.dat      slot i at i * slot_bytes: codec header + payload (kvstore.codec), zero padding
-    <path>/index/         LMDB: 32-byte key -> <QQ slot, last-access counter> (kvstore.tiers.slab_index)
+    <path>/index/         LMDB: 32-byte key -> <QQ slot, last-access counter> (kvstore.tiers.slab.index)
     <path>/kvstore.lock   one process at a time (kvstore.tiers.datadir)
 
 Why: the LMDB tier copies each value into malloc'd overflow pages, writes them into the page cache
@@ -53,8 +53,8 @@ from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, check_buffers
 from kvstore.tiers.datadir import DirLock, make_private_dir
 from kvstore.policy.order import EvictionOrder, order_for
-from kvstore.tiers.slab_file import Run, SlotFile, runs, slot_bytes
-from kvstore.tiers.slab_index import SlabIndex
+from kvstore.tiers.slab.data_file import Run, SlotFile, runs, slot_bytes
+from kvstore.tiers.slab.index import SlabIndex
 from kvstore.tiers.sync_loop import SyncLoop
 from kvstore.tiers.victims import Handover
 

@@ -1,5 +1,5 @@
 """Start the disk tier afresh while keeping a damaged LMDB environment for inspection (the slab tier's
-repair, :mod:`kvstore.tiers.slab_repair`, reuses the move and the safe mapping).
+repair, :mod:`kvstore.tiers.slab.repair`, reuses the move and the safe mapping).
 
 ::
 
@@ -36,9 +36,9 @@ from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
 from kvstore.tiers.base import Tier
 from kvstore.tiers.datadir import DirLock
-from kvstore.tiers.lmdb_value import MapWindow, ValueOutOfBounds, bounded_value, file_mappings, new_mapping
-from kvstore.tiers.lmdb_walk import walk
-from kvstore.tiers.lmdbcheck import DATA_FILE, expected_size
+from kvstore.tiers.lmdb.value import MapWindow, ValueOutOfBounds, bounded_value, file_mappings, new_mapping
+from kvstore.tiers.lmdb.walk import walk
+from kvstore.tiers.lmdb.check import DATA_FILE, expected_size
 
 SALVAGE_BATCH = 64
 
@@ -134,7 +134,7 @@ def readable_environment(source: str, scratch: str, report: RepairReport) -> tup
 
 
 def _salvage(source: str, section: DiskConfig, layout: KVLayout, report: RepairReport) -> None:
-    from kvstore.tiers.disk import DiskTier
+    from kvstore.tiers.lmdb.tier import DiskTier
 
     scratch = os.path.join(source, "salvage-scratch")
     env = readable_environment(source, scratch, report)
@@ -152,7 +152,7 @@ def _salvage(source: str, section: DiskConfig, layout: KVLayout, report: RepairR
 def _known_keys(source: str, map_size: int, report: RepairReport) -> list[bytes]:
     """Every block key either database still leads to: ``lru`` holds one record per block, so a damaged
     ``blocks`` page that cuts a cursor walk short does not hide the keys behind it (and vice versa). The walks
-    run in a child process (:mod:`kvstore.tiers.lmdb_walk`: LMDB aborts on some damaged pages)."""
+    run in a child process (:mod:`kvstore.tiers.lmdb.walk`: LMDB aborts on some damaged pages)."""
     keys: dict[bytes, None] = {}
     for name in ("lru", "blocks"):
         found = walk(source, max(map_size, 1 << 20), name, values=False)
