@@ -190,8 +190,10 @@ class KVStoreConnectorWorker:
             load.failed_block_ids = {b for b, f in zip(block_ids[0], found) if not f}
             load.complete = all(found)
             per_layer = staging.view(len(keys), len(self.layer_names), self.page_bytes)
+            # per group once (not per layer): the found positions it has a block for, and those blocks
+            targets = [[i for i, f in enumerate(found) if f and ids[i] != NULL] for ids in block_ids]
             for layer, group in enumerate(self.layer_groups):
-                ok = [i for i, f in enumerate(found) if f and block_ids[group][i] != NULL]
+                ok = targets[group]
                 if ok:
                     cache.write(layer, [block_ids[group][i] for i in ok], per_layer[ok, layer])
                     cache.fence()  # the forward may read the layer as soon as the event is set
