@@ -123,11 +123,12 @@ def test_cuda_kernels_real_shapes(dtype, block_size, kv_heads, group, head_dim) 
                                                 "cuda")
     scale = head_dim ** -0.5
     tol = _tol(dtype) if dtype != torch.float32 else {"atol": 1e-4, "rtol": 1e-4}
-    torch.testing.assert_close(triton_kernels.paged_prefill(q, kc, vc, tables, qsl, lens, scale),
-                               reference.paged_prefill(q, kc, vc, tables, qsl, lens, scale), **tol)
     qd = q[: len(seq_lens)].contiguous()
-    torch.testing.assert_close(triton_kernels.paged_decode(qd, kc, vc, tables, lens, scale),
-                               reference.paged_decode(qd, kc, vc, tables, lens, scale), **tol)
+    for window in (0, 96):  # full attention, and a sliding window shorter than the long sequences
+        torch.testing.assert_close(triton_kernels.paged_prefill(q, kc, vc, tables, qsl, lens, scale, window=window),
+                                   reference.paged_prefill(q, kc, vc, tables, qsl, lens, scale, window=window), **tol)
+        torch.testing.assert_close(triton_kernels.paged_decode(qd, kc, vc, tables, lens, scale, window=window),
+                                   reference.paged_decode(qd, kc, vc, tables, lens, scale, window=window), **tol)
     slots = torch.randperm(kc.shape[0] * block_size, device="cuda")[:1000]
     k = torch.randn(1000, kv_heads, head_dim, device="cuda", dtype=dtype)
     expect = pool.clone()
