@@ -179,6 +179,21 @@ def swap_blocks(site: Site, layout: Any, source: list[int], target: list[int],
     return n
 
 
+def damage_block_on_disk(site: Site, layout: Any, prompt: list[int], block: int) -> None:
+    """Flip one byte in the middle of ``prompt``'s block ``block`` in the daemon's LMDB (stop the daemon first):
+    its checksum fails at the next read, which the daemon answers as a miss."""
+    from connectors.engine_keys import PromptKeys
+    from kvstore.tiers.lmdb.tier import DiskTier
+
+    key = PromptKeys(layout, None).keys(prompt, block + 1)[block]
+    disk = DiskTier(layout, str(site.root / "lmdb"), 512 << 20)
+    with disk.env.begin(write=True) as txn:
+        value = bytearray(txn.get(key, db=disk._blocks))
+        value[len(value) // 2] ^= 0x01
+        txn.put(key, bytes(value), db=disk._blocks)
+    disk.close()
+
+
 def prompt_tokens(model: Path, n_tokens: int, seed: int = 0) -> list[int]:
     """``n_tokens`` token ids of English text (varied per ``seed``), tokenized with the model's tokenizer."""
     from tokenizers import Tokenizer

@@ -7,7 +7,9 @@ carries one position of all three layers; each layer's slice goes to its own gro
 group's positions before the window (vLLM's null block) are not written. A new engine process loads every
 full block of the prompt and decodes as vLLM alone does (fp32, random weights, so the output depends on
 the KV cache); the control stores that prompt's blocks under another prompt's keys and that prompt's
-output changes.
+output changes. A block damaged on disk fails the load, which vLLM takes for the whole request (it
+refuses block-level failures with several groups): it recomputes it, equal to vLLM alone, and kvstore
+offers that request nothing more.
 
 **Mamba hybrid** (Granite 4.0-H style: Mamba2 and attention layers): its state is not per-token K/V, so
 the connector refuses it at start with a message naming the layer kind, where vLLM used to refuse with
@@ -51,6 +53,14 @@ def runs(gemma_model: Path, prompts: Prompts) -> dict[str, Any]:
         layout = KVLayout(**rig.daemon_model(gemma_model))
         out["swapped"] = rig.swap_blocks(site, layout, prompts.long, prompts.other)
         out["second"] = rig.run_engine(gemma_model, rounds, site.connector())  # a new process
+        # A block the daemon lists but cannot return (damaged on disk): a hybrid model's load fails as a whole
+        # request's, which vLLM recomputes, and kvstore offers that request nothing more (no second failed load).
+        assert site.daemon is not None
+        site.daemon.stop()
+        rig.damage_block_on_disk(site, layout, prompts.long, 20)
+        site.daemon = rig.start_daemon(site.daemon_config)
+        out["damaged"] = rig.run_engine(gemma_model, rounds[:1], site.connector())
+        out["corrupt"] = rig.metric(site, "kvstore_corrupt_dropped_total", 'tier="disk"')
         return out
     finally:
         site.close()
@@ -68,6 +78,17 @@ def test_an_alternating_window_model_keeps_its_kv_cache_groups_and_loads_equal_t
 def test_control_another_prompts_blocks_in_a_hybrid_model_change_the_output(runs: dict[str, Any]) -> None:
     assert runs["second"]["rounds"][1]["external_prefix_cache_hits"] == runs["swapped"] * BS
     assert tokens(runs["second"], 1) != tokens(runs["alone"], 1)
+
+
+def test_a_failed_hybrid_load_is_recomputed_equal_to_vllm_alone(runs: dict[str, Any], prompts: Prompts) -> None:
+    rnd, n = runs["damaged"]["rounds"][0], (len(prompts.long) - 1) // BS
+    assert runs["corrupt"] == 1  # block 20 failed its checksum: the load failed
+    assert rnd["external_prefix_cache_queries"] == 2 * len(prompts.long)  # vLLM asked again after the failure
+    # the first ask offered every block (the failed load); the second got none: without that, the blocks
+    # before the damaged one (deleted by then) would have been offered and loaded again
+    assert rnd["external_prefix_cache_hits"] == n * BS
+    assert rnd["outputs"][0]["num_cached_tokens"] == 0  # recomputed whole
+    assert tokens(runs["damaged"], 0) == tokens(runs["alone"], 0)
 
 
 def test_a_mamba_hybrid_is_refused_at_start_naming_its_layer_kind(model: Path, tmp_path: Path,

@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 import rig
-from connectors.engine_keys import PromptKeys
 from kvstore.layout import KVLayout
 from prompts import Prompts
 from rig import metric, tokens
@@ -126,26 +125,13 @@ def vllm_layout(model: Path) -> KVLayout:
     return KVLayout(**section)
 
 
-def damage_block_on_disk(site: rig.Site, layout: KVLayout, prompt: list[int], block: int) -> None:
-    """Flip one byte in the middle of ``prompt``'s block ``block`` in the daemon's LMDB (daemon stopped)."""
-    from kvstore.tiers.lmdb.tier import DiskTier
-
-    key = PromptKeys(layout, None).keys(prompt, block + 1)[block]
-    disk = DiskTier(layout, str(site.root / "lmdb"), 512 << 20)
-    with disk.env.begin(write=True) as txn:
-        value = bytearray(txn.get(key, db=disk._blocks))
-        value[len(value) // 2] ^= 0x01
-        txn.put(key, bytes(value), db=disk._blocks)
-    disk.close()
-
-
 @pytest.fixture(scope="module")
 def third(model: Path, prompts: Prompts, site: rig.Site, second: dict[str, Any]) -> dict[str, Any]:
     layout = vllm_layout(model)
     swapped = rig.swap_blocks(site, layout, prompts.long, prompts.other)
     assert site.daemon is not None
     site.daemon.stop()
-    damage_block_on_disk(site, layout, prompts.long, 20)
+    rig.damage_block_on_disk(site, layout, prompts.long, 20)
     site.daemon = rig.start_daemon(site.daemon_config)
     record = rig.run_engine(model, [
         {"prompts": [prompts.long], "max_tokens": 12},
