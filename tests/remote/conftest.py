@@ -15,7 +15,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tiers"))
 sys.path.insert(0, str(HERE.parent / "connector"))
 
-from kvstore.bench.redis_servers import (  # noqa: E402
+from benchmarks.redis_servers import (  # noqa: E402
     REDIS,
     VALKEY,
     RedisClusterProcs,

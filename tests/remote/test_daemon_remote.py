@@ -38,7 +38,7 @@ from daemonlib import (  # noqa: E402
     start_daemon,
     write_config,
 )
-from kvstore.bench.redis_servers import RedisClusterProcs, RedisServer, start_server  # noqa: E402
+from benchmarks.redis_servers import RedisClusterProcs, RedisServer, start_server  # noqa: E402
 from kvstore.daemon.client import DaemonClient  # noqa: E402
 from kvstore.daemon.tier import DaemonTier  # noqa: E402
 from kvstore.layout import KVLayout  # noqa: E402

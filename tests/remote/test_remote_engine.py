@@ -15,7 +15,7 @@ import pytest
 import torch
 from connlib import GREEDY, capture_logits, make_llm, prompt
 
-from kvstore.bench.redis_servers import RedisServer
+from benchmarks.redis_servers import RedisServer
 
 PROMPT = prompt(1, 45)  # 11 full blocks of 4 and one partial: two groups of 4 go remote, 3 blocks stay local
 

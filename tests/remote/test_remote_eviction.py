@@ -10,7 +10,7 @@ import torch
 from remotelib import remote_tier, wait_for
 from tiers_testlib import BIG, empty_blocks, make_blocks, make_keys
 
-from kvstore.bench.redis_servers import start_server
+from benchmarks.redis_servers import start_server
 
 G = 4
 CHAINS = 40

@@ -10,7 +10,7 @@ import torch
 from remotelib import remote_tier, wait_for
 from tiers_testlib import LAYOUTS, empty_blocks, make_blocks, make_keys
 
-from kvstore.bench.redis_servers import RedisClusterProcs
+from benchmarks.redis_servers import RedisClusterProcs
 
 L = LAYOUTS["float16"]
 G = 2

@@ -16,7 +16,7 @@ import torch
 from remotelib import remote_tier, wait_for
 from tiers_testlib import BIG, LAYOUTS, empty_blocks, make_blocks, make_keys
 
-from kvstore.bench.redis_servers import RedisServer, make_tls_files, start_server
+from benchmarks.redis_servers import RedisServer, make_tls_files, start_server
 from kvstore.codec import HEADER_SIZE
 from kvstore.tiers.redis.client import parse_target
 

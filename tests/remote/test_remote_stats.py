@@ -8,7 +8,7 @@ from pathlib import Path
 from remotelib import remote_tier
 from tiers_testlib import LAYOUTS, make_blocks, make_keys
 
-from kvstore.bench.redis_servers import RedisClusterProcs, start_server
+from benchmarks.redis_servers import RedisClusterProcs, start_server
 from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
 from kvstore.tiers.base import TierStats
 

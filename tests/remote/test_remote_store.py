@@ -14,7 +14,7 @@ from remotelib import remote_tier
 sys.path.insert(0, str(Path(__file__).parent.parent / "store"))
 from storelib import LAYOUT, MemoryTier, fill, prefill, read_lease  # noqa: E402
 
-from kvstore.bench.redis_servers import RedisServer, start_server  # noqa: E402
+from benchmarks.redis_servers import RedisServer, start_server  # noqa: E402
 from kvstore.config.schema import PolicyConfig  # noqa: E402
 from kvstore.gpu_pool import GPUBlockPool  # noqa: E402
 from kvstore.store import TieredStore  # noqa: E402

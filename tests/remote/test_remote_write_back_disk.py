@@ -14,7 +14,7 @@ import redis
 from policylib import G, loads_back, new_prefix, policy_store, prompt
 from storelib import LAYOUT, MemoryTier, prefill
 
-from kvstore.bench.redis_servers import RedisServer, start_server
+from benchmarks.redis_servers import RedisServer, start_server
 from kvstore.config.schema import PolicyConfig
 from kvstore.store import TieredStore
 from kvstore.tiers.base import Buffer, Tier

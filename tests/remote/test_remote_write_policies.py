@@ -11,7 +11,7 @@ import pytest
 from policylib import G, loads_back, new_prefix, policy_store, prompt, remote_blocks
 from storelib import LAYOUT, prefill
 
-from kvstore.bench.redis_servers import RedisServer
+from benchmarks.redis_servers import RedisServer
 from kvstore.config.loader import ConfigError, load_config
 
 

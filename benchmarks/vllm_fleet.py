@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 BLOCK_SIZE = 32
 """vLLM's ``--block-size`` (its CPU attention takes multiples of 32)."""
 HASH_SEED = "0"

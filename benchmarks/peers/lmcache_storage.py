@@ -27,7 +27,7 @@ suite) and cycles through them. Per round it times:
   ``LocalCPUBackend.contains`` per chunk until the first miss, the prompt
   drawn as in :mod:`kvstore.bench.lookup` (a sibling shares its first half).
 
-Protocol (:mod:`kvstore.bench.peers.process`): one JSON line ``{"ready":
+Protocol (:mod:`benchmarks.peers.process`): one JSON line ``{"ready":
 ...}``, then one round per line read on stdin, printed as ``{"round": i,
 "figures": [...]}``, each figure ``{"name", "block_bytes", "gbps"}`` or
 ``{"name", "prompt_tokens", "ms"}``; exits at end of input.

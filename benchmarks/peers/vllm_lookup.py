@@ -2,7 +2,7 @@
 
 Self-contained on purpose: it imports vLLM (0.33.0, ``make venv-vllm``) and
 nothing of kvstore. It builds the same prompts as :mod:`kvstore.bench.lookup`
-and :mod:`kvstore.bench.peers.suite` (numpy's ``default_rng(seed).integers(0,
+and :mod:`benchmarks.peers.suite` (numpy's ``default_rng(seed).integers(0,
 128_000)``; a sibling sharing the first half), fills a ``BlockPool`` the way
 ``cache_full_blocks`` leaves it (one ``KVCacheBlock`` per block hash in
 ``cached_block_hash_to_block``) and times, per prompt length:
@@ -12,7 +12,7 @@ and :mod:`kvstore.bench.peers.suite` (numpy's ``default_rng(seed).integers(0,
   then ``FullAttentionManager.find_longest_cache_hit``;
 - ``vllm.hash``: the hash chain alone.
 
-Protocol (the same as :mod:`kvstore.bench.peers_sglang_radix`): one JSON line
+Protocol (the same as :mod:`benchmarks.peers.sglang_radix`): one JSON line
 ``{"ready": ...}``, then one round per line read on stdin, each printed as
 ``{"round": i, "figures": [{"name", "prompt_tokens", "ms"}...]}`` (best of
 ``--repeat``); exits at end of input.

@@ -1,7 +1,7 @@
 """One engine-like process of the ``remote`` suite's fleet replay: its share of the Mooncake trace through a
 real :class:`~kvstore.store.TieredStore` (small GPU pool and host tier, optionally the shared Redis tier).
 
-Run as ``python -m kvstore.bench.remote_replay WORKER OF URL TRACE LIMIT TIERS`` (TIERS ``host`` or
+Run as ``python -m benchmarks.remote_replay WORKER OF URL TRACE LIMIT TIERS`` (TIERS ``host`` or
 ``host,remote``); prints one JSON line ``{"blocks": …, "hit_blocks": {"gpu": …, …}}``. Worker ``i`` of
 ``n`` takes requests ``i, i+n, i+2n, …`` (a load balancer spreading conversations over engines). Each
 512-token trace block is one store block whose tokens are its hash id: ids are prefix-unique, so the

@@ -1,4 +1,4 @@
-"""``kvstore bench remote``: the Redis tier against raw redis-py and ``redis-benchmark`` on the same server,
+"""``python -m benchmarks remote``: the Redis tier against raw redis-py and ``redis-benchmark`` on the same server,
 and the Mooncake trace replayed by N processes sharing one Redis (hit rate with and without it).
 
 Bandwidth: for each block size and group size, N blocks are stored (``put``) and read back (``get``)
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from kvstore.bench.harness import Progress, Results, SuiteOptions, timeit
-from kvstore.bench.redis_servers import RedisServer, redis_missing, start_server
+from benchmarks.redis_servers import RedisServer, redis_missing, start_server
 from kvstore.config.remote import RemoteConfig
 from kvstore.hashing import block_keys
 from kvstore.layout import KVLayout
@@ -122,9 +122,10 @@ def _replay(results: Results, options: SuiteOptions, workers: int, limit: int, t
     servers = [start_server(tmp / f"replay-{tiers.replace(',', '-')}") for tiers in configs]
     try:  # both fleets at once, so they run under the same machine load
         t0 = time.perf_counter()
-        procs = {tiers: [subprocess.Popen([sys.executable, "-m", "kvstore.bench.remote_replay", str(w), str(workers),
+        procs = {tiers: [subprocess.Popen([sys.executable, "-m", "benchmarks.remote_replay", str(w), str(workers),
                                            server.url, str(trace), str(limit), tiers],
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          cwd=Path(__file__).resolve().parents[1])
                          for w in range(workers)]
                  for tiers, server in zip(configs, servers)}
         outs = {tiers: [p.communicate(timeout=1800) for p in ps] for tiers, ps in procs.items()}

@@ -3,7 +3,7 @@
 Each peer runs in its own environment and process (``make venv-vllm``,
 ``make venv-sglang``, ``make venv-lmcache``; ``KVSTORE_VLLM_PYTHON`` /
 ``KVSTORE_SGLANG_PYTHON`` / ``KVSTORE_LMCACHE_PYTHON`` name another
-interpreter) through :class:`~kvstore.bench.peers.process.PeerProcess`.
+interpreter) through :class:`~benchmarks.peers.process.PeerProcess`.
 Every round times kvstore here (and the machine's limits), then each peer,
 on the same prompts (the same seeded draws as :mod:`kvstore.bench.lookup`)
 and the same blocks; figures are medians over rounds and every ratio is the
@@ -31,18 +31,19 @@ from typing import Any
 import numpy as np
 
 from kvstore.bench.harness import Progress, Results, SuiteOptions, scratch_dir, timeit
-from kvstore.bench.lookup import BLOCK_SIZE, SGLANG_SCRIPT, fresh_store, time_commit
-from kvstore.bench.peers import storage
-from kvstore.bench.peers.process import PeerProcess
+from kvstore.bench.lookup import BLOCK_SIZE, fresh_store, time_commit
+from benchmarks.peers import storage
+from benchmarks.peers.process import PeerProcess
 from kvstore.bench.plots import grid, save
 from kvstore.hashing import block_keys
 from kvstore.layout import KVLayout
 
 FULL_TOKENS = (4096, 32768, 131072)
 QUICK_TOKENS = (1024, 4096)
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 VLLM_SCRIPT = Path(__file__).with_name("vllm_lookup.py")
 LMCACHE_SCRIPT = Path(__file__).with_name("lmcache_storage.py")
+SGLANG_SCRIPT = Path(__file__).with_name("sglang_radix.py")
 PEERS: dict[str, tuple[str, Path, str]] = {
     "vllm": ("KVSTORE_VLLM_PYTHON", VLLM_SCRIPT, ".venv-vllm"),
     "sglang": ("KVSTORE_SGLANG_PYTHON", SGLANG_SCRIPT, ".venv-sglang"),
