@@ -185,7 +185,7 @@ class KVConnector(ABC):
         """Longest cached prefix of ``tokens`` in any tier. Changes access order and hit counters only."""
 
     @abstractmethod
-    def acquire(self, match: PrefixMatch) -> Lease:
+    def acquire(self, match: PrefixMatch, window: int = 0) -> Lease:
         """Hold ``match``'s blocks on the GPU for one request.
 
         Changes: takes a GPU reference on every GPU hit, allocates GPU blocks
@@ -193,6 +193,11 @@ class KVConnector(ABC):
         starts loading them. Never blocks on I/O. The lease may cover fewer
         blocks than matched (:attr:`Lease.shortfall` says why). Raises
         ``TypeError``/``ValueError`` for a match another connector made.
+
+        ``window``: when every layer of the engine attends through a sliding window of this many tokens (keys
+        ``q - window < k <= q``), blocks wholly before the first uncached query's window may be left unloaded:
+        their lease blocks hold the position only, and the engine's kernels never read them. 0 (full
+        attention in some layer): every block is loaded. Committing such a lease block records no copy.
         """
 
     @abstractmethod

@@ -139,14 +139,14 @@ class EmbeddedConnector(KVConnector):
         return PrefixMatch(tuple(m.keys), tuple(self.tier_label(t) for t in m.tiers), m.block_size, m.prompt_tokens,
                            handle=_MatchHandle(self, m), tier_names=tuple(self.tier_label(t) for t in LOCAL_TIERS))
 
-    def acquire(self, match: PrefixMatch) -> Lease:
+    def acquire(self, match: PrefixMatch, window: int = 0) -> Lease:
         handle = match.handle
         if not isinstance(handle, _MatchHandle):
             raise TypeError(f"acquire: the match's handle is {type(handle).__name__}, not an embedded "
                             f"connector's; pass the PrefixMatch this connector's lookup returned")
         if handle.owner is not self:
             raise ValueError("acquire: the match was made by another connector")
-        return EmbeddedLease(self, self.store.acquire(handle.store_match))
+        return EmbeddedLease(self, self.store.acquire(handle.store_match, window))
 
     def release(self, lease: Lease) -> None:
         if not isinstance(lease, EmbeddedLease):

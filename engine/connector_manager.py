@@ -43,13 +43,17 @@ class _SeqCache:
 class ConnectorBlockManager(BlockManager):
     """:class:`BlockManager` whose blocks come from (and go back to) a :class:`KVConnector`."""
 
-    def __init__(self, pool: GPUBlockPool, connector: KVConnector, preemption: PreemptionMode = "recompute") -> None:
+    def __init__(self, pool: GPUBlockPool, connector: KVConnector, preemption: PreemptionMode = "recompute",
+                 window: int = 0) -> None:
+        """``window``: the model's sliding window when every layer has one (0: some layer attends to every key);
+        a cached prefix's blocks before the first uncached token's window are then not loaded."""
         super().__init__(pool)
         if preemption not in ("recompute", "swap"):
             raise ValueError(f"preemption must be 'recompute' or 'swap', got {preemption!r}")
         connector.register(pool)
         self.connector = connector
         self.preemption: PreemptionMode = preemption
+        self.window = window
         self._seqs: dict[str, _SeqCache] = {}
 
     def admit(self, seq: SequenceState) -> None:
@@ -60,7 +64,7 @@ class ConnectorBlockManager(BlockManager):
         tokens = seq.all_token_ids
         usable = (seq.num_tokens - 1) // bs  # one token must remain to produce logits
         match = self.connector.lookup(tokens[: usable * bs], seq.cache_salt)
-        lease = self.connector.acquire(match)
+        lease = self.connector.acquire(match, self.window)
         cached = lease.resolve()
         seq.block_table = list(lease.block_ids)
         seq.num_cached_tokens = cached

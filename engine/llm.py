@@ -89,7 +89,9 @@ class LLM:
         if connector is not None and block_manager_factory is not None:
             raise ValueError("pass either a connector or a block_manager_factory, not both")
         if connector is not None:
-            self.block_manager: BlockManager = ConnectorBlockManager(self.pool, connector, preemption)
+            windows = cfg.layer_windows  # blocks before every layer's window need no load
+            window = max(windows) if windows and min(windows) > 0 else 0
+            self.block_manager: BlockManager = ConnectorBlockManager(self.pool, connector, preemption, window)
         else:
             self.block_manager = (block_manager_factory or BlockManager)(self.pool)
         self.connector = connector

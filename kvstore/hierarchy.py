@@ -96,6 +96,9 @@ class Hierarchy:
         self.counters = StoreCounters()
         self.lock = threading.Lock()
         self.placement = Placement(self)
+        self.placeholders: set[int] = set()
+        """GPU blocks that hold a lease's place for a block outside the reader's attention window, its data never
+        loaded (:meth:`TieredStore.acquire` with ``window``): never recorded as a copy of any block."""
         self.hand_down: Callable[[BlockEntry], None] | None = None
         """Called under :attr:`lock` just before a block loses its last local copy: a host copy evicted with
         no disk tier and no GPU copy (:meth:`Placement.evict_host`), or a block removed from the index with

@@ -55,6 +55,9 @@ class BlockPlan:
     """A phase-1 read into this block's buffer is running (its buffers must not be reused yet)."""
     dropped: bool = False
     """Trimmed by ``resolve`` while in flight: the phase-1 worker gives its resources back."""
+    skipped: bool = False
+    """Outside the reader's attention window: the GPU block only holds the position, nothing is read or copied
+    (``source`` still says where the block is, for the per-tier counts)."""
 
 
 @dataclass
@@ -84,6 +87,9 @@ class StoreLease:
     chain: tuple[bytes, ...] = field(default=(), repr=False)
     """The matched keys from the chain's first block (``keys`` is a prefix of them): the remote tier
     finds a block's group by its position in this chain."""
+    window: int = 0
+    """The reader's attention window in tokens (0: full attention): a query at position ``q`` reads keys
+    ``q - window < k <= q`` in every layer, so blocks wholly before the first query's window are not loaded."""
     _resolver: object = field(default=None, repr=False)
     _sync: LayerSync | None = field(default=None, repr=False)
     _phase1: Future[None] | None = field(default=None, repr=False)
@@ -137,6 +143,14 @@ class StoreLease:
             self._phase2.result()
 
 
+def first_block_in_window(first_query: int, window: int, block_size: int) -> int:
+    """The first block a query at position ``first_query`` or later reads with a ``window``-token sliding window
+    (keys ``q - window < k <= q``); 0 for full attention (``window`` 0)."""
+    if window <= 0:
+        return 0
+    return max(0, first_query - window + 1) // block_size
+
+
 class Prefetcher:
     """Runs lease loads on worker threads with a bound on bytes in flight.
 
@@ -159,7 +173,7 @@ class Prefetcher:
         """Begin phase 1 for the lease's disk blocks (if any)."""
         lease._resolver = self
         lease._sync = LayerSync(lease.num_layers, self.streams)
-        if any(p.source in PHASE1_SOURCES for p in lease.plan):
+        if any(p.source in PHASE1_SOURCES and not p.skipped for p in lease.plan):
             lease._phase1 = self._pool.submit(self._phase1, lease)
         else:
             lease._phase1_done.set()
@@ -167,7 +181,7 @@ class Prefetcher:
     def _phase1(self, lease: StoreLease) -> None:
         h = self.h
         bpb = h.layout.bytes_per_block
-        todo = [(pos, p) for pos, p in enumerate(lease.plan) if p.source in PHASE1_SOURCES]
+        todo = [(pos, p) for pos, p in enumerate(lease.plan) if p.source in PHASE1_SOURCES and not p.skipped]
         batch_blocks = max(1, min(32, self.budget.limit // bpb))
         try:
             i = 0
@@ -253,9 +267,15 @@ class Prefetcher:
                 if p.source in PHASE1_SOURCES and not p.ready:
                     break
                 usable += 1
+            first = first_block_in_window(usable * lease.block_size, lease.window, lease.block_size)
+            if any(p.skipped for p in lease.plan[first:usable]):
+                # The policy cut the prefix so far back that its window reaches blocks never loaded.
+                lease.shortfall = (f"{mode}: {usable} of {len(lease.plan)} blocks ready, and their attention window "
+                                   "needs blocks that were not loaded (outside the full prefix's window)")
+                usable = 0
             self._trim(lease, usable)
         lease.resolved_blocks = usable
-        to_copy = [p for p in lease.plan[:usable] if p.source != "gpu"]
+        to_copy = [p for p in lease.plan[:usable] if p.source != "gpu" and not p.skipped]
         assert lease._sync is not None
         if to_copy:
             lease._phase2 = self._pool.submit(self._phase2, lease, to_copy)
@@ -290,6 +310,8 @@ class Prefetcher:
     def _give_back(self, p: BlockPlan) -> None:
         """Drop what a planned block holds: its GPU reference and its host handle (called under the lock)."""
         pl = self.h.placement
+        if p.skipped:
+            self.h.placeholders.discard(p.gpu_block)
         pl.unref([p.gpu_block])
         self.release_host(p)
 
@@ -344,10 +366,18 @@ class Prefetcher:
         leaving: list[bytes] = []
         with h.lock:
             keys = list(lease.keys[: lease.resolved_blocks])
+            # A block held without its data is indexed as where the lookup found it: on disk (so a disk hit
+            # probed beyond the index joins it, like the loaded ones), or in host RAM, where the index had it;
+            # if that host copy has gone meanwhile, nothing after it can be chained.
+            for i, p in enumerate(lease.plan[: len(keys)]):
+                if p.skipped and p.source == "host" and h.index.get(p.key) is None:
+                    del keys[i:]
+                    break
             pos = {p.key: p for p in loaded}
+            skipped_on_disk = {p.key for p in lease.plan if p.skipped and p.source == "disk"}
             gpu = [pos[k].gpu_block if k in pos else None for k in keys]
             host = [pos[k].host.slot if k in pos and pos[k].host is not None else None for k in keys]  # type: ignore[union-attr]
-            disk = [k in pos and pos[k].source == "disk" for k in keys]
+            disk = [(k in pos and pos[k].source == "disk") or k in skipped_on_disk for k in keys]
             toks = lease.tokens[: len(keys) * lease.block_size] if lease.tokens is not None else None
             h.placement.insert(keys, gpu, host, disk, toks, lease.salt)  # type: ignore[arg-type]
             for p in loaded:

@@ -26,7 +26,7 @@ from kvstore.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt, block_keys
 from kvstore.hierarchy import Hierarchy
 from kvstore.layout import KVLayout
-from kvstore.prefetch import BlockPlan, StoreLease, Prefetcher
+from kvstore.prefetch import BlockPlan, Prefetcher, StoreLease, first_block_in_window
 from kvstore.store_match import StoreMatch
 from kvstore.radix import BlockEntry, RadixIndex, RadixMatch
 from kvstore.remote_writer import MAX_QUEUED_BYTES, RemoteWrite, RemoteWriter
@@ -228,8 +228,14 @@ class TieredStore:
         return first_missing
 
     # -------------------------------------------------------------- acquire
-    def acquire(self, match: StoreMatch) -> StoreLease:
+    def acquire(self, match: StoreMatch, window: int = 0) -> StoreLease:
         """Hold the matched prefix for a request and start loading its lower-tier blocks.
+
+        ``window``: the reader's attention window in tokens when every layer is windowed (Mistral-style; 0: some
+        layer reads every key). Host and disk blocks wholly before the first query's window get a GPU block that
+        only holds their place and are never read: bytes no layer would look at. (Remote blocks are loaded still:
+        the index must hold a copy of every block it chains through.) Should the stop policy later cut the
+        prefix so far back that its window reaches such a block, the lease resolves to nothing.
 
         Pins the matched index path (through the match's entry handles, no
         second walk), takes a GPU reference on every GPU hit and pins host
@@ -257,11 +263,16 @@ class TieredStore:
                     shortfall = "part of the matched prefix left the lower tiers before acquire"
                     break
                 sources.append(src)
+            skip = first_block_in_window(len(match.keys) * bs, window, bs)
+            for i, src in enumerate(sources[:skip]):
+                if src.source in ("host", "disk"):
+                    self._drop_source(src)
+                    sources[i] = BlockPlan(src.key, src.source, -1, ready=True, skipped=True)
         need = sum(1 for p in sources if p.source != "gpu")
         if need:
             self.spiller.make_gpu_room(need)
             if not self.h.exclusive:  # exclusive: loads from disk take no host slot (see _plan_block)
-                self.spiller.ensure_host_free(sum(1 for p in sources if p.source in ("disk", "remote")))
+                self.spiller.ensure_host_free(sum(1 for p in sources if p.source in ("disk", "remote") and not p.skipped))
         plan: list[BlockPlan] = []
         with h.lock:
             for i, src in enumerate(sources):
@@ -274,7 +285,7 @@ class TieredStore:
                 plan.append(src)
         tokens = list(match.tokens[: len(plan) * bs]) if match.tokens is not None else None
         lease = StoreLease(tuple(p.key for p in plan), plan, node, bs, self.layout.num_layers, shortfall=shortfall,
-                      tokens=tokens, salt=match.salt, chain=tuple(match.keys))
+                           tokens=tokens, salt=match.salt, chain=tuple(match.keys), window=window)
         if shortfall:
             log.info("acquire: %d of %d matched blocks planned: %s", len(plan), match.num_blocks, shortfall)
         self.prefetcher.start(lease)
@@ -334,6 +345,9 @@ class TieredStore:
         if got is None:
             return "GPU pool full: no free block to load into"
         p.gpu_block = got[0]
+        if p.skipped:
+            h.placeholders.add(p.gpu_block)
+            return None
         if p.source == "host" or h.host is None:
             return None
         promoted = pl.pin_host(p.key)  # loaded into the host tier meanwhile
@@ -362,6 +376,7 @@ class TieredStore:
                 fut.result()  # reads and copies into the lease's buffers are over
         h = self.h
         with h.lock:
+            h.placeholders.difference_update(p.gpu_block for p in lease.plan if p.skipped)
             h.placement.unref([p.gpu_block for p in lease.plan])
             for p in lease.plan:
                 self.prefetcher.release_host(p)
@@ -405,12 +420,27 @@ class TieredStore:
         reference on each block it records; the caller keeps its own. Keys
         already cached keep their copy (the caller's duplicate block is simply
         not recorded). Applies the write policy. Returns how many blocks were new.
+
+        A lease's placeholder blocks (outside an attention window, see :meth:`acquire`) are never recorded as
+        copies; if such a block has left every tier since, the commit stops before it (nothing after it can be
+        chained).
         """
         if len(keys) != len(block_ids):
             raise ValueError(f"commit: {len(keys)} keys but {len(block_ids)} blocks")
         h = self.h
         with h.lock:
-            res = h.placement.insert(keys, list(block_ids), tokens=tokens, salt=salt)
+            ids: list[int | None] = list(block_ids)
+            if h.placeholders:
+                for i, b in enumerate(block_ids):
+                    if b in h.placeholders:
+                        if h.index.get(keys[i]) is None:
+                            keys, ids = keys[:i], ids[:i]
+                            tokens = tokens[: i * self.layout.block_size] if tokens is not None else None
+                            break
+                        ids[i] = None
+                if not keys:
+                    return 0
+            res = h.placement.insert(keys, ids, tokens=tokens, salt=salt)
             # The new entries are made only when a writer takes them (a GPU-only store defers them: see RadixNode).
             takes = self.spiller.takes_commits or self.remote_writer is not None
             new = res.new_entries if takes else []

@@ -82,7 +82,7 @@ class DictConnector(KVConnector):
             hit.append(k)
         return PrefixMatch(tuple(hit), ("gpu",) * len(hit), self.layout.block_size, len(tokens), handle=self)
 
-    def acquire(self, match: PrefixMatch) -> Lease:
+    def acquire(self, match: PrefixMatch, window: int = 0) -> Lease:
         if match.handle is not self:
             raise ValueError("acquire: the match was made by another connector")
         ids = [self.cached[k] for k in match.keys]

@@ -146,6 +146,21 @@ def test_a_sliding_window_models_prefix_from_every_tier_equals_recompute(tmp_pat
     plain = full.generate([PROMPT], GREEDY)[0]
     assert not torch.allclose(full_logits[plain.request_id], oracle_logits[ref.request_id], atol=1e-3)
     offload = {"gpu": (), "host": ("gpu",), "disk": ("gpu", "host")}[tier]
-    _, second, logits = _second_run(make_llm(tmp_path, arch=WINDOWED[arch], write="write_back"), offload)
+    llm = make_llm(tmp_path, arch=WINDOWED[arch], write="write_back")
+    _, second, logits = _second_run(llm, offload)
     assert second.metrics.cached_tokens_by_tier[tier] == 44
     _assert_same(second, logits, (ref.token_ids, oracle_logits[ref.request_id]))
+    # Blocks wholly before the first uncached token's window are never read when every layer is windowed:
+    # the first query (token 44) reads keys 39-44 in every layer, so of the 11 cached blocks only 9 and 10
+    # (tokens 36-43) are loaded. One full-attention layer reads them all.
+    store = embedded(llm).store
+    loaded = store.h.counters.loaded_blocks.get(tier, 0)
+    skipped = 9 if arch == "every-layer-window-6" else 0
+    assert loaded == (0 if tier == "gpu" else 11 - skipped)
+    # The blocks held without data were never recorded as GPU copies (the engine committed its whole table).
+    keys = store.keys(PROMPT)[:11]
+    assert [store.h.index.get(k).gpu_block is not None for k in keys] == [tier == "gpu" or i >= skipped
+                                                                          for i in range(11)]
+    assert not store.h.placeholders
+    again = llm.generate([PROMPT], GREEDY)[0]  # served again, from the same mix of GPU and lower-tier copies
+    assert again.token_ids == ref.token_ids and again.metrics.num_cached_tokens == 44
