@@ -11,11 +11,27 @@ from typing import Any
 def format_stats(s: dict[str, Any]) -> str:
     """Human-readable summary of a STATS reply."""
     from kvstore.config.units import format_size
-    d, c = s["daemon"], s["counters"]
+    d, c = s["daemon"], s.get("counters")
+    layouts = s.get("layouts", {})
+    if d.get("model_id") is not None:
+        serving = f"model {d['model_id']!r}, {d['bytes_per_block']} bytes/block"
+    else:
+        serving = f"any layout, {len(layouts)} of at most {d.get('max_layouts')} open"
     lines = [
-        f"daemon pid {d['pid']}, up {d['uptime_s']:.0f} s, model {d['model_id']!r}, {d['bytes_per_block']} bytes/block",
+        f"daemon pid {d['pid']}, up {d['uptime_s']:.0f} s, {serving}",
         f"listening: unix {d['socket_path']}, tcp {d['tcp'] or 'off'}, metrics {d['metrics_url'] or 'off'}",
         f"clients: {d['clients']} connected, {d['connections']} since start",
+    ]
+    if c is None:
+        lines.append("no layout open yet: a layout's tiers open when its first client logs in")
+        return "\n".join(lines)
+    if d.get("model_id") is None:
+        for label, lay in layouts.items():
+            lc = lay["counters"]
+            lines.append(f"layout {label}: {lay['bytes_per_block']} bytes/block, host {lay['host']['num_blocks']} blocks"
+                         + (f", disk {lay['disk']['num_blocks']} blocks" if lay.get("disk") else "")
+                         + f", {lc['host_hits'] + lc['disk_hits']} hits, {lc['host_misses']} host misses")
+    lines += [
         f"{'tier':<6}{'blocks':>10}{'used':>12}{'capacity':>12}{'occupancy':>11}{'hits':>10}{'misses':>10}"
         f"{'hit rate':>10}{'evicted':>9}{'corrupt':>9}",
     ]

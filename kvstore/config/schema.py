@@ -283,6 +283,15 @@ class DaemonConfig(Section):
     at once until the window has passed."""
     login_lockout_s: float = Field(60.0, gt=0, le=86_400)
     """Window over which failed logins are counted, and how long a peer that exceeded them is refused."""
+    layouts: Literal["model", "any"] = "model"
+    """Which KV layouts the daemon serves. ``model``: the ``model`` section's alone; an engine on another model
+    is refused naming each field that differs. ``any``: every layout its clients bring (a host runs one daemon
+    for all its models), each layout's tiers opened on its first client, in a directory of its own under
+    the disk tier's, sharing ``host.capacity`` and the disk tier's ``max_size``; the ``model`` section is then
+    not used."""
+    max_layouts: int = Field(8, ge=1, le=256)
+    """With ``layouts: any``: the most layouts served at once; a client bringing one more is refused, naming
+    the layouts served (each holds an arena, a disk environment and their file descriptors)."""
     events: EventsConfig = Field(default_factory=lambda: EventsConfig(endpoint="tcp://127.0.0.1:5559",
                                                                       replay_endpoint="tcp://127.0.0.1:5560"))
     """KV events of the daemon's own tiers (host, disk) for a router (``kvstore route --store``): what the

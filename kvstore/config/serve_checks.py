@@ -25,6 +25,13 @@ def serve_problems(cfg: KVStoreConfig, source: str) -> list[str]:
         problems.append(f"{where}: remote.write: write_back sends a group when its block leaves the daemon's disk "
                         f"tier, and tiers {cfg.tiers} names none; add lmdb, or use write_through or "
                         "write_through_selective")
+    if cfg.daemon.layouts == "any":
+        if cfg.daemon.events.enabled:
+            problems.append(f"{where}: daemon.events publishes one layout's blocks (a router keys them by one block "
+                            "size): it needs daemon.layouts: model")
+        problems += [f"{where}: tiers: {name} keeps one layout's blocks; with daemon.layouts: any the layouts share "
+                     "the disk through lmdb (or no disk tier)" for name in cfg.tiers if name in ("file", "slab")]
+        return problems  # each layout's block size is checked against the capacities when its first client comes
     sized = [(name, field, int(value)) for name, field, value in (
         ("host", "host.capacity", cfg.host.capacity), ("lmdb", "disk.max_size", cfg.disk.max_size))
         if name in cfg.tiers]

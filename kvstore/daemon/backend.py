@@ -101,6 +101,7 @@ class DaemonBackend:
         self.durable_puts = durable_puts and disk is not None
         self.counters = BackendCounters()
         self._mu = threading.Lock()
+        host.shed_guard = self._mu  # another layout's put evicts from this host tier only between our steps
         for tier in (host, disk):
             if tier is not None:
                 tier.record_events(False)  # clients keep their own index; nobody drains unless events are published

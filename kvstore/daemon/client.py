@@ -183,7 +183,7 @@ class DaemonClient:
                 nonce = m.decode_challenge(self._roundtrip(Op.CHALLENGE, b""))
                 transport = "unix" if self.socket_path is not None else "tcp"
                 proof = login_proof(self.token, nonce, transport, self._fingerprint(), self.use_shm, self.client_name)
-            payload = m.encode_hello(m.Hello(self._fingerprint(), proof, self.client_name, self.use_shm))
+            payload = m.encode_hello(m.Hello(self._fingerprint(), proof, self.client_name, self.use_shm, self.layout))
             hello = m.decode_hello_reply(self._roundtrip(Op.HELLO, payload))
             arena_fd = self._receive_arena() if hello.shm_name is not None else None
         except (OSError, ProtocolError, DaemonError) as exc:
@@ -230,7 +230,7 @@ class DaemonClient:
 
         assert hello.shm_name is not None
         self.arena = HostArena.attach(fd, hello.shm_name, hello.bytes_per_block, num_slots=hello.num_slots)
-        if self.prefault:
+        if self.prefault and not hello.sparse:  # a sparse arena's pages are allocated by use, not ahead
             self.arena.prefault("daemon client")  # this process's page table for the segment, in the background
         if self.read_directory and reads_supported() and self.arena.tail is not None:
             self.directory = DirectoryReader.attach(self.arena.tail.numpy(), hello.num_slots)

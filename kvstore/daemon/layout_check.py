@@ -32,9 +32,29 @@ LAYOUT_FIELDS: tuple[tuple[str, str], ...] = (
 _MESSAGE = re.compile(r"; the daemon's layout: (\{.*?\}) from config (.*)$", re.S)
 
 
+def layout_fields(layout: KVLayout) -> dict[str, Any]:
+    """The :data:`LAYOUT_FIELDS` of ``layout`` by name: what HELLO and a ``BAD_LAYOUT`` answer carry as JSON."""
+    return {name: getattr(layout, name) for name, _ in LAYOUT_FIELDS}
+
+
+def layout_from_fields(fields: Any) -> KVLayout:
+    """The layout a peer described (a JSON object with exactly the :data:`LAYOUT_FIELDS`); ``ValueError`` naming
+    what is missing, extra or invalid."""
+    if not isinstance(fields, dict):
+        raise ValueError(f"a layout is a JSON object, got {type(fields).__name__}")
+    names = [name for name, _ in LAYOUT_FIELDS]
+    missing, extra = [n for n in names if n not in fields], sorted(set(fields) - set(names))
+    if missing or extra:
+        raise ValueError(f"layout fields: missing {missing}, unknown {extra}" if missing and extra else
+                         f"layout fields: missing {missing}" if missing else f"layout fields: unknown {extra}")
+    if not isinstance(fields["model_id"], str) or not isinstance(fields["dtype"], str):
+        raise ValueError("layout fields: model_id and dtype must be strings")
+    return KVLayout(**{n: fields[n] for n in names})
+
+
 def bad_layout_message(client_fingerprint: bytes, daemon: KVLayout, config_source: str) -> str:
     """The ERROR text of a ``BAD_LAYOUT`` HELLO reply: both fingerprints, the daemon's layout (JSON) and config."""
-    fields = {name: getattr(daemon, name) for name, _ in LAYOUT_FIELDS}
+    fields = layout_fields(daemon)
     return (f"HELLO: layout fingerprint {client_fingerprint.hex()} differs from the daemon's "
             f"{daemon.fingerprint.hex()}; the daemon's layout: {json.dumps(fields, sort_keys=True)} "
             f"from config {config_source}")
@@ -47,9 +67,8 @@ def decode_bad_layout(message: str) -> tuple[KVLayout, str] | None:
     if match is None:
         return None
     try:
-        fields: Any = json.loads(match.group(1))
-        return KVLayout(**{name: fields[name] for name, _ in LAYOUT_FIELDS}), match.group(2)
-    except (ValueError, TypeError, KeyError):
+        return layout_from_fields(json.loads(match.group(1))), match.group(2)
+    except ValueError:
         return None
 
 

@@ -3,10 +3,11 @@
 Payloads (little-endian; ``keys`` = ``u32 count`` then ``count`` 32-byte keys)::
 
     CHALLENGE        (empty)                    reply  nonce[32]
-    HELLO            fingerprint[16] want_shm:u8 proof_len:u16 proof name_len:u16 name
-                     (proof: 0 bytes, or 32 = HMAC-SHA256 of the CHALLENGE nonce, see ``auth``)
+    HELLO            fingerprint[16] want_shm:u8 proof_len:u16 proof name_len:u16 name layout_len:u16 layout
+                     (proof: 0 bytes, or 32 = HMAC-SHA256 of the CHALLENGE nonce, see ``auth``;
+                     layout: 0 bytes (an observer), or the layout's fields as a UTF-8 JSON object)
       reply          has_salt:u8 salt_len:u16 salt shm_len:u16 shm_name bytes_per_block:u32
-                     num_slots:u32 hold_timeout_ms:u32 max_frame_bytes:u32 max_keys:u32
+                     num_slots:u32 hold_timeout_ms:u32 max_frame_bytes:u32 max_keys:u32 sparse:u8
     EXISTS_PREFIX    keys                       reply  count:u32
     GET_SHM          keys                       reply  count:u32 (found:u8 slot:u32)*count
     GET_INLINE       keys                       reply  count:u32 found:u8*count block*found
@@ -40,12 +41,16 @@ from typing import Any, Union
 
 from kvstore.daemon.auth import NONCE_BYTES, PROOF_BYTES
 from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, MAX_NAME_BYTES, ErrorCode, Op, ProtocolError
+from kvstore.daemon.layout_check import layout_fields, layout_from_fields
 from kvstore.errors import NotDurable
+from kvstore.layout import KVLayout
 
 _U32 = struct.Struct("<I")
 _SLOT = struct.Struct("<BI")
 _HELLO = struct.Struct("<16sBH")
-_HELLO_TAIL = struct.Struct("<IIIII")
+_HELLO_TAIL = struct.Struct("<IIIIIB")
+MAX_LAYOUT_BYTES = 1024
+"""A HELLO's layout JSON: six short fields (a model id of a few hundred characters at most)."""
 KEY_OPS = frozenset(
     {Op.EXISTS_PREFIX, Op.GET_SHM, Op.GET_INLINE, Op.PUT_SHM_RESERVE, Op.PUT_SHM_COMMIT, Op.RELEASE, Op.RELEASE_QUIET,
      Op.TOUCH_QUIET, Op.DELETE}
@@ -76,6 +81,9 @@ class Hello:
     ``None``: no token (allowed only for local clients, which get the untenanted namespace)."""
     client_name: str
     want_shm: bool
+    layout: KVLayout | None = None
+    """The client's KV layout, whose :attr:`~KVLayout.fingerprint` must be ``fingerprint``: a daemon serving
+    several layouts opens this one's tiers on first use. ``None``: an observer (stats only)."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +140,9 @@ class HelloReply:
     max_frame_bytes: int
     max_keys: int
     """Most keys the daemon accepts in one request (``daemon.max_keys_per_request``)."""
+    sparse: bool = False
+    """The arena's pages exist only where slots are in use (a daemon serving any layout, whose arenas share one
+    budget): a client must not prefault its mapping, which would allocate all of them."""
 
 
 # ------------------------------------------------------------------ helpers
@@ -177,7 +188,9 @@ def encode_hello(msg: Hello) -> bytes:
     """Payload of a HELLO request."""
     proof = msg.proof or b""
     name = msg.client_name.encode()[:MAX_NAME_BYTES]
-    return _HELLO.pack(msg.fingerprint, int(msg.want_shm), len(proof)) + proof + struct.pack("<H", len(name)) + name
+    layout = json.dumps(layout_fields(msg.layout), sort_keys=True).encode() if msg.layout is not None else b""
+    return (_HELLO.pack(msg.fingerprint, int(msg.want_shm), len(proof)) + proof + struct.pack("<H", len(name)) + name
+            + struct.pack("<H", len(layout)) + layout)
 
 
 def encode_chain(keys: Sequence[bytes], start: int) -> bytes:
@@ -209,10 +222,22 @@ def decode_request(op_num: int, payload: bytes | memoryview, block_bytes: int) -
         proof = bytes(view[_HELLO.size : _HELLO.size + plen])
         at = _HELLO.size + plen
         (nlen,) = struct.unpack_from("<H", view, at)
-        _need(len(view) == at + 2 + nlen, op, f"client name length {nlen} does not match the payload")
-        name = _text(view[at + 2 :], op, "client name", MAX_NAME_BYTES)
+        _need(len(view) >= at + 4 + nlen, op, f"client name length {nlen} overruns the payload")
+        name = _text(view[at + 2 : at + 2 + nlen], op, "client name", MAX_NAME_BYTES)
+        at += 2 + nlen
+        (llen,) = struct.unpack_from("<H", view, at)
+        _need(len(view) == at + 2 + llen, op, f"layout length {llen} does not match the payload")
         _need(want_shm in (0, 1), op, f"want_shm flag is {want_shm}, expected 0 or 1")
-        return Hello(bytes(fp), proof or None, name, bool(want_shm))
+        layout = None
+        if llen:
+            text = _text(view[at + 2 :], op, "layout", MAX_LAYOUT_BYTES)
+            try:
+                layout = layout_from_fields(json.loads(text))
+            except ValueError as exc:  # json.JSONDecodeError is a ValueError
+                raise ProtocolError(ErrorCode.BAD_FRAME, f"HELLO: layout: {exc}") from None
+            _need(layout.fingerprint == bytes(fp), op, "the fingerprint is not its layout's (the two sides hash "
+                  "layouts differently: another kvstore version?)")
+        return Hello(bytes(fp), proof or None, name, bool(want_shm), layout)
     if op in KEY_OPS:
         n = _count(view, op, KEY_BYTES)
         return KeysRequest(op, _keys(view, op, n))
@@ -246,7 +271,8 @@ def encode_hello_reply(r: HelloReply) -> bytes:
     salt = r.salt or b""
     shm = (r.shm_name or "").encode()
     head = struct.pack("<BH", int(r.salt is not None), len(salt)) + salt + struct.pack("<H", len(shm)) + shm
-    return head + _HELLO_TAIL.pack(r.bytes_per_block, r.num_slots, int(r.hold_timeout_s * 1000), min(r.max_frame_bytes, 2**32 - 1), r.max_keys)
+    return head + _HELLO_TAIL.pack(r.bytes_per_block, r.num_slots, int(r.hold_timeout_s * 1000),
+                                   min(r.max_frame_bytes, 2**32 - 1), r.max_keys, int(r.sparse))
 
 
 def decode_hello_reply(payload: bytes) -> HelloReply:
@@ -257,10 +283,11 @@ def decode_hello_reply(payload: bytes) -> HelloReply:
         salt = bytes(v[3 : 3 + slen])
         (mlen,) = struct.unpack_from("<H", v, 3 + slen)
         shm = bytes(v[5 + slen : 5 + slen + mlen]).decode()
-        bpb, slots, hold_ms, max_frame, max_keys = _HELLO_TAIL.unpack_from(v, 5 + slen + mlen)
+        bpb, slots, hold_ms, max_frame, max_keys, sparse = _HELLO_TAIL.unpack_from(v, 5 + slen + mlen)
     except (struct.error, UnicodeDecodeError) as exc:
         raise ProtocolError(ErrorCode.BAD_FRAME, f"HELLO reply is malformed: {exc}") from None
-    return HelloReply(salt if has_salt else None, shm or None, bpb, slots, hold_ms / 1000, max_frame, max_keys)
+    return HelloReply(salt if has_salt else None, shm or None, bpb, slots, hold_ms / 1000, max_frame, max_keys,
+                      bool(sparse))
 
 
 def decode_challenge(payload: bytes) -> bytes:

@@ -9,6 +9,7 @@ at scrape time, so there is one source of truth per number.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,77 +64,27 @@ class DaemonMetrics:
         self.errors[code] = self.errors.get(code, 0) + 1
 
 
-def render_prometheus(m: DaemonMetrics, backend: dict[str, Any], build: dict[str, str]) -> str:
-    """The ``/metrics`` body for the metrics ``m``, a :meth:`DaemonBackend.stats` snapshot and the
-    :func:`~kvstore.build_info.build_info` of this process."""
-    families: list[Family] = []
+def render_prometheus(m: DaemonMetrics, backend: dict[str, Any] | list[tuple[dict[str, str], dict[str, Any]]],
+                      build: dict[str, str]) -> str:
+    """The ``/metrics`` body for the metrics ``m``, the storage snapshots and the
+    :func:`~kvstore.build_info.build_info` of this process.
+
+    ``backend``: one :meth:`DaemonBackend.stats` snapshot, or one per layout with the labels that tell them
+    apart (``{"layout": ...}``), each storage sample then carrying its layout's labels.
+    """
+    snapshots = [({}, backend)] if isinstance(backend, dict) else backend
+    families: dict[str, Family] = {}
 
     def family(name: str, kind: Kind, help_text: str, samples: list[tuple[dict[str, str], float]]) -> None:
-        families.append(Family(name, kind, help_text, samples))
+        if name in families:
+            families[name].samples.extend(samples)
+        else:
+            families[name] = Family(name, kind, help_text, list(samples))
 
-    tiers = [(t, backend[t]) for t in ("host", "disk", "remote") if backend.get(t) is not None]
-    c = backend["counters"]
-    family("kvstore_hits_total", "counter", "Blocks found, by the tier that served them.",
-           [({"tier": "host"}, c["host_hits"])] + ([({"tier": "disk"}, c["disk_hits"])] if backend.get("disk") else [])
-           + ([({"tier": "remote"}, backend["remote"]["hits"])] if backend.get("remote") else []))
-    family("kvstore_misses_total", "counter", "Blocks asked for and not found in the tier.",
-           [({"tier": "host"}, c["host_misses"])] + ([({"tier": "disk"}, c["disk_misses"])] if backend.get("disk") else [])
-           + ([({"tier": "remote"}, backend["remote"]["misses"])] if backend.get("remote") else []))
-    family("kvstore_prefix_cache_queries_total", "counter",
-           "Prompt tokens looked up in the daemon's tiers, as vLLM's prefix_cache_queries counts them. The daemon "
-           "sees block keys, not tokens: counted as blocks probed (EXISTS_PREFIX) x block size, and an engine "
-           "asks only for blocks beyond its own GPU cache.", [({}, c["prefix_query_tokens"])])
-    family("kvstore_prefix_cache_hits_total", "counter",
-           "Of kvstore_prefix_cache_queries_total, the tokens found cached (leading blocks held in host or disk, "
-           "x block size), as vLLM's prefix_cache_hits.", [({}, c["prefix_hit_tokens"])])
+    for extra, snapshot in snapshots:
+        _storage_families(family, snapshot, extra)
     family("kvstore_build_info", "gauge", "Always 1; the labels say which build is running.",
            [(dict(build), 1)])
-    family("kvstore_block_bytes_out_total", "counter", "Block bytes served to clients (shared memory or inline).",
-           [({}, c["bytes_out"])])
-    family("kvstore_block_bytes_in_total", "counter", "Block bytes stored by clients.", [({}, c["bytes_in"])])
-    family("kvstore_tier_bytes_read_total", "counter", "Raw block bytes read out of the tier.",
-           [({"tier": t}, s["bytes_read"]) for t, s in tiers])
-    family("kvstore_tier_bytes_written_total", "counter", "Raw block bytes stored into the tier.",
-           [({"tier": t}, s["bytes_written"]) for t, s in tiers])
-    family("kvstore_evictions_total", "counter", "Blocks evicted to respect the tier's capacity.",
-           [({"tier": t}, s["evictions"]) for t, s in tiers])
-    family("kvstore_corrupt_dropped_total", "counter", "Stored entries that failed verification and were deleted.",
-           [({"tier": t}, s["corrupt_dropped"]) for t, s in tiers])
-    family("kvstore_used_bytes", "gauge", "Bytes occupied in the tier.", [({"tier": t}, s["used_bytes"]) for t, s in tiers])
-    family("kvstore_capacity_bytes", "gauge", "Capacity of the tier in bytes.",
-           [({"tier": t}, s["capacity_bytes"]) for t, s in tiers])
-    family("kvstore_blocks", "gauge", "Blocks stored in the tier.", [({"tier": t}, s["num_blocks"]) for t, s in tiers])
-    remote = backend.get("remote")
-    if remote is not None:
-        family("kvstore_remote_errors_total", "counter", "Remote-tier round trips (or commands in one) that failed: "
-               "refused or lost connection, timeout, cluster down; each was answered as a miss.",
-               [({}, remote["errors"])])
-        family("kvstore_remote_probe_timeouts_total", "counter", "Remote prefix probes not answered within "
-               "remote.probe_timeout_s (answered as misses).", [({}, remote["probe_timeouts"])])
-        family("kvstore_remote_skipped_total", "counter", "Remote accesses answered as misses without a round trip "
-               "while the tier backed off after failures.", [({}, remote["skipped"])])
-        family("kvstore_remote_reconnects_total", "counter", "Times the remote server answered again after failures.",
-               [({}, remote["reconnects"])])
-        family("kvstore_remote_evictions_total", "counter", "Remote blocks Redis evicted, by how the tier learnt of it "
-               "(keyspace notification, or a read that found no value).",
-               [({"source": "notified"}, remote["evictions_notified"]),
-                ({"source": "inferred"}, remote["evictions_inferred"])])
-        family("kvstore_remote_groups_stored_total", "counter", "Remote values (groups of blocks) newly stored.",
-               [({}, remote["groups_stored"])])
-    family("kvstore_no_room_total", "counter", "Keys not served because every host slot was locked or reserved.",
-           [({}, c["no_room"])])
-    family("kvstore_holds", "gauge", "Host slot holds held by clients now.", [({}, backend["holds"])])
-    family("kvstore_holds_expired_total", "counter", "Holds ended by their deadline (vanished or slow clients).",
-           [({}, backend["holds_expired"])])
-    family("kvstore_pending_writes", "gauge", "Committed blocks not yet written to disk.", [({}, backend["pending_writes"])])
-    family("kvstore_write_failures_total", "counter", "Blocks the write-behind failed to write to disk (full or failing disk).",
-           [({}, backend["write_failures"])])
-    family("kvstore_not_durable_total", "counter", "Acknowledged blocks whose disk write failed (lost at restart).",
-           [({}, backend["not_durable"])])
-    family("kvstore_flush_failures_total", "counter", "Flushes that reported acknowledged blocks not durable.",
-           [({}, c["flush_failures"])])
-    family("kvstore_hold_owner_releases_total", "counter",
-           "Holds ended at once because the client process holding them exited.", [({}, c["owner_releases"])])
     family("kvstore_protocol_bytes_in_total", "counter", "Protocol bytes received.", [({}, m.bytes_in)])
     family("kvstore_protocol_bytes_out_total", "counter", "Protocol bytes sent.", [({}, m.bytes_out)])
     family("kvstore_connected_clients", "gauge", "Client connections open now.", [({}, m.clients)])
@@ -151,4 +102,74 @@ def render_prometheus(m: DaemonMetrics, backend: dict[str, Any], build: dict[str
             lines.append(f'kvstore_request_seconds_bucket{{op="{op}",le="{number(bound)}"}} {running}')
         lines.append(f'kvstore_request_seconds_sum{{op="{op}"}} {number(h.sum)}')
         lines.append(f'kvstore_request_seconds_count{{op="{op}"}} {h.total}')
-    return render(families, "\n".join(lines) + "\n")
+    return render(list(families.values()), "\n".join(lines) + "\n")
+
+
+def _storage_families(family: Callable[[str, Kind, str, list[tuple[dict[str, str], float]]], None],
+                      backend: dict[str, Any], extra: dict[str, str]) -> None:
+    """The families read from one layout's storage snapshot, each sample's labels joined with ``extra``."""
+
+    def add(name: str, kind: Kind, help_text: str, samples: list[tuple[dict[str, str], float]]) -> None:
+        family(name, kind, help_text, [({**labels, **extra}, value) for labels, value in samples])
+
+    tiers = [(t, backend[t]) for t in ("host", "disk", "remote") if backend.get(t) is not None]
+    c = backend["counters"]
+    add("kvstore_hits_total", "counter", "Blocks found, by the tier that served them.",
+           [({"tier": "host"}, c["host_hits"])] + ([({"tier": "disk"}, c["disk_hits"])] if backend.get("disk") else [])
+           + ([({"tier": "remote"}, backend["remote"]["hits"])] if backend.get("remote") else []))
+    add("kvstore_misses_total", "counter", "Blocks asked for and not found in the tier.",
+           [({"tier": "host"}, c["host_misses"])] + ([({"tier": "disk"}, c["disk_misses"])] if backend.get("disk") else [])
+           + ([({"tier": "remote"}, backend["remote"]["misses"])] if backend.get("remote") else []))
+    add("kvstore_prefix_cache_queries_total", "counter",
+           "Prompt tokens looked up in the daemon's tiers, as vLLM's prefix_cache_queries counts them. The daemon "
+           "sees block keys, not tokens: counted as blocks probed (EXISTS_PREFIX) x block size, and an engine "
+           "asks only for blocks beyond its own GPU cache.", [({}, c["prefix_query_tokens"])])
+    add("kvstore_prefix_cache_hits_total", "counter",
+           "Of kvstore_prefix_cache_queries_total, the tokens found cached (leading blocks held in host or disk, "
+           "x block size), as vLLM's prefix_cache_hits.", [({}, c["prefix_hit_tokens"])])
+    add("kvstore_block_bytes_out_total", "counter", "Block bytes served to clients (shared memory or inline).",
+           [({}, c["bytes_out"])])
+    add("kvstore_block_bytes_in_total", "counter", "Block bytes stored by clients.", [({}, c["bytes_in"])])
+    add("kvstore_tier_bytes_read_total", "counter", "Raw block bytes read out of the tier.",
+           [({"tier": t}, s["bytes_read"]) for t, s in tiers])
+    add("kvstore_tier_bytes_written_total", "counter", "Raw block bytes stored into the tier.",
+           [({"tier": t}, s["bytes_written"]) for t, s in tiers])
+    add("kvstore_evictions_total", "counter", "Blocks evicted to respect the tier's capacity.",
+           [({"tier": t}, s["evictions"]) for t, s in tiers])
+    add("kvstore_corrupt_dropped_total", "counter", "Stored entries that failed verification and were deleted.",
+           [({"tier": t}, s["corrupt_dropped"]) for t, s in tiers])
+    add("kvstore_used_bytes", "gauge", "Bytes occupied in the tier.", [({"tier": t}, s["used_bytes"]) for t, s in tiers])
+    add("kvstore_capacity_bytes", "gauge", "Capacity of the tier in bytes.",
+           [({"tier": t}, s["capacity_bytes"]) for t, s in tiers])
+    add("kvstore_blocks", "gauge", "Blocks stored in the tier.", [({"tier": t}, s["num_blocks"]) for t, s in tiers])
+    remote = backend.get("remote")
+    if remote is not None:
+        add("kvstore_remote_errors_total", "counter", "Remote-tier round trips (or commands in one) that failed: "
+               "refused or lost connection, timeout, cluster down; each was answered as a miss.",
+               [({}, remote["errors"])])
+        add("kvstore_remote_probe_timeouts_total", "counter", "Remote prefix probes not answered within "
+               "remote.probe_timeout_s (answered as misses).", [({}, remote["probe_timeouts"])])
+        add("kvstore_remote_skipped_total", "counter", "Remote accesses answered as misses without a round trip "
+               "while the tier backed off after failures.", [({}, remote["skipped"])])
+        add("kvstore_remote_reconnects_total", "counter", "Times the remote server answered again after failures.",
+               [({}, remote["reconnects"])])
+        add("kvstore_remote_evictions_total", "counter", "Remote blocks Redis evicted, by how the tier learnt of it "
+               "(keyspace notification, or a read that found no value).",
+               [({"source": "notified"}, remote["evictions_notified"]),
+                ({"source": "inferred"}, remote["evictions_inferred"])])
+        add("kvstore_remote_groups_stored_total", "counter", "Remote values (groups of blocks) newly stored.",
+               [({}, remote["groups_stored"])])
+    add("kvstore_no_room_total", "counter", "Keys not served because every host slot was locked or reserved.",
+           [({}, c["no_room"])])
+    add("kvstore_holds", "gauge", "Host slot holds held by clients now.", [({}, backend["holds"])])
+    add("kvstore_holds_expired_total", "counter", "Holds ended by their deadline (vanished or slow clients).",
+           [({}, backend["holds_expired"])])
+    add("kvstore_pending_writes", "gauge", "Committed blocks not yet written to disk.", [({}, backend["pending_writes"])])
+    add("kvstore_write_failures_total", "counter", "Blocks the write-behind failed to write to disk (full or failing disk).",
+           [({}, backend["write_failures"])])
+    add("kvstore_not_durable_total", "counter", "Acknowledged blocks whose disk write failed (lost at restart).",
+           [({}, backend["not_durable"])])
+    add("kvstore_flush_failures_total", "counter", "Flushes that reported acknowledged blocks not durable.",
+           [({}, c["flush_failures"])])
+    add("kvstore_hold_owner_releases_total", "counter",
+           "Holds ended at once because the client process holding them exited.", [({}, c["owner_releases"])])

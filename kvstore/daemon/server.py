@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvstore.config.schema import DISK_TIERS, KVStoreConfig
+from kvstore.config.schema import DISK_TIERS, DiskConfig, FileConfig, KVStoreConfig, SlabConfig
 from kvstore.daemon.admission import ConnectionLimits, LoginThrottle, Transport, peer_of
 from kvstore.daemon.backend import QUARANTINE_FACTOR, DaemonBackend
 from kvstore.daemon.remote_link import RemoteLink, link_for
@@ -43,13 +43,18 @@ from kvstore.daemon.inflight import InflightBudget
 from kvstore.build_info import build_info
 from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
 from kvstore.daemon.peer import PeerProcess
+from kvstore.daemon.layout_check import layout_fields
 from kvstore.daemon.session import Session, SessionContext
+from kvstore.daemon.shelves import Shelf, Shelves, layout_dirname
 from kvstore.daemon.socketfile import DaemonStartError, SocketOwner, arena_label, bind_private, clear_stale
 from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import NotDurable
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Tier
 from kvstore.policy.order import EvictionOrder
+from kvstore.layout import KVLayout
+from kvstore.tiers.lmdb.env import block_budget
+from kvstore.tiers.shared_capacity import SharedCapacity
 from kvstore.tiers.host.tier import HostTier
 
 if TYPE_CHECKING:
@@ -83,7 +88,8 @@ class DaemonServer:
     def __init__(self, cfg: KVStoreConfig, executor_threads: int = 16, config_source: str = "<unknown>") -> None:
         """``config_source`` names the config file in errors sent to clients (a refused layout says where to fix it)."""
         self.cfg = cfg.for_role("daemon")  # unset data paths: the daemon's own defaults
-        self.layout = self.cfg.model.layout()
+        self.layout: KVLayout | None = self.cfg.model.layout() if self.cfg.daemon.layouts == "model" else None
+        """The one layout of ``daemon.layouts: model``; ``None``: every layout clients bring (:mod:`.shelves`)."""
         self.config_source = config_source
         self.metrics = DaemonMetrics()
         self.started_at = time.time()
@@ -102,7 +108,12 @@ class DaemonServer:
         self._tenant_counters: dict[str, TenantCounters] = {}
         self._stop = asyncio.Event()
         self._stopping = False
-        self.backend: DaemonBackend | None = None
+        self.shelves: Shelves | None = None
+        self._arena_label: str | None = None
+        self._capacity: SharedCapacity | None = None
+        """The host memory the layouts' arenas share (``layouts: any``)."""
+        self._disk_capacity: SharedCapacity | None = None
+        """The disk space the layouts' LMDB environments share (``layouts: any`` with an lmdb tier)."""
         self._publisher: EventPublisher | None = None
         self.info: ListenInfo | None = None
         self._owner: SocketOwner | None = None
@@ -129,38 +140,24 @@ class DaemonServer:
         # Tenants' blocks never sit where a local process can map them: with tenants the host tier is this
         # process's own memory, and every client (local ones too) is served inline.
         shared = not d.tenant_salts
-        shm_name = named if shared else None
+        self._arena_label = named if shared else None
         if not shared:
             log.warning("tenants are configured (daemon.tenant_salts): the host tier is private memory, not the "
                         "shared arena %s, so no local process can read or change a tenant's blocks; local clients "
                         "are served inline (no zero-copy path)", named)
-        # policy.placement: the host and disk orders (one duel for both under adaptive; the daemon always has a host tier)
-        orders = cfg.policy.placement_policy().orders(both_tiers=any(name in DISK_TIERS for name in cfg.tiers))
-        host = HostTier(self.layout, int(cfg.host.capacity), pin_memory=cfg.host.pin_memory,
-                        shared_memory=shared, label=named, auto_evict=True,
-                        order=orders.host, prefault=cfg.host.prefault)
-        try:
-            lower = self._lower_tier(orders.disk)  # refused if another process holds its data directory
-        except BaseException:
-            host.close()  # free the arena now, not at interpreter exit
-            raise
-        durable = lower is not None and ((lower.name == "lmdb" and cfg.disk.sync == "always")
-                                         or (lower.name == "slab" and cfg.slab.sync == "always"))
-        self.backend = DaemonBackend(self.layout, host, lower, HoldTable(d.hold_timeout_s), durable_puts=durable,
-                                     publish_events=d.events.enabled)
-        if "remote" in cfg.tiers:
-            try:
-                self.backend.link = self._remote_link(self.backend)
-            except BaseException:
-                self.backend.close()
-                raise
+        if self.layout is None:  # (no events, no file or slab tier: kvstore.config.serve_checks refused them)
+            self._capacity = SharedCapacity(int(cfg.host.capacity))
+            if "lmdb" in cfg.tiers:
+                self._disk_capacity = SharedCapacity(block_budget(int(cfg.disk.max_size)))
+        self.shelves = Shelves(self._open_shelf, self.layout, d.max_layouts, self.config_source)
+        if self.layout is not None:
+            self.shelves.open_pinned()
         asyncio.get_running_loop().set_exception_handler(self._loop_error)
         _raise_fd_limit(d.max_connections + FD_HEADROOM)
         tenants = {token: Tenant.from_salt(salt) for token, salt in d.tenant_salts.items()}
         counters = {t.label: TenantCounters() for t in tenants.values()}
-        ctx = SessionContext(d, self.layout, self.backend, self.metrics, self._executor, shm_name, self.stats,
-                             self._throttle, self._events, tenants, counters, self._inflight,
-                             config_source=self.config_source)
+        ctx = SessionContext(d, self.shelves, self.metrics, self._executor, self.stats,
+                             self._throttle, self._events, tenants, counters, self._inflight)
         self._tenant_counters = counters
         self._servers.append(await bind_private(
             d.socket_path, lambda p: asyncio.start_unix_server(lambda r, w: self._accept(r, w, "unix", ctx), p)
@@ -182,7 +179,7 @@ class DaemonServer:
                     raise DaemonStartError(f"metrics.port {cfg.metrics.port}: cannot listen on "
                                            f"{cfg.metrics.host}:{cfg.metrics.port} ({why})") from exc
                 metrics_url = f"http://{mhost}:{mport}"
-            if self.backend.events is not None:
+            if self.backend is not None and self.backend.events is not None:
                 self._publisher = self._publish_events(self.backend.events)
         except BaseException:
             await self.stop()  # the socket is ours by now: remove it, do not leave it behind
@@ -190,16 +187,69 @@ class DaemonServer:
         self._spawn(self._reap_holds())
         events = self._publisher.endpoint if self._publisher is not None else None
         replay = self._publisher.replay_endpoint if self._publisher is not None else None
-        self.info = ListenInfo(os.path.abspath(d.socket_path), tcp, metrics_url, shm_name, events, replay)
-        disk = self.backend.disk
+        self.info = ListenInfo(os.path.abspath(d.socket_path), tcp, metrics_url, self._arena_label, events, replay)
+        where = f"unix {self.info.socket_path} (0600), tcp {tcp or 'off'}, metrics {metrics_url or 'off'}"
+        if self.layout is None:
+            log.info("kvstore daemon serving any layout (up to %d), each opened on its first client, sharing %d bytes "
+                     "of host memory in %s; %s", d.max_layouts, int(cfg.host.capacity),
+                     "sealed memfds" if self._arena_label else "private memory (tenants)", where)
+            return self.info
+        assert self.backend is not None
+        host, disk, lay = self.backend.host, self.backend.disk, self.layout
         log.info(
             "kvstore daemon serving model %r (%d layers, block %d tokens, %d bytes/block): host %d slots in %s, "
-            "%s; unix %s (0600), tcp %s, metrics %s",
-            self.layout.model_id, self.layout.num_layers, self.layout.block_size, self.layout.bytes_per_block,
-            host.num_slots, f"sealed memfd {shm_name}" if shm_name else "private memory (tenants)", f"disk {disk.name} at {getattr(disk, 'path', '?')}" if disk else "no disk tier",
-            self.info.socket_path, tcp or "off", metrics_url or "off",
+            "%s; %s", lay.model_id, lay.num_layers, lay.block_size, lay.bytes_per_block, host.num_slots,
+            f"sealed memfd {self._arena_label}" if self._arena_label else "private memory (tenants)",
+            f"disk {disk.name} at {getattr(disk, 'path', '?')}" if disk else "no disk tier", where,
         )
         return self.info
+
+    @property
+    def backend(self) -> DaemonBackend | None:
+        """The storage of ``daemon.layouts: model``'s one layout (``None`` before start, or serving any layout)."""
+        if self.layout is None or self.shelves is None or not self.shelves.all():
+            return None
+        return self.shelves.all()[0].backend
+
+    def _open_shelf(self, layout: KVLayout) -> Shelf:
+        """Open ``layout``'s storage: its host arena (shared memory unless tenants are configured; under
+        ``layouts: any`` sparse, counted against the shared budget), its disk tier (under ``layouts: any`` in a
+        directory of its own) and its remote link. Raises ``ValueError`` naming a layout this daemon cannot
+        store, ``DaemonStartError``/``TierError`` when a tier cannot open."""
+        cfg, d = self.cfg, self.cfg.daemon
+        capacity = int(cfg.host.capacity)
+        if layout.bytes_per_block > capacity:
+            raise ValueError(f"one block is larger than host.capacity ({capacity} bytes)")
+        least = d.min_frame_bytes(layout)
+        if int(d.max_frame_bytes) < least:
+            raise ValueError(f"daemon.max_frame_bytes ({int(d.max_frame_bytes)}) is below the {least} bytes a frame "
+                             "of one such block needs")
+        label = self._arena_label
+        if label is not None and self.layout is None:
+            label = f"{label}-{layout.fingerprint.hex()[:8]}"
+        # policy.placement: the host and disk orders (one duel for both under adaptive; the daemon always has a host tier)
+        orders = cfg.policy.placement_policy().orders(both_tiers=any(name in DISK_TIERS for name in cfg.tiers))
+        # Shared capacity: sparse arenas, never pinned (pinning maps every page: each layout would hold it all).
+        pin = cfg.host.pin_memory if self._capacity is None else "never"
+        host = HostTier(layout, capacity, pin_memory=pin, shared_memory=label is not None,
+                        label=label or "kvstore-host", auto_evict=True, order=orders.host, prefault=cfg.host.prefault,
+                        shared_capacity=self._capacity)
+        try:
+            lower = self._lower_tier(layout, orders.disk)  # refused if another process holds its data directory
+        except BaseException:
+            host.close()  # free the arena now, not at interpreter exit
+            raise
+        durable = lower is not None and ((lower.name == "lmdb" and cfg.disk.sync == "always")
+                                         or (lower.name == "slab" and cfg.slab.sync == "always"))
+        backend = DaemonBackend(layout, host, lower, HoldTable(d.hold_timeout_s), durable_puts=durable,
+                                publish_events=d.events.enabled)
+        if "remote" in cfg.tiers:
+            try:
+                backend.link = self._remote_link(backend, layout)
+            except BaseException:
+                backend.close()
+                raise
+        return Shelf(layout, backend, label)
 
     def _publish_events(self, events: DaemonEvents) -> EventPublisher:
         """Bind ``daemon.events``' endpoints and publish ``events`` there (raises ``DaemonStartError`` naming
@@ -208,6 +258,7 @@ class DaemonServer:
 
         cfg = self.cfg.daemon.events
         try:
+            assert self.layout is not None  # events need layouts: model (checked at start)
             publisher = publish_feed(cfg, self.layout.block_size, events.drain, events.holdings,
                                      default_id=f"{default_replica_id()}:daemon")
         except OSError as exc:
@@ -216,25 +267,35 @@ class DaemonServer:
                  publisher.endpoint, publisher.replay_endpoint or "off")
         return publisher
 
-    def _lower_tier(self, order: EvictionOrder | None) -> Tier | None:
-        """The disk tier ``cfg.tiers`` names (``lmdb``, ``file`` or ``slab``), if any, evicting through ``order``
-        when given. The host tier always exists: its shared-memory arena is the daemon's data plane."""
+    def _lower_tier(self, layout: KVLayout, order: EvictionOrder | None) -> Tier | None:
+        """The disk tier ``cfg.tiers`` names (``lmdb``, ``file`` or ``slab``), if any, for ``layout``, evicting
+        through ``order`` when given; under ``layouts: any`` in the layout's own directory under the configured
+        one. The host tier always exists: its shared-memory arena is the daemon's data plane."""
         from kvstore.tiers import build_tier
         from kvstore.tiers.lmdb.check import check_walkable_databases
 
-        sections = {"lmdb": self.cfg.disk, "file": self.cfg.file, "slab": self.cfg.slab}
+        sections: dict[str, DiskConfig | FileConfig | SlabConfig] = {
+            "lmdb": self.cfg.disk, "file": self.cfg.file, "slab": self.cfg.slab}
         names = [t for t in self.cfg.tiers if t in sections]
-        if names[:1] == ["lmdb"] and os.path.isdir(self.cfg.disk.directory()):
+        if not names:
+            return None
+        section = sections[names[0]]
+        if self.layout is None:
+            section = section.model_copy(update={"path": os.path.join(section.directory(), "layouts",
+                                                                      layout_dirname(layout))})
+        if names[0] == "lmdb" and os.path.isdir(section.directory()):
             # LMDB aborts the process on some damaged pages: walk them in a child first, refuse with a message
-            check_walkable_databases(self.cfg.disk.directory())
-        return build_tier(names[0], sections[names[0]], self.layout, order=order) if names else None
+            check_walkable_databases(section.directory())
+        if self._disk_capacity is not None:
+            return build_tier(names[0], section, layout, order=order, shared_capacity=self._disk_capacity)
+        return build_tier(names[0], section, layout, order=order)
 
-    def _remote_link(self, backend: DaemonBackend) -> RemoteLink:
+    def _remote_link(self, backend: DaemonBackend, layout: KVLayout) -> RemoteLink:
         """The remote tier (``remote``: Redis or Valkey, a server or a cluster; connected lazily, so a server down
         at start is a miss, not an error) and the link that places the clients' blocks in its groups."""
         from kvstore.tiers import build_tier
 
-        remote = build_tier("remote", self.cfg.remote, self.layout)
+        remote = build_tier("remote", self.cfg.remote, layout)
         assert isinstance(remote, ChainTier)
         try:
             link = link_for(backend, remote, self.cfg)
@@ -270,22 +331,24 @@ class DaemonServer:
         finally:
             self._sessions.discard(session)
             self._limits.leave(peer)
-            if self.backend is not None and not self._stopping:
-                self.backend.end_connection(session.conn_id)  # its reads end now, its writes are quarantined
-            if process is not None:
-                self._spawn(self._release_when_gone(session.conn_id, process))
+            shelf = session.shelf
+            if shelf is not None and not self._stopping:
+                shelf.backend.end_connection(session.conn_id)  # its reads end now, its writes are quarantined
+            if process is not None and shelf is not None:
+                self._spawn(self._release_when_gone(shelf.backend, session.conn_id, process))
+            elif process is not None:
+                process.close()
 
-    async def _release_when_gone(self, owner: int, process: PeerProcess) -> None:
+    async def _release_when_gone(self, backend: DaemonBackend, owner: int, process: PeerProcess) -> None:
         """After ``owner``'s connection ended: if it still has holds, end them as soon as its process exits
         (a live but silent process keeps them until their deadline, and the slots of its expired write holds
         stay quarantined until it exits or ``QUARANTINE_FACTOR`` deadlines have passed)."""
-        assert self.backend is not None
         wait_s = QUARANTINE_FACTOR * self.cfg.daemon.hold_timeout_s
         try:
-            if self.backend.owned_by(owner) and await process.wait_gone(wait_s) \
+            if backend.owned_by(owner) and await process.wait_gone(wait_s) \
                     and not self._stopping:  # stopping: the tiers are being closed, holds die with them
                 loop = asyncio.get_running_loop()
-                n = await loop.run_in_executor(self._executor, self.backend.release_owner, owner)
+                n = await loop.run_in_executor(self._executor, backend.release_owner, owner)
                 if n:
                     log.info("client %d (pid %d) exited: released its %d host slot holds", owner, process.pid, n)
         finally:
@@ -306,18 +369,34 @@ class DaemonServer:
     async def _reap_holds(self) -> None:
         period = min(1.0, self.cfg.daemon.hold_timeout_s / 4)
         loop = asyncio.get_running_loop()
-        assert self.backend is not None
+        assert self.shelves is not None
         while not self._stopping:
             await asyncio.sleep(period)
-            n = await loop.run_in_executor(self._executor, self.backend.expire)
+            n = 0
+            for shelf in self.shelves.all():
+                n += await loop.run_in_executor(self._executor, shelf.backend.expire)
             if n:
                 log.warning("released %d host slot holds past their %.1f s deadline", n, self.cfg.daemon.hold_timeout_s)
 
     # ------------------------------------------------------------- stats
     async def stats(self) -> dict[str, Any]:
-        """Backend snapshot plus daemon facts (clients, requests, where it listens, uptime)."""
-        assert self.backend is not None
-        out = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.stats)
+        """Storage snapshot plus daemon facts (clients, requests, where it listens, uptime).
+
+        ``layouts``: one entry per layout served, by label, with its layout's fields and its own snapshot. At
+        the top level, the storage snapshot of ``daemon.layouts: model``'s layout, or, serving any layout,
+        every layout's figures summed (:func:`sum_snapshots`; absent before the first layout is opened).
+        """
+        assert self.shelves is not None
+        loop = asyncio.get_running_loop()
+        snaps = [(shelf, await loop.run_in_executor(self._executor, shelf.backend.stats)) for shelf in self.shelves.all()]
+        out = dict(snaps[0][1]) if self.layout is not None else sum_snapshots([snap for _, snap in snaps])
+        if self._capacity is not None and out.get("host"):
+            out["host"]["capacity_bytes"] = self._capacity.limit  # the arenas share it: not one each
+        if self._disk_capacity is not None and out.get("disk"):
+            out["disk"]["capacity_bytes"] = self._disk_capacity.limit
+        out["layouts"] = {shelf.label: {"layout": layout_fields(shelf.layout),
+                                        "bytes_per_block": shelf.layout.bytes_per_block, **snap}
+                          for shelf, snap in snaps}
         out["daemon"] = {
             "pid": os.getpid(),
             "uptime_s": round(time.time() - self.started_at, 3),
@@ -332,10 +411,15 @@ class DaemonServer:
             "socket_path": self.info.socket_path if self.info else None,
             "tcp": self.info.tcp if self.info else None,
             "metrics_url": self.info.metrics_url if self.info else None,
-            "model_id": self.layout.model_id,
-            "bytes_per_block": self.layout.bytes_per_block,
+            "layouts": self.cfg.daemon.layouts,
+            "max_layouts": self.shelves.max_layouts,
+            "model_id": self.layout.model_id if self.layout is not None else None,
+            "bytes_per_block": self.layout.bytes_per_block if self.layout is not None else None,
+            "host_capacity_shared": (None if self._capacity is None else
+                                     {"used_bytes": self._capacity.used, "limit_bytes": self._capacity.limit}),
         }
-        pub, ev = self._publisher, self.backend.events
+        pub = self._publisher
+        ev = self.backend.events if self.backend is not None else None
         out["events"] = None if pub is None or ev is None else {
             "replica": pub.replica, "endpoint": pub.endpoint, "replay_endpoint": pub.replay_endpoint,
             "last_seq": pub.last_seq, "replays_served": pub.replays_served, "reports_served": pub.reports_served,
@@ -345,9 +429,12 @@ class DaemonServer:
         return out
 
     async def _metrics_text(self) -> str:
-        assert self.backend is not None
-        snapshot = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.stats)
-        return render_prometheus(self.metrics, snapshot, self._build)
+        assert self.shelves is not None
+        loop = asyncio.get_running_loop()
+        snaps = [(shelf, await loop.run_in_executor(self._executor, shelf.backend.stats)) for shelf in self.shelves.all()]
+        if self.layout is not None:
+            return render_prometheus(self.metrics, snaps[0][1], self._build)
+        return render_prometheus(self.metrics, [({"layout": shelf.label}, snap) for shelf, snap in snaps], self._build)
 
     # -------------------------------------------------------------- stop
     def request_stop(self) -> None:
@@ -381,25 +468,45 @@ class DaemonServer:
             os.unlink(self.cfg.daemon.socket_path)
         except FileNotFoundError:
             pass
-        if self.backend is not None:
-            loop = asyncio.get_running_loop()
-            if self._publisher is not None:  # before the tiers close: its last drain reads their queues
-                await loop.run_in_executor(self._executor, self._publisher.close)
+        loop = asyncio.get_running_loop()
+        if self._publisher is not None:  # before the tiers close: its last drain reads their queues
+            await loop.run_in_executor(self._executor, self._publisher.close)
+        for shelf in self.shelves.all() if self.shelves is not None else []:
             try:
-                await loop.run_in_executor(self._executor, self.backend.flush)
-                log.info("flushed: every acknowledged block is on disk")
+                await loop.run_in_executor(self._executor, shelf.backend.flush)
+                log.info("flushed%s: every acknowledged block is on disk", "" if self.layout else f" {shelf.label}")
             except NotDurable as exc:
                 self.durability_error = f"{exc}; they are lost with this process"
-                log.error("shutdown flush: %s", self.durability_error)
+                log.error("shutdown flush of %s: %s", shelf.label, self.durability_error)
             try:
-                await loop.run_in_executor(self._executor, self.backend.close)
+                await loop.run_in_executor(self._executor, shelf.backend.close)
             except Exception as exc:  # noqa: BLE001 - the exit status reports it; the socket and shm are gone
                 self.durability_error = self.durability_error or f"closing the disk tier failed: {type(exc).__name__}: {exc}"
-                log.error("closing the tiers failed: %s", exc)
+                log.error("closing the tiers of %s failed: %s", shelf.label, exc)
         self._executor.shutdown(wait=True)
         if self._owner is not None:
             self._owner.release()  # last: the socket is gone, a new daemon may take the path
         log.info("stopped")
+
+
+def sum_snapshots(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several layouts' storage snapshots as one: numbers summed, flags or'ed, nested sections summed alike
+    (``None`` where no layout has the section), other values from the first that has them."""
+    out: dict[str, Any] = {}
+    for snap in snapshots:
+        for key, value in snap.items():
+            have = out.get(key)
+            if value is None:
+                out.setdefault(key, None)
+            elif have is None:
+                out[key] = sum_snapshots([value]) if isinstance(value, dict) else value
+            elif isinstance(value, bool):
+                out[key] = have or value
+            elif isinstance(value, (int, float)) and isinstance(have, (int, float)):
+                out[key] = have + value
+            elif isinstance(value, dict) and isinstance(have, dict):
+                out[key] = sum_snapshots([have, value])
+    return out
 
 
 def _raise_fd_limit(wanted: int) -> None:

@@ -42,11 +42,10 @@ from kvstore.daemon.frames import (
     ARENA_BYTE, HEADER, HEADER_SIZE, MAGIC, OBSERVER_FINGERPRINT, PRELOGIN_FRAME_BYTES, PROTOCOL_VERSION, REPLY_BIT, ErrorCode,
     FrameHeader, Op, ProtocolError, decode_header, encode_frame,
 )
-from kvstore.daemon.layout_check import bad_layout_message
 from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.shelves import Shelf, Shelves
 from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import KVStoreError, NotDurable
-from kvstore.layout import KVLayout
 from kvstore.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -74,12 +73,10 @@ class SessionContext:
     login and tenant ledgers (owned by the server, touched only on the event loop)."""
 
     daemon: DaemonConfig
-    layout: KVLayout
-    backend: DaemonBackend
+    shelves: Shelves
+    """The layouts served, each with its storage; a client's HELLO picks (or opens) its own."""
     metrics: DaemonMetrics
     executor: Executor
-    shm_name: str | None
-    """The shared segment, ``None`` when the host tier is private (tenants are configured)."""
     stats: Callable[[], Awaitable[dict[str, Any]]]
     throttle: LoginThrottle
     events: RateLimitedLog
@@ -90,8 +87,6 @@ class SessionContext:
     """Tenant label -> its counters."""
     inflight: InflightBudget
     """The bytes of payloads and inline replies in flight, across connections (:mod:`kvstore.daemon.inflight`)."""
-    config_source: str = "<unknown>"
-    """The config file the daemon runs on, named when it refuses a client's layout."""
 
 
 class Session:
@@ -103,6 +98,8 @@ class Session:
         self.hello: m.Hello | None = None
         self.nonce: bytes | None = None
         self.tenant: Tenant | None = None
+        self.shelf: Shelf | None = None
+        """The storage of the client's layout, from its HELLO (``None`` before, and for an observer)."""
         self.shm = False
         self.observer = False
         self.busy = False
@@ -256,7 +253,7 @@ class Session:
         return True
 
     async def _handle(self, op_num: int, payload: bytes) -> bytes | m.PackedBlocks:
-        msg = m.decode_request(op_num, payload, self.ctx.layout.bytes_per_block)
+        msg = m.decode_request(op_num, payload, self.shelf.layout.bytes_per_block if self.shelf is not None else 0)
         is_challenge = isinstance(msg, m.EmptyRequest) and msg.op == Op.CHALLENGE
         if self.hello is None:
             if is_challenge:
@@ -280,7 +277,7 @@ class Session:
                 self._check_distinct(op, msg.keys)
         if isinstance(msg, m.GetRelease):
             self._check_size(op, len(msg.release), "keys to release")
-            self.ctx.backend.release(self.conn_id, self._keys(msg.release))  # first: it frees what the get may need
+            self.backend.release(self.conn_id, self._keys(msg.release))  # first: it frees what the get may need
             msg = msg.get
         if isinstance(msg, m.KeysRequest) and msg.op in HOLDING_OPS:
             self._check_holds(op, len(msg.keys))
@@ -305,7 +302,7 @@ class Session:
     def _check_holds(self, op: Op, n: int) -> None:
         """Refuse a request whose holds would take this connection past the backend's limit
         (:data:`HOLDS_PER_SLOT` per host slot): a client that keeps asking without releasing (100 GET_SHMs of one key made 1.6 M holds)."""
-        b = self.ctx.backend
+        b = self.backend
         have, limit = b.holds.owned_by(self.conn_id), b.hold_limit()
         if have + n > limit:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"{op.name}: this connection holds {have} host slot references "
@@ -314,7 +311,7 @@ class Session:
 
     def _inline_reply_bound(self, n: int) -> int:
         """Most bytes a GET_INLINE reply of ``n`` keys takes (every block found)."""
-        return 4 + n * (1 + self.ctx.layout.bytes_per_block)
+        return 4 + n * (1 + self.backend.layout.bytes_per_block)
 
     async def _take_reply(self, n: int) -> None:
         """Take the in-flight budget for a reply of up to ``n`` bytes before it is built (given back once the
@@ -343,7 +340,7 @@ class Session:
         return ProtocolError(ErrorCode.UNAUTHORIZED, f"HELLO: {why}", fatal=True)
 
     def _handshake(self, hello: m.Hello) -> bytes:
-        cfg, layout = self.ctx.daemon, self.ctx.layout
+        cfg = self.ctx.daemon
         locked = self.ctx.throttle.locked_for(self.peer)
         if locked and (self.transport == "tcp" or hello.proof is not None):
             raise ProtocolError(ErrorCode.UNAUTHORIZED, f"HELLO: too many failed logins from {self.peer.ident}; "
@@ -361,22 +358,22 @@ class Session:
         elif self.transport == "tcp":
             raise self._login_failed("TCP clients must log in with a token (CHALLENGE, then a proof)")
         self.observer = hello.fingerprint == OBSERVER_FINGERPRINT
-        if hello.fingerprint != layout.fingerprint and not self.observer:
-            raise ProtocolError(ErrorCode.BAD_LAYOUT,
-                                bad_layout_message(hello.fingerprint, layout, self.ctx.config_source), fatal=True)
+        self.shelf = self.ctx.shelves.for_client(hello.fingerprint, hello.layout)
         self.hello = hello
         self.tenant = self.ctx.tenants.get(token) if token else None
         # A tenant never maps the shared arena: it holds every namespace's blocks.
-        self.shm = (hello.want_shm and self.transport == "unix" and not self.observer and self.tenant is None
-                    and self.ctx.shm_name is not None)
+        shelf = self.shelf
+        self.shm = (hello.want_shm and self.transport == "unix" and shelf is not None and self.tenant is None
+                    and shelf.shm_name is not None)
         salt = cfg.tenant_salts.get(token) if token else None
-        log.info("client %d (%s, %s) connected, shm=%s, tenant %s", self.conn_id, self.peer.ident, self._name(),
-                 self.shm, self.tenant.label if self.tenant else "none")
-        host = self.ctx.backend.host
+        log.info("client %d (%s, %s) connected, layout %s, shm=%s, tenant %s", self.conn_id, self.peer.ident,
+                 self._name(), shelf.label if shelf is not None else "none (observer)", self.shm,
+                 self.tenant.label if self.tenant else "none")
         return m.encode_hello_reply(m.HelloReply(
-            salt.encode() if salt else None, self.ctx.shm_name if self.shm else None,
-            layout.bytes_per_block, host.num_slots, cfg.hold_timeout_s, int(cfg.max_frame_bytes),
-            cfg.max_keys_per_request,
+            salt.encode() if salt else None, shelf.shm_name if self.shm and shelf is not None else None,
+            shelf.layout.bytes_per_block if shelf is not None else 0,
+            shelf.backend.host.num_slots if shelf is not None else 0, cfg.hold_timeout_s, int(cfg.max_frame_bytes),
+            cfg.max_keys_per_request, shelf is not None and shelf.backend.host.capacity is not None,
         ))
 
     async def _run(self, fn: Callable[[m.Request], bytes | m.PackedBlocks], msg: m.Request) -> bytes | m.PackedBlocks:
@@ -384,13 +381,13 @@ class Session:
             if self.tenant is not None:  # a tenant sees its own counters, nothing of anyone else
                 return m.encode_json({
                     "tenant": {"label": self.tenant.label, **self._counters().as_dict()},
-                    "daemon": {"model_id": self.ctx.layout.model_id, "bytes_per_block": self.ctx.layout.bytes_per_block},
+                    "daemon": self._layout_facts(),
                 })
             return m.encode_json(await self.ctx.stats())
         if isinstance(msg, m.KeysRequest) and self._on_loop(msg):
             return fn(msg)
         if isinstance(msg, m.KeysRequest) and msg.op == Op.GET_SHM:
-            slots = self.ctx.backend.hold_in_host(self.conn_id, self._keys(msg.keys))
+            slots = self.backend.hold_in_host(self.conn_id, self._keys(msg.keys))
             if slots is not None:  # all in host memory: no disk read, so no executor hop
                 return m.encode_slots([(0, None) if s is None else (1, s) for s in slots])
         loop = asyncio.get_running_loop()
@@ -401,7 +398,7 @@ class Session:
         never waits for disk I/O (see :class:`DaemonBackend`). A hop to the executor and back costs two
         thread wake-ups, more than such a request's work, and with several engine processes on few cores
         each wake-up can wait a scheduler slice."""
-        b = self.ctx.backend
+        b = self.backend
         if msg.op in (Op.RELEASE, Op.RELEASE_QUIET, Op.TOUCH_QUIET):
             return True
         if msg.op == Op.PUT_SHM_COMMIT:
@@ -418,7 +415,7 @@ class Session:
 
     def _dispatch(self, msg: m.Request) -> bytes | m.PackedBlocks:
         """Run one request against the backend (on an executor thread); returns the reply payload."""
-        b, me = self.ctx.backend, self.conn_id
+        b, me = self.backend, self.conn_id
         count = self._counters() if self.tenant is not None else None
         if count is not None:
             count.add(requests=1)
@@ -505,7 +502,7 @@ class Session:
         as ``SCM_RIGHTS``. The arena has no name anywhere (:mod:`kvstore.tiers.host.arena`), so this is the only way
         in, and only for a client that logged in. The reply is sent first and in full (a few dozen bytes into
         an empty socket), so the byte cannot overtake it."""
-        fd = self.ctx.backend.host.arena.fd
+        fd = self.backend.host.arena.fd
         assert fd is not None, "a shared host tier has a descriptor"
         if writer.transport.get_write_buffer_size():
             await within(writer.drain(), self.ctx.daemon.read_timeout_s)
@@ -519,6 +516,19 @@ class Session:
             raw.close()
         if sent != 1:
             raise ConnectionError("the client's socket took no byte of the arena's descriptor")
+
+    def _layout_facts(self) -> dict[str, Any]:
+        """The model id and block size a tenant's STATS shows: its own layout's, or (an observer) a pinned
+        daemon's one layout; ``None`` for an observer of a daemon serving any layout."""
+        layout = self.shelf.layout if self.shelf is not None else self.ctx.shelves.pinned
+        return {"model_id": layout.model_id if layout else None,
+                "bytes_per_block": layout.bytes_per_block if layout else None}
+
+    @property
+    def backend(self) -> DaemonBackend:
+        """The storage of this client's layout (only after a HELLO that is not an observer's)."""
+        assert self.shelf is not None, "no layout's storage before HELLO, nor for an observer"
+        return self.shelf.backend
 
     def _name(self) -> str:
         return self.hello.client_name if self.hello is not None and self.hello.client_name else "unnamed"

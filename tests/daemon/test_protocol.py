@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import struct
 
 import pytest
@@ -13,6 +15,8 @@ from kvstore.daemon.frames import (
     HEADER, HEADER_SIZE, MAGIC, MAX_KEYS, PROTOCOL_VERSION, ErrorCode, Op, ProtocolError, decode_header, encode_frame,
 )
 from kvstore.daemon.holds import Hold, HoldTable
+from kvstore.daemon.layout_check import layout_fields
+from kvstore.layout import KVLayout
 
 BPB = 512
 LIMIT = 1 << 20
@@ -67,6 +71,32 @@ def test_put_inline_round_trip_and_exact_length() -> None:
         parse(encode_frame(Op.PUT_INLINE, 1, m.encode_put_inline(keys, blocks) + b"x"))
 
 
+def test_hello_carries_the_clients_layout_and_a_hostile_one_is_refused_naming_what_is_wrong() -> None:
+    layout = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4, dtype="float16", model_id="m")
+    hello = m.Hello(layout.fingerprint, None, "engine", True, layout)
+    assert parse(encode_frame(Op.HELLO, 1, m.encode_hello(hello))) == hello
+
+    def raw(fields: bytes, fingerprint: bytes = layout.fingerprint) -> bytes:
+        head = m.encode_hello(m.Hello(fingerprint, None, "x", False))[:-2]  # without the empty layout
+        return encode_frame(Op.HELLO, 1, head + struct.pack("<H", len(fields)) + fields)
+
+    good = json.dumps(layout_fields(layout)).encode()
+    for payload, says in [
+        (b"not json", "HELLO: layout: Expecting value"),
+        (b"[1, 2]", "HELLO: layout: a layout is a JSON object, got list"),
+        (good.replace(b'"head_dim": 8, ', b""), "HELLO: layout: layout fields: missing ['head_dim']"),
+        (good[:-1] + b', "extra": 1}', "HELLO: layout: layout fields: unknown ['extra']"),
+        (good.replace(b'"num_layers": 2', b'"num_layers": 0'), "KVLayout.num_layers must be a positive int"),
+        (good.replace(b'"num_layers": 2', b'"num_layers": true'), "KVLayout.num_layers must be a positive int"),
+        (good.replace(b'"float16"', b'"float64"'), "KVLayout.dtype must be one of"),
+        (good.replace(b'"m"', b"7"), "model_id and dtype must be strings"),
+        (good.replace(b'"block_size": 4', b'"block_size": 8'), "HELLO: the fingerprint is not its layout's"),
+        (b"{" + b" " * 2000 + b"}", "HELLO: layout is 2002 bytes, limit 1024"),
+    ]:
+        with pytest.raises(ProtocolError, match=re.escape(says)):
+            parse(raw(payload))
+
+
 def test_hello_round_trip_and_reply() -> None:
     hello = m.Hello(b"f" * 16, b"p" * 32, "engine 1", True)
     assert parse(encode_frame(Op.HELLO, 1, m.encode_hello(hello))) == hello
@@ -76,6 +106,8 @@ def test_hello_round_trip_and_reply() -> None:
         parse(encode_frame(Op.HELLO, 1, m.encode_hello(m.Hello(b"f" * 16, b"short", "", False))))
     reply = m.HelloReply(b"tenant-a", "kvstore-x", BPB, 64, 2.5, 1 << 20, 512)
     assert m.decode_hello_reply(m.encode_hello_reply(reply)) == reply
+    sparse = m.HelloReply(None, "kvstore-y", BPB, 64, 2.5, 1 << 20, 512, sparse=True)
+    assert m.decode_hello_reply(m.encode_hello_reply(sparse)) == sparse
     assert m.decode_hello_reply(m.encode_hello_reply(m.HelloReply(None, None, BPB, 1, 1.0, 10, 1))).salt is None
     assert m.decode_challenge(b"n" * 32) == b"n" * 32
     with pytest.raises(ProtocolError, match="CHALLENGE: reply is 3 bytes, expected 32"):

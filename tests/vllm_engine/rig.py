@@ -71,16 +71,27 @@ class Site:
 
     @classmethod
     def start(cls, model: Path, events: dict[str, Any] | None = None, remote: dict[str, Any] | None = None,
-              **daemon_model_args: Any) -> Site:
+              any_layout: bool = False, **daemon_model_args: Any) -> Site:
         """A daemon for ``model``'s vLLM blocks; ``events``: its ``daemon.events`` section (KV events for a router);
-        ``remote``: its ``remote`` section (a remote tier below host and disk, as on a host of a fleet)."""
+        ``remote``: its ``remote`` section (a remote tier below host and disk, as on a host of a fleet);
+        ``any_layout``: the README's recommended daemon, ``configs/sidecar.yaml`` as shipped (``daemon.layouts:
+        any``: no model section, every engine's layout served) with only its paths and port moved into the
+        test's directory, instead of the model section ``connectors.vllm.daemon_model`` prints for ``model``."""
         root = short_tmpdir()
         section = daemon_model(model, **daemon_model_args)
         over: dict[str, Any] = {"daemon": {"events": events}} if events else {}
         if remote is not None:
             over.update(tiers=["host", "lmdb", "remote"], remote=remote)
-        daemon_config = write_config(root, model=section, host={"capacity": "256MiB"},
-                                     disk={"max_size": "512MiB"}, **over)
+        if any_layout:
+            shipped = yaml.safe_load((REPO / "configs" / "sidecar.yaml").read_text())
+            shipped["disk"]["path"] = str(root / "lmdb")
+            shipped["daemon"]["socket_path"] = str(root / "d.sock")
+            shipped["metrics"]["port"] = 0
+            daemon_config = root / "sidecar.yaml"
+            daemon_config.write_text(yaml.safe_dump(shipped))
+        else:
+            daemon_config = write_config(root, model=section, host={"capacity": "256MiB"},
+                                         disk={"max_size": "512MiB"}, **over)
         engine_config = root / "engine.yaml"
         site = cls(root, model, daemon_config, engine_config)
         site.daemon = start_daemon(daemon_config)

@@ -59,7 +59,7 @@ def post(url: str, body: dict[str, Any] | None = None) -> Any:
 
 @pytest.fixture(scope="module")
 def server(model: Path) -> Any:
-    site = rig.Site.start(model)
+    site = rig.Site.start(model, any_layout=True)  # configs/sidecar.yaml, as the README says
     env, argv = readme_cpu_command()
     assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"], argv
     argv = [sys.executable, *argv[1:]]

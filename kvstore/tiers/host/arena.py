@@ -199,6 +199,20 @@ class HostArena:
         for slot, dest, n in copy_runs(slots, dest_addrs, bpb):
             _memmove(dest, base + slot * bpb, n * bpb)
 
+    def release_slots(self, slots: Sequence[int]) -> None:
+        """Give the pages wholly inside ``slots`` back to the kernel (they read as zeros until written again):
+        freed slots then cost no memory, which a budget shared by several arenas counts on. Nothing for a
+        pinned arena (the CUDA driver holds its pages)."""
+        if self.tensor is None or self.pinned:
+            return
+        base, bpb, page = self.tensor.data_ptr(), self.bytes_per_block, mmap.PAGESIZE
+        advice = _MADV_REMOVE if self._shm is not None else _MADV_DONTNEED  # a memfd's pages, or anonymous ones
+        for slot in slots:
+            start = base + slot * bpb
+            lo, hi = -(-start // page) * page, (start + bpb) // page * page
+            if hi > lo and _madvise(lo, hi - lo, advice) != 0:
+                return  # not fatal: the pages stay, counted as free slots all the same
+
     def _memory(self, slots: Sequence[int]) -> torch.Tensor:
         """The arena's tensor, after checking every slot is in range. The copies run on raw addresses
         (one ``memmove`` per block, GIL released, no tensor or array object per block) while the caller
@@ -264,6 +278,11 @@ def copy_runs(slots: Sequence[int], addrs: Sequence[int], bytes_per_block: int) 
     return runs
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_madvise = _libc.madvise
+_madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_MADV_DONTNEED = 4
+_MADV_REMOVE = 9
 _memmove = ctypes.memmove
 """``memmove`` through ctypes: releases the GIL for the copy, so two copier threads run in parallel."""
 

@@ -21,6 +21,7 @@ still occupying memory).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,6 +30,7 @@ import torch
 from kvstore.config.schema import HostConfig
 from kvstore.errors import BlockStateError, IntegrityError, TierError, short_key
 from kvstore.layout import KVLayout
+from kvstore.tiers.shared_capacity import SharedCapacity
 from kvstore.tiers.host.arena import HostArena, PinMode, SlotCopy, copy_split, resolve_pin
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
 from kvstore.policy.order import EvictionOrder, order_for
@@ -65,8 +67,13 @@ class HostTier(Tier):
         auto_evict: bool = True,
         order: EvictionOrder | None = None,
         prefault: bool = True,
+        shared_capacity: SharedCapacity | None = None,
     ) -> None:
         """Allocate ``capacity_bytes // bytes_per_block`` slots now.
+
+        ``shared_capacity``: the bytes of slots in use are counted against a budget several tiers share (one per
+        KV layout of a daemon, :mod:`kvstore.tiers.shared_capacity`); the arena's pages are then given back
+        whenever a slot is freed, and not prefaulted.
 
         ``shared_memory``: the arena is a sealed memfd whose descriptor (:attr:`arena` ``.fd``) other processes
         map (:mod:`kvstore.tiers.host.arena`), ``label`` naming it in logs and ``/proc/<pid>/maps``.
@@ -86,7 +93,13 @@ class HostTier(Tier):
             num_slots, self.bpb, pin=resolve_pin(pin_memory), label=label, shared=shared_memory,
             tail_bytes=directory_bytes(num_slots) if shared_memory and num_slots > 0 else 0,
         )
-        if prefault:
+        self.capacity = shared_capacity
+        self.last_use = 0.0
+        """``time.monotonic()`` of the last reserve or pin (under a shared budget: who gives way first)."""
+        self.shed_guard: threading.Lock | None = None
+        """A lock of the tier's owner that :meth:`shed` must also get at once (or shed nothing): a daemon's backend
+        reads a slot and pins it under its own mutex, and no other layout's put may evict in between."""
+        if prefault and shared_capacity is None:
             self.arena.prefault("host tier")
         self.directory: DirectoryWriter | None = (
             DirectoryWriter(self.arena.tail.numpy(), num_slots) if self.arena.tail is not None else None)
@@ -103,6 +116,8 @@ class HostTier(Tier):
         self._free: list[int] = list(range(self.arena.num_slots - 1, -1, -1))  # pop() gives slot 0 first
         # Big batches are copied on two threads (the arena's memmove releases the GIL), as a machine's memcpy would.
         self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-host-copy")
+        if shared_capacity is not None:
+            shared_capacity.join(self)
 
     @classmethod
     def from_config(cls, section: HostConfig, layout: KVLayout, *, auto_evict: bool = True,
@@ -150,6 +165,8 @@ class HostTier(Tier):
         copied down, a copy written to disk or the remote tier), which are not uses: counted as hits they
         would skew a frequency order and a duel's scores.
         """
+        if use:
+            self.last_use = time.monotonic()
         with self._lock:
             out: list[int | None] = []
             for key in keys:
@@ -261,10 +278,12 @@ class HostTier(Tier):
                 slot = self._reserved.get(key)
                 if slot is None or self._refs.get(slot, 0) != 1:
                     raise BlockStateError(f"abort of host block {short_key(key)} that is not reserved, or is pinned")
+            slots = []
             for key in keys:
                 slot = self._reserved.pop(key)
                 del self._refs[slot]
-                self._free.append(slot)
+                slots.append(slot)
+            self._to_free(slots)
 
     # ------------------------------------------------------------ Tier API
     def contains_prefix(self, keys: Sequence[bytes]) -> int:
@@ -350,8 +369,38 @@ class HostTier(Tier):
                 if key in self._reserved or (slot is not None and slot in self._refs):
                     raise BlockStateError(f"delete of host block {short_key(key)} while it is pinned")
             freed = self._unpublish_many([k for k in dict.fromkeys(keys) if k in self._slots])
-            self._free.extend(sorted(freed, reverse=True))  # handed out again lowest first (see _make_room)
+            self._to_free(freed)
             return len(freed)
+
+    def shed(self, nbytes: int) -> int:
+        """Evict unpinned blocks worth at least ``nbytes`` for another tier sharing the budget, unless this tier
+        is busy right now (never waits: see :mod:`kvstore.tiers.shared_capacity`); bytes freed."""
+        guard = self.shed_guard
+        if guard is not None and not guard.acquire(blocking=False):
+            return 0
+        try:
+            return self._shed(nbytes)
+        finally:
+            if guard is not None:
+                guard.release()
+
+    def _shed(self, nbytes: int) -> int:
+        if not self._lock.acquire(blocking=False):
+            return 0
+        try:
+            if self.arena.tensor is None:
+                return 0
+            victims = self._victims(-(-nbytes // self.bpb))
+            self._to_free(self._unpublish_many(victims))
+            self._stats.evictions += len(victims)
+            self._emit_many("evicted", victims)
+            return len(victims) * self.bpb
+        finally:
+            self._lock.release()
+
+    def used_bytes(self) -> int:
+        """Bytes of the slots in use (published or reserved)."""
+        return (self.num_slots - len(self._free)) * self.bpb
 
     def count_served(self, n: int) -> None:
         """Count ``n`` blocks another party read out of the arena itself (a daemon client through shared memory,
@@ -372,6 +421,8 @@ class HostTier(Tier):
     def close(self) -> None:
         """Release the arena (unpin, unmap, unlink the owned segment). Later calls raise :class:`TierError`."""
         with self._lock:
+            if self.capacity is not None:
+                self.capacity.leave(self)
             self.directory = None  # its arrays map the segment: dropped before the arena unmaps it
             self.arena.close()
             self._slots.clear()
@@ -412,6 +463,8 @@ class HostTier(Tier):
     def _reserve_many(self, keys: Sequence[bytes]) -> list[int | None]:
         """Reserve a slot for each of ``keys`` (distinct, absent), making room for all of them at once; ``None``
         where none is left. Hold the lock."""
+        if self.capacity is not None:
+            return self._reserve_shared(keys)
         self._make_room(len(keys))
         free, reserved, refs = self._free, self._reserved, self._refs
         out: list[int | None] = []
@@ -424,6 +477,41 @@ class HostTier(Tier):
             refs[slot] = 1
             out.append(slot)
         return out
+
+    def _reserve_shared(self, keys: Sequence[bytes]) -> list[int | None]:
+        """:meth:`_reserve_many` under a shared budget: granted bytes first, then this tier's own victims (their
+        slots change hands, the budget does not), then what the other tiers shed. Hold the lock."""
+        assert self.capacity is not None
+        n, bpb = len(keys), self.bpb
+        now = time.monotonic()
+        before, self.last_use = self.last_use or now, now  # a tier new to the budget: anyone idler than now
+        granted = self.capacity.take(n, bpb)
+        if granted < n and self.auto_evict and self.capacity.reclaim((n - granted) * bpb, self, idler_than=before):
+            granted += self.capacity.take(n - granted, bpb)  # room from layouts idler than this one
+        if granted < n and self.auto_evict:
+            victims = self._victims(n - granted)
+            self._free.extend(sorted(self._unpublish_many(victims), reverse=True))
+            self._stats.evictions += len(victims)
+            self._emit_many("evicted", victims)
+            granted += len(victims)
+        if granted < n and self.auto_evict and self.capacity.reclaim((n - granted) * bpb, self):
+            granted += self.capacity.take(n - granted, bpb)
+        granted = min(granted, len(self._free))
+        out: list[int | None] = []
+        for key in keys[:granted]:
+            slot = self._free.pop()
+            self._reserved[key] = slot
+            self._refs[slot] = 1
+            out.append(slot)
+        return out + [None] * (n - granted)
+
+    def _to_free(self, slots: list[int]) -> None:
+        """Put freed slots back on the free list (handed out again lowest first, see :meth:`_make_room`); under a
+        shared budget, give their bytes back and their pages to the kernel. Hold the lock."""
+        self._free.extend(sorted(slots, reverse=True))
+        if self.capacity is not None and slots:
+            self.capacity.give(len(slots), self.bpb)
+            self.arena.release_slots(slots)
 
     def _make_room(self, n: int) -> None:
         """With ``auto_evict``, evict unpinned blocks (one :meth:`_victims` call, in eviction order) until ``n``

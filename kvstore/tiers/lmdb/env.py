@@ -38,6 +38,14 @@ LRU_RECORD = struct.Struct("<QQ")
 _NODE = 8 + 32  # LMDB node header + key bytes
 
 
+def block_budget(max_size: int, page_size: int | None = None) -> int:
+    """Bytes an environment of ``max_size`` lets its blocks occupy: the map (whole pages) less a reserve for
+    meta, branch and freelist pages (16 pages and a sixteenth)."""
+    page = page_size or (os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096)
+    rounded = max_size // page * page
+    return rounded - (16 * page + rounded // 16)
+
+
 class LmdbEnv:
     """One LMDB environment at ``path`` with a map of at most ``max_size`` bytes (rounded down to pages)."""
 
@@ -46,7 +54,7 @@ class LmdbEnv:
         self.path = path
         self.page_size = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self.max_size = max_size // self.page_size * self.page_size
-        self.reserve = 16 * self.page_size + self.max_size // 16
+        self.reserve = self.max_size - block_budget(max_size, self.page_size)
         """Bytes kept from the eviction budget for meta, branch and freelist pages."""
         self.step = max(self.page_size, map_step // self.page_size * self.page_size)
         self.gate = ResizeGate()

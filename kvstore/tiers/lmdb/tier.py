@@ -70,6 +70,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -87,6 +88,7 @@ from kvstore.tiers.datadir import DirLock, make_private_dir
 from kvstore.policy.order import EvictionOrder, order_for
 from kvstore.tiers.lmdb.env import LRU_RECORD, LmdbEnv
 from kvstore.tiers.lmdb.reads import RunReader, split_runs, txn_reader
+from kvstore.tiers.shared_capacity import SharedCapacity
 from kvstore.tiers.lmdb.value import ValueOutOfBounds
 from kvstore.tiers.lmdb.check import damaged, repair_hint
 from kvstore.tiers.sync_loop import SyncLoop
@@ -123,8 +125,12 @@ class DiskTier(PooledTier):
         map_step: int = 64 << 20,
         readahead: bool = True,
         order: EvictionOrder | None = None,
+        shared_capacity: SharedCapacity | None = None,
     ) -> None:
         """Open (creating if needed) the environment and load the LRU order; starts the I/O and sync threads.
+
+        ``shared_capacity``: this environment's blocks and those of the other tiers sharing it (one LMDB per KV
+        layout of a daemon, :mod:`kvstore.tiers.shared_capacity`) stay under its limit together.
 
         ``readahead=False``: LMDB's ``MADV_RANDOM`` map, every cold page a separate read (module docstring).
         ``order``: the empty eviction order the placement policy built for this tier
@@ -188,14 +194,21 @@ class DiskTier(PooledTier):
         self._readers = ThreadPoolExecutor(max(1, read_threads - 1), thread_name_prefix="kvstore-lmdb-read")
         self._runs = RunReader(self._lmdb, self._blocks, self._fp, self._max_value, self._log_unreadable,
                                self._log_corrupt)
+        self.capacity = shared_capacity
+        self.last_use = 0.0
+        """``time.monotonic()`` of the last read or write (under a shared capacity: who gives way first)."""
+        if shared_capacity is not None:
+            shared_capacity.join(self)
 
     @classmethod
-    def from_config(cls, section: DiskConfig, layout: KVLayout, *, order: EvictionOrder | None = None) -> DiskTier:
-        """Build from the ``disk`` section of the config (``order``: see :meth:`__init__`)."""
+    def from_config(cls, section: DiskConfig, layout: KVLayout, *, order: EvictionOrder | None = None,
+                    shared_capacity: SharedCapacity | None = None) -> DiskTier:
+        """Build from the ``disk`` section of the config (``order``, ``shared_capacity``: see :meth:`__init__`)."""
         return cls(
             layout, section.directory(), int(section.max_size), codec=section.codec, codec_level=section.codec_level,
             sync=section.sync, sync_interval_ms=section.sync_interval_ms, sync_bytes=int(section.sync_bytes),
             io_threads=section.io_threads, read_threads=section.read_threads, order=order,
+            shared_capacity=shared_capacity,
         )
 
     # ------------------------------------------------------------- queries
@@ -239,6 +252,7 @@ class DiskTier(PooledTier):
         """
         check_buffers(keys, dests, self.layout.bytes_per_block, "disk")
         self._check_open()
+        self.last_use = time.monotonic()
         runs = self._split(len(keys))
         futures = [self._readers.submit(self._runs.read, keys, dests, lo, hi) for lo, hi in runs[1:]]
         reads = [self._runs.read(keys, dests, *runs[0])] if runs else []
@@ -331,6 +345,8 @@ class DiskTier(PooledTier):
         self._closing = True
         self._syncer.stop()
         with self._write_lock:
+            if self.capacity is not None:
+                self.capacity.leave(self)
             self._lmdb.close()
         self._dirlock.release()
 
@@ -373,7 +389,7 @@ class DiskTier(PooledTier):
         move a key away from the eviction end, so only this protects them). Where sparing them leaves
         no room for all of ``todo`` under the budget, its last blocks are not stored: filling the map
         past the budget would leave no pages for the ``lru`` records that later commits write."""
-        budget = self._lmdb.budget
+        budget = self._budget(sum(self._lmdb.cost(len(v)) for v in todo.values()))
         todo = {k: v for k, v in todo.items() if self._lmdb.cost(len(v)) <= budget}
         while todo:
             need = sum(self._lmdb.cost(len(v)) for v in todo.values())
@@ -418,6 +434,53 @@ class DiskTier(PooledTier):
                             self.path, exc, repair_hint(self.path))
         else:
             self._log.warning("corrupt", "dropped a corrupt value in %s/data.mdb: %s", self.path, exc)
+
+    def _budget(self, need: int) -> int:
+        """What this environment's blocks may occupy for a write of ``need`` bytes: its own budget, or under a
+        shared capacity what the others leave of it, after asking them to shed when that is short of
+        ``need`` beyond what this tier holds (write lock held)."""
+        own = self._lmdb.budget
+        if self.capacity is None:
+            return own
+        now = time.monotonic()
+        before, self.last_use = self.last_use or now, now  # a tier new to the capacity: anyone idler than now
+        left = self.capacity.limit - self.capacity.others_used(self)
+        if left - self._lru.used < need:  # room from layouts idler than this one, before its own blocks go
+            self.capacity.reclaim(need - (left - self._lru.used), self, idler_than=before)
+            left = self.capacity.limit - self.capacity.others_used(self)
+        if left < need:  # not even all of its own blocks make room: from any other layout
+            self.capacity.reclaim(need - left, self)
+            left = self.capacity.limit - self.capacity.others_used(self)
+        return max(0, min(own, left))
+
+    def shed(self, nbytes: int) -> int:
+        """Evict the oldest blocks worth at least ``nbytes`` for another tier sharing the capacity, unless this
+        tier is writing right now (never waits: see :mod:`kvstore.tiers.shared_capacity`); bytes freed."""
+        if self._closing or not self._write_lock.acquire(blocking=False):
+            return 0
+        try:
+            doomed = self._lru.victims(0, max(0, self._lru.used - nbytes))  # in eviction order, until nbytes are free
+            freed = sum(self._lru.size_of(k) or 0 for k in doomed)
+            if not doomed:
+                return 0
+            sends: list[VictimSend | None] = [None]
+
+            def body(txn: lmdb.Transaction) -> None:
+                sends[0] = self._evict_in(txn, doomed)
+
+            try:
+                self._lmdb.txn(body)
+            except lmdb.Error:
+                return 0
+            self._forget(doomed, "evicted")
+            self._handover.committed(sends[0])
+            return freed
+        finally:
+            self._write_lock.release()
+
+    def used_bytes(self) -> int:
+        """Bytes the blocks occupy (their pages included)."""
+        return self._lru.used
 
     def _make_room(self, keep: Sequence[bytes] = ()) -> bool:
         """The map is full although the estimate fits (fragmented free space, or pages still held for
