@@ -21,11 +21,28 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     tier = args.tier or ("slab" if "slab" in cfg.tiers else "lmdb")
     field, path = ("slab.path", cfg.slab.path) if tier == "slab" else ("disk.path", cfg.disk.path)
+    disk, layout = cfg.disk, None
+    if args.layout is not None:
+        from kvstore.daemon.layout_dirs import read_layout_file, layout_section
+
+        if cfg.daemon.layouts != "any" or tier != "lmdb":
+            print(f"error: --layout names one layout's directory of a daemon with daemon.layouts: any and an lmdb "
+                  f"tier; {args.config or 'the built-in defaults'} has daemon.layouts: {cfg.daemon.layouts}, tier "
+                  f"{tier}", file=sys.stderr)
+            return 2
+        disk = layout_section(cfg.disk, args.layout)
+        path = disk.path
+        if args.salvage:  # the blocks are checked against their own layout, recorded beside them
+            try:
+                layout = read_layout_file(disk.directory())
+            except ValueError as exc:
+                print(f"error: --salvage: {exc}", file=sys.stderr)
+                return 1
     try:
         if tier == "slab":
             report = repair_slab(cfg.slab, cfg.model.layout(), salvage=args.salvage)
         else:
-            report = repair_disk(cfg.disk, cfg.model.layout(), salvage=args.salvage)
+            report = repair_disk(disk, layout or cfg.model.layout(), salvage=args.salvage)
     except KVStoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -61,6 +78,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", default=None, metavar="PATH",
                         help="the daemon's YAML config; its disk and model sections apply (default: $KVSTORE_CONFIG, else built-in "
                         "defaults; KVSTORE_* environment overrides apply)")
+    parser.add_argument("--layout", default=None, metavar="NAME",
+                        help="with daemon.layouts: any, repair one layout's LMDB, the directory NAME under "
+                        "<disk.path>/layouts/ (the daemon's refusal names it); --salvage checks its blocks against "
+                        "the layout recorded there")
     parser.add_argument("--salvage", action="store_true",
                         help="copy the blocks that still verify into the fresh environment (default: start empty)")
     parser.set_defaults(func=_run)

@@ -45,7 +45,8 @@ from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
 from kvstore.daemon.peer import PeerProcess
 from kvstore.daemon.layout_check import layout_fields
 from kvstore.daemon.session import Session, SessionContext
-from kvstore.daemon.shelves import Shelf, Shelves, layout_dirname
+from kvstore.daemon.layout_dirs import layout_dirname, layout_section, write_layout_file
+from kvstore.daemon.shelves import Shelf, Shelves
 from kvstore.daemon.socketfile import DaemonStartError, SocketOwner, arena_label, bind_private, clear_stale
 from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import NotDurable
@@ -281,14 +282,15 @@ class DaemonServer:
             return None
         section = sections[names[0]]
         if self.layout is None:
-            section = section.model_copy(update={"path": os.path.join(section.directory(), "layouts",
-                                                                      layout_dirname(layout))})
+            section = layout_section(section, layout_dirname(layout))
         if names[0] == "lmdb" and os.path.isdir(section.directory()):
             # LMDB aborts the process on some damaged pages: walk them in a child first, refuse with a message
             check_walkable_databases(section.directory())
-        if self._disk_capacity is not None:
-            return build_tier(names[0], section, layout, order=order, shared_capacity=self._disk_capacity)
-        return build_tier(names[0], section, layout, order=order)
+        if self._disk_capacity is None:
+            return build_tier(names[0], section, layout, order=order)
+        tier = build_tier(names[0], section, layout, order=order, shared_capacity=self._disk_capacity)
+        write_layout_file(section.directory(), layout)  # whose blocks these are: for kvstore repair --salvage
+        return tier
 
     def _remote_link(self, backend: DaemonBackend, layout: KVLayout) -> RemoteLink:
         """The remote tier (``remote``: Redis or Valkey, a server or a cluster; connected lazily, so a server down

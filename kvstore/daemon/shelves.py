@@ -16,13 +16,13 @@ daemon stops.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvstore.daemon.backend import DaemonBackend
 from kvstore.daemon.frames import OBSERVER_FINGERPRINT, ErrorCode, ProtocolError
 from kvstore.daemon.layout_check import bad_layout_message
+from kvstore.daemon.layout_dirs import layout_label
 from kvstore.errors import KVStoreError
 from kvstore.layout import KVLayout
 
@@ -42,18 +42,6 @@ class Shelf:
     def label(self) -> str:
         """How logs, STATS and ``/metrics`` name the layout: its model id and the start of its fingerprint."""
         return layout_label(self.layout)
-
-
-def layout_label(layout: KVLayout) -> str:
-    """``<model id>@<first 8 hex digits of the fingerprint>``: a model id alone may stand for several layouts
-    (two dtypes, two block sizes)."""
-    return f"{layout.model_id or 'unnamed'}@{layout.fingerprint.hex()[:8]}"
-
-
-def layout_dirname(layout: KVLayout) -> str:
-    """A file-system-safe directory name for a layout's disk data: its label with anything but letters, digits,
-    dots, dashes and underscores replaced."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", layout_label(layout))[:120]
 
 
 class Shelves:

@@ -8,6 +8,8 @@ daemon finds a layout's blocks again; and a layout it cannot store is refused na
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from daemonlib import cleanup, keys_for, short_tmpdir, start_daemon, write_confi
 from kvstore.cli.stats_cmd import format_stats
 from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.frames import DaemonError, ErrorCode
-from kvstore.daemon.shelves import layout_dirname, layout_label
+from kvstore.daemon.layout_dirs import layout_dirname, layout_label
 from kvstore.daemon.tier import DaemonTier
 from kvstore.layout import KVLayout
 
@@ -187,6 +189,81 @@ def test_a_restarted_daemon_serves_each_layouts_blocks_from_its_own_disk_directo
         small.client.close()
         large.client.close()
         assert d.stop() == 0
+    finally:
+        cleanup(d, root)
+
+
+def test_a_layouts_damaged_disk_refuses_that_layout_alone_naming_the_file_and_the_others_go_on() -> None:
+    root = short_tmpdir()
+    d = None
+    try:
+        cfg = _config(root)
+        d = start_daemon(cfg)
+        small, large = _tier(d, SMALL), _tier(d, LARGE)
+        ks, kl = keys_for(10, seed=9), keys_for(4, seed=10)
+        assert all(_put(small, SMALL, ks)) and all(_put(large, LARGE, kl))
+        small.flush()
+        large.flush()
+        small.client.close()
+        large.client.close()
+        assert d.stop() == 0
+        data = root / "lmdb" / "layouts" / layout_dirname(SMALL) / "data.mdb"
+        with open(data, "r+b") as f:  # a truncated file: what a full disk or a crash mid-copy leaves
+            f.truncate(100)
+        d = start_daemon(cfg)
+        large = _tier(d, LARGE)
+        with pytest.raises(DaemonError) as exc:
+            _tier(d, SMALL)
+        assert exc.value.code == ErrorCode.BAD_LAYOUT
+        assert f"cannot store layout {layout_label(SMALL)}" in str(exc.value) and str(data.parent) in str(exc.value)
+        assert f"kvstore repair --config <your config> --layout {layout_dirname(SMALL)}" in str(exc.value)
+        assert all(_read(large, LARGE, kl))  # the daemon and the other layout go on
+        assert data.stat().st_size == 100  # the damaged file is left as it was, for inspection
+        large.client.close()
+        assert d.stop() == 0
+        # the repair the refusal names moves that layout's directory aside, and nothing else
+        res = subprocess.run([sys.executable, "-m", "kvstore", "repair", "--config", str(cfg), "--layout",
+                              layout_dirname(SMALL)], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert [p.name for p in data.parent.parent.glob(f"{layout_dirname(SMALL)}.damaged-*")]
+        d = start_daemon(cfg)
+        small, large = _tier(d, SMALL), _tier(d, LARGE)
+        assert not any(_read(small, SMALL, ks)) and all(_read(large, LARGE, kl))
+        assert all(_put(small, SMALL, ks)) and all(_read(small, SMALL, ks))
+        small.client.close()
+        large.client.close()
+        assert d.stop() == 0
+    finally:
+        cleanup(d, root)
+
+
+def test_salvage_of_one_layouts_directory_checks_its_blocks_against_the_layout_recorded_there() -> None:
+    root = short_tmpdir()
+    d = None
+    try:
+        cfg = _config(root)
+        d = start_daemon(cfg)
+        large = _tier(d, LARGE)
+        kl = keys_for(5, seed=11)
+        assert all(_put(large, LARGE, kl))
+        large.flush()
+        large.client.close()
+        assert d.stop() == 0
+        assert (root / "lmdb" / "layouts" / layout_dirname(LARGE) / "layout.json").is_file()
+        res = subprocess.run([sys.executable, "-m", "kvstore", "repair", "--config", str(cfg), "--layout",
+                              layout_dirname(LARGE), "--salvage"], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert "salvaged 5 blocks" in res.stdout
+        d = start_daemon(cfg)
+        large = _tier(d, LARGE)
+        assert all(_read(large, LARGE, kl))
+        large.client.close()
+        assert d.stop() == 0
+        # --layout on a daemon pinned to one layout is a usage error naming the field
+        pinned = write_config(root, daemon={"layouts": "model"})
+        res = subprocess.run([sys.executable, "-m", "kvstore", "repair", "--config", str(pinned), "--layout", "x"],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and "daemon.layouts: model" in res.stderr
     finally:
         cleanup(d, root)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from daemonlib import REPO, cleanup, short_tmpdir, start_daemon, write_config
+from kvstore.daemon.layout_check import layout_fields
 
 CONNECTOR_TESTS = REPO / "tests" / "connector"
 # The built-in engine's tiny random model, as connlib.engine_config() builds it: the daemon must serve this layout.
@@ -110,9 +111,7 @@ def test_a_windowed_model_reads_only_the_window_from_the_daemon_and_decodes_as_r
     arch = ModelArch(**{**ModelArch.tiny().__dict__, "sliding_window": 6})
     oracle = LLM(config=engine_config(), arch=arch)
     reference = oracle.generate([prompt(1, 45)], GREEDY)[0].token_ids
-    lay = oracle.pool.layout
-    model = {"model_id": lay.model_id, "num_layers": lay.num_layers, "num_kv_heads": lay.num_kv_heads,
-             "head_dim": lay.head_dim, "block_size": lay.block_size, "dtype": lay.dtype}
+    model = layout_fields(oracle.pool.layout)
     root = short_tmpdir()
     daemon = None
     try:

@@ -496,7 +496,9 @@ class HostTier(Tier):
             granted += len(victims)
         if granted < n and self.auto_evict and self.capacity.reclaim((n - granted) * bpb, self):
             granted += self.capacity.take(n - granted, bpb)
-        granted = min(granted, len(self._free))
+        if granted > len(self._free):  # never the case while the arenas hold the whole budget; kept exact anyway
+            self.capacity.give(granted - len(self._free), bpb)
+            granted = len(self._free)
         out: list[int | None] = []
         for key in keys[:granted]:
             slot = self._free.pop()

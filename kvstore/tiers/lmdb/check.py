@@ -36,8 +36,10 @@ DATA_FILE = "data.mdb"
 
 def repair_hint(path: str) -> str:
     """What to do about a damaged environment at ``path`` (appended to every damage message)."""
+    layout = (f" --layout {os.path.basename(os.path.normpath(path))}"  # one layout's of a daemon serving any
+              if os.path.basename(os.path.dirname(os.path.normpath(path))) == "layouts" else "")
     return (f"to keep the damaged files for inspection and start with an empty cache, stop every kvstore process "
-            f"using it and run `kvstore repair --config <your config>` (moves {path} aside to "
+            f"using it and run `kvstore repair --config <your config>{layout}` (moves {path} aside to "
             f"{path}.damaged-<time>; add --salvage to copy the blocks that still verify into the new environment)")
 
 
