@@ -57,3 +57,19 @@ def read_layout_file(directory: str) -> KVLayout:
             return layout_from_fields(json.load(f))
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: cannot read the layout of this directory's blocks ({exc})") from None
+
+
+def recorded_layouts(base: str) -> list[KVLayout]:
+    """The layouts with a directory under ``<base>/layouts`` (their ``layout.json``), oldest-used last
+    (the most recently changed directory first); a directory whose file cannot be read is skipped."""
+    root = os.path.join(base, LAYOUTS_DIR)
+    if not os.path.isdir(root):
+        return []
+    dirs = [os.path.join(root, n) for n in os.listdir(root) if os.path.isfile(os.path.join(root, n, LAYOUT_FILE))]
+    out = []
+    for d in sorted(dirs, key=os.path.getmtime, reverse=True):
+        try:
+            out.append(read_layout_file(d))
+        except ValueError:
+            continue
+    return out

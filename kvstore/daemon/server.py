@@ -45,7 +45,7 @@ from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
 from kvstore.daemon.peer import PeerProcess
 from kvstore.daemon.layout_check import layout_fields
 from kvstore.daemon.session import Session, SessionContext
-from kvstore.daemon.layout_dirs import layout_dirname, layout_section, write_layout_file
+from kvstore.daemon.layout_dirs import layout_dirname, layout_section, recorded_layouts, write_layout_file
 from kvstore.daemon.shelves import Shelf, Shelves
 from kvstore.daemon.socketfile import DaemonStartError, SocketOwner, arena_label, bind_private, clear_stale
 from kvstore.daemon.tenancy import Tenant, TenantCounters
@@ -153,6 +153,8 @@ class DaemonServer:
         self.shelves = Shelves(self._open_shelf, self.layout, d.max_layouts, self.config_source)
         if self.layout is not None:
             self.shelves.open_pinned()
+        elif "lmdb" in cfg.tiers:  # layouts served before: their disk data counts, and is served, from now on
+            self.shelves.reopen(recorded_layouts(cfg.disk.directory()))
         asyncio.get_running_loop().set_exception_handler(self._loop_error)
         _raise_fd_limit(d.max_connections + FD_HEADROOM)
         tenants = {token: Tenant.from_salt(salt) for token, salt in d.tenant_salts.items()}

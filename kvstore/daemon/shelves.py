@@ -62,6 +62,25 @@ class Shelves:
         self._by_fingerprint[self.pinned.fingerprint] = shelf
         return shelf
 
+    def reopen(self, layouts: list[KVLayout]) -> None:
+        """Open the shelves of layouts this daemon served before (their disk data found at start), so their
+        blocks count against the shared disk capacity from the start and are served to their first client
+        without waiting. One that cannot be opened (damaged) is logged and left to refuse its client, naming
+        why; beyond ``max_layouts``, the rest stay closed (logged)."""
+        for layout in layouts:
+            if len(self._by_fingerprint) >= self.max_layouts:
+                log.warning("layout %s has disk data but is not reopened: daemon.max_layouts = %d are open; its "
+                            "directory is not counted in the disk capacity until its first client comes",
+                            layout_label(layout), self.max_layouts)
+                continue
+            try:
+                self._by_fingerprint[layout.fingerprint] = self._open(layout)
+            except (KVStoreError, ValueError, OSError) as exc:
+                log.error("layout %s: its disk tier cannot be reopened, its clients are refused: %s",
+                          layout_label(layout), exc)
+                continue
+            log.info("reopened layout %s from its disk data", layout_label(layout))
+
     def all(self) -> list[Shelf]:
         """Every open shelf, in the order they were opened."""
         return list(self._by_fingerprint.values())

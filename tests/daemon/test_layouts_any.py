@@ -181,6 +181,13 @@ def test_a_restarted_daemon_serves_each_layouts_blocks_from_its_own_disk_directo
         large.client.close()
         assert d.stop() == 0
         d = start_daemon(cfg)
+        # both layouts reopened at start: their disk data counts against disk.max_size before any client comes
+        observer = DaemonClient(None, socket_path=d.socket_path, client_name="stats", use_shm=False)
+        observer.connect(5)
+        reopened = observer.stats()
+        observer.close()
+        assert set(reopened["layouts"]) == {layout_label(SMALL), layout_label(LARGE)}
+        assert reopened["disk"]["num_blocks"] == 14
         large = _tier(d, LARGE)  # the other layout first this time
         small = _tier(d, SMALL)
         assert all(_read(large, LARGE, kl)) and all(_read(small, SMALL, ks))
