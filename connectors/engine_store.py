@@ -15,15 +15,15 @@ missing, never served.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 
 import yaml
 
+from kvstore.config.deadlines import DeadlinesConfig
 from kvstore.config.schema import KVStoreConfig
-from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.frames import DaemonError
-from kvstore.daemon.tier import DaemonTier
+from kvstore.breaker import MissReason
+from kvstore.daemon.tier import DaemonTier, PutOutcome
 from kvstore.hashing import Salt
 from kvstore.layout import KVLayout
 from kvstore.tiers import build_tier
@@ -38,11 +38,21 @@ CONNECT_WAIT_S = 10.0
 class EngineBlockStore:
     """kvstore's tiers for one engine layout: lookups, reads and writes of whole blocks. Thread-safe as its tiers are."""
 
-    def __init__(self, layout: KVLayout, tiers: Sequence[Tier], forced_salt: bytes | None = None) -> None:
+    def __init__(self, layout: KVLayout, tiers: Sequence[Tier], forced_salt: bytes | None = None,
+                 deadlines: DeadlinesConfig | None = None) -> None:
         self.layout = layout
         self.tiers = list(tiers)
         """Fastest first: every ``put`` goes to all of them, a ``get`` reads the fastest that has the block."""
         self._forced_salt = forced_salt
+        self.deadlines = deadlines or DeadlinesConfig()
+        """How long a call into the store may take (a daemon tier's lookups, loads and saves keep to it)."""
+
+    def load_deadline_s(self, nbytes: int) -> float:
+        """Seconds a load of ``nbytes`` may take before the engine recomputes those blocks instead: the slowest
+        daemon tier's (:meth:`~kvstore.daemon.tier.DaemonTier.load_deadline_s`); the floor for tiers in this
+        process (their reads do not stall)."""
+        daemons = [t.load_deadline_s(nbytes) for t in self.tiers if isinstance(t, DaemonTier)]
+        return max(daemons, default=self.deadlines.load_floor_ms / 1000)
 
     @classmethod
     def open(cls, cfg: KVStoreConfig, layout: KVLayout, client_name: str = "") -> EngineBlockStore:
@@ -56,17 +66,15 @@ class EngineBlockStore:
         ``cfg.tiers`` here (``host`` evicting on its own).
         """
         if cfg.connector == "sidecar":
-            d = cfg.daemon
-            client = DaemonClient(layout, socket_path=d.socket_path, token=d.token,
-                                  client_name=client_name or f"engine pid {os.getpid()}", prefault=cfg.host.prefault)
             try:
-                hello = client.connect(CONNECT_WAIT_S)
+                tier = DaemonTier.from_config(cfg, client_name, CONNECT_WAIT_S, layout)
             except DaemonError as exc:
                 raise DaemonError(exc.code, f"{exc.message}; a daemon for this engine needs this model section in its "
                                             f"config:\n{daemon_model_section(layout)}") from None
-            return cls(layout, [DaemonTier(layout, client)], forced_salt=hello.salt)
+            assert tier.client.hello is not None  # connected
+            return cls(layout, [tier], forced_salt=tier.client.hello.salt, deadlines=cfg.deadlines)
         sections = {"host": cfg.host, "lmdb": cfg.disk, "file": cfg.file}
-        return cls(layout, [build_tier(name, sections[name], layout) for name in cfg.tiers])
+        return cls(layout, [build_tier(name, sections[name], layout) for name in cfg.tiers], deadlines=cfg.deadlines)
 
     def salt(self, requested: Salt) -> Salt:
         """The salt keys are made with: the daemon's tenant salt when it assigned one (the trusted side decides), else ``requested``."""
@@ -138,11 +146,27 @@ class EngineBlockStore:
 
     def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
         """Store blocks in every tier; ``result[i]``: some tier holds ``keys[i]`` afterwards. Stored blocks never change."""
+        return self.put_outcome(keys, srcs).stored
+
+    def put_outcome(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> PutOutcome:
+        """:meth:`put`, and why some blocks are stored nowhere (the slowest tier's reason: a daemon past its
+        deadline, behind an open breaker or gone, or ``no_room``)."""
         stored = [False] * len(keys)
+        reason: MissReason | None = None
         for tier in self.tiers:
-            for j, ok in enumerate(tier.put(keys, srcs)):
+            if isinstance(tier, DaemonTier):
+                outcome = tier.put_outcome(keys, srcs)
+            else:
+                flags = tier.put(keys, srcs)
+                outcome = PutOutcome(flags, None if all(flags) else MissReason.NO_ROOM)
+            for j, ok in enumerate(outcome.stored):
                 stored[j] = stored[j] or ok
-        return stored
+            reason = outcome.reason or reason
+        return PutOutcome(stored, None if all(stored) else reason or MissReason.NO_ROOM)
+
+    def health(self) -> list[dict[str, object]]:
+        """Each daemon tier's :meth:`~kvstore.daemon.tier.DaemonTier.health` (its breaker, misses, bandwidth)."""
+        return [t.health() for t in self.tiers if isinstance(t, DaemonTier)]
 
     def flush(self) -> None:
         """Make every acknowledged put durable in the durable tiers."""

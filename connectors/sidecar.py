@@ -23,7 +23,6 @@ import os
 
 from connectors.embedded import EmbeddedConnector
 from kvstore.config.schema import KVStoreConfig
-from kvstore.daemon.client import DaemonClient
 from kvstore.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt
 from kvstore.store import TieredStore
@@ -51,11 +50,7 @@ class SidecarConnector(EmbeddedConnector):
         :class:`~kvstore.daemon.frames.DaemonError` if it refuses the handshake
         (wrong token, different layout).
         """
-        d = self.config.daemon
-        client = DaemonClient(pool.layout, socket_path=d.socket_path, token=d.token, client_name=self.client_name,
-                              prefault=self.config.host.prefault)
-        client.connect(CONNECT_WAIT_S)
-        self._tier = DaemonTier(pool.layout, client)
+        self._tier = DaemonTier.from_config(self.config, self.client_name, CONNECT_WAIT_S, pool.layout)
         return TieredStore(pool.layout, pool, host=None, disk=self._tier, policy=self.config.policy)
 
     @property

@@ -23,12 +23,10 @@ GPU pool here would only be an idle staging copy.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from kvstore.config.schema import KVStoreConfig
 from kvstore.daemon.backend import DaemonBackend
-from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.holds import HoldTable
 from kvstore.daemon.tier import DaemonTier
 from kvstore.layout import KVLayout
@@ -135,8 +133,4 @@ def open_page_store(cfg: KVStoreConfig, client_name: str) -> Tier:
     layout = cfg.model.layout()
     if cfg.connector == "embedded":
         return LocalTier.from_config(cfg, layout)
-    d = cfg.daemon
-    client = DaemonClient(layout, socket_path=os.fspath(d.socket_path), token=d.token, client_name=client_name,
-                          prefault=cfg.host.prefault)
-    client.connect(CONNECT_WAIT_S)
-    return DaemonTier(layout, client)
+    return DaemonTier.from_config(cfg, client_name, CONNECT_WAIT_S, layout)

@@ -41,10 +41,14 @@ from connectors.vllm.connector_scheduler import KVStoreConnectorScheduler
 from connectors.vllm.connector_worker import KVStoreConnectorWorker
 from connectors.vllm.identity import engine_kv_format, model_identity
 from connectors.vllm.shards import Shard, all_shards
+from connectors.vllm.stats import HealthReport, KVStoreConnectorStats, KVStorePromMetrics
 from kvstore.layout import KVLayout
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorPromMetrics, KVConnectorStats, PromMetric, PromMetricT,
+    )
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -159,9 +163,12 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
             self.connector_scheduler = KVStoreConnectorScheduler(store, layout, loads=tc.is_kv_consumer,
                                                                  saves=tc.is_kv_producer, shards=all_shards(tp),
                                                                  groups=len(kv_cache_config.kv_cache_groups))
+            self._health = HealthReport("scheduler", store)
         else:
+            rank = _tp_rank(tp)
             self.connector_worker = KVStoreConnectorWorker(store, layout, blocks.layers, kv_cache_config.num_blocks,
-                                                           blocks.page, Shard(_tp_rank(tp), tp), blocks.groups)
+                                                           blocks.page, Shard(rank, tp), blocks.groups)
+            self._health = HealthReport(f"worker {rank}", store, self.connector_worker.save_queue)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -251,8 +258,24 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker().get_block_ids_with_load_errors()
 
+    # ---------------------------------------------------------------- metrics
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """What changed since the last call: breakers, misses by operation and reason (vLLM's ``/metrics``)."""
+        return self._health.take()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return KVStoreConnectorStats(data=data) if data is not None else KVStoreConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[type[PromMetric], type[PromMetricT]],
+                           labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]
+                           ) -> KVConnectorPromMetrics | None:
+        return KVStorePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
     def shutdown(self) -> None:
         if self.connector_worker is not None:
             self.connector_worker.shutdown()
         if self.connector_scheduler is not None:
+            self.connector_scheduler.close()
             self.connector_scheduler.store.close()

@@ -28,12 +28,23 @@ load, and a failure makes vLLM recompute it (and kvstore offer it nothing more).
 
 Roles: a ``kv_consumer`` engine only loads, a ``kv_producer`` only saves
 (disaggregated prefill through the store); ``kv_both`` does both.
+
+Never stuck: the lookup runs on a background thread, and the scheduler
+waits for it at most :data:`LOOKUP_INLINE_S`. A lookup not answered by then
+makes ``get_num_new_matched_tokens`` answer ``None`` ("not yet, ask again":
+vLLM skips the request this step and schedules the others); the lookup
+itself ends within the store's ``deadlines.lookup_ms`` (a miss after that),
+and behind an open breaker it is an instant miss. So a paused daemon never
+holds vLLM's scheduler loop, and a request waits at most one lookup
+deadline for its answer.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +58,10 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
+
+LOOKUP_INLINE_S = 0.005
+"""Longest the scheduler waits for a lookup before answering vLLM "not yet" (a healthy daemon answers in well
+under a millisecond; the lookup goes on in the background until the store's lookup deadline)."""
 
 
 @dataclass
@@ -62,6 +77,8 @@ class _RequestState:
     """The latest load sent to the workers, with the position in the request of each of its blocks."""
     load_failed: bool = False
     """An asynchronous load of it failed: vLLM recomputes it, and kvstore offers it nothing more."""
+    lookup: tuple[int, int, Future[int]] | None = None
+    """The lookup under way: the blocks it counts from and up to, and how many it finds (from position 0)."""
 
 
 class KVStoreConnectorScheduler:
@@ -85,6 +102,7 @@ class KVStoreConnectorScheduler:
         self._kv_cache_manager: KVCacheManager | None = None
         self._epoch: bytes | None = None
         """Set by :meth:`reset`: mixed into every key's salt, so nothing stored before the reset is found."""
+        self._lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-vllm-lookup")
 
     def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
         """Where the GPU block ids of scheduled requests are read from."""
@@ -110,9 +128,11 @@ class KVStoreConnectorScheduler:
         for st in self._requests.values():
             st.chain = self._chain(st.request)
             st.stored_blocks, st.pending_load, st.last_load, st.load_failed = 0, None, None, False
+            st.lookup = None
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
-        """Tokens after ``num_computed_tokens`` whose blocks kvstore holds (loaded synchronously: ``False``).
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Tokens after ``num_computed_tokens`` whose blocks kvstore holds (loaded synchronously: ``False``), or
+        ``None`` while the lookup has not answered (vLLM asks again next step; see the module docstring).
 
         The last prompt token is always computed (vLLM needs its logits), so at most
         ``(num_tokens - 1) // block_size`` blocks count.
@@ -129,11 +149,23 @@ class KVStoreConnectorScheduler:
                     self.store.announce(shard.keys(full))
             return 0, False
         if last <= first or st.load_failed:
+            st.lookup = None
             return 0, False
-        chain = st.chain.keys(request.all_token_ids, last)
-        # the whole chain (a daemon's remote tier groups by position), per rank: the least of the ranks' prefixes
-        hits = min(self.store.probe(shard.keys(chain), first) for shard in self.shards) - first
+        if st.lookup is None or st.lookup[:2] != (first, last):
+            chain = st.chain.keys(request.all_token_ids, last)
+            st.lookup = (first, last, self._lookups.submit(self._probe, chain, first))
+        try:
+            found = st.lookup[2].result(LOOKUP_INLINE_S)
+        except FutureTimeout:
+            return None, False  # not yet: vLLM schedules the others and asks again
+        st.lookup = None
+        hits = found - first
         return hits * bs, self.async_loads and hits > 0
+
+    def _probe(self, chain: list[bytes], first: int) -> int:
+        """Blocks of ``chain`` from position 0 every rank's shard has, given the engine holds the first ``first``
+        (the whole chain: a daemon's remote tier groups by position; per rank: the least of the ranks')."""
+        return min(self.store.probe(shard.keys(chain), first) for shard in self.shards)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Plan the load of the ``num_external_tokens`` matched tokens into the blocks vLLM allocated for them."""
@@ -206,6 +238,10 @@ class KVStoreConnectorScheduler:
                 st.stored_blocks = min(st.stored_blocks, positions[failed[0]])
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
-        """Forget the request. Saves finish within their step, so no block is held (``False``)."""
+        """Forget the request. Saves are copied out within their step, so no block is held (``False``)."""
         self._requests.pop(request.request_id, None)
         return False, None
+
+    def close(self) -> None:
+        """Stop the lookup thread (a lookup under way ends at its deadline)."""
+        self._lookups.shutdown(wait=False, cancel_futures=True)

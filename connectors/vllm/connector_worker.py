@@ -13,6 +13,12 @@ still being copied. A block kvstore does not return (evicted meanwhile, or
 corrupt: kvstore deletes a block failing its checksum) is reported by
 ``get_block_ids_with_load_errors`` and vLLM recomputes from it on.
 
+A load has a deadline (:meth:`~connectors.engine_store.EngineBlockStore.load_deadline_s`
+of its bytes, twice: the read and the copies into the cache). The forward
+never waits past it: a load still running then is abandoned (under its
+lock, so no layer is written after), every block of it is reported failed
+and vLLM recomputes them. Late bytes are never written.
+
 Hybrid models (several KV cache groups): each layer's slice goes to, or comes from,
 the block of its own group (``BlockTransfer.block_ids[group]``), and a group's
 :data:`~connectors.vllm.connector_meta.NULL` position (before a sliding window) is
@@ -22,20 +28,25 @@ not written. Their loads are vLLM's asynchronous kind (``async_loads``): done in
 
 Saves: ``save_kv_layer`` copies the layer's slice of the blocks the step
 fills into a host staging buffer as each layer finishes; ``wait_for_save``
-writes the staged blocks to kvstore and returns when kvstore holds them, so
-vLLM may reuse the blocks at once.
+hands the staged blocks to a bounded background writer
+(:class:`~connectors.save_queue.SaveQueue`) and returns at once: vLLM may
+reuse the GPU blocks (their bytes are in the staging copy), and a slow daemon
+never holds the step (a save that does not fit the queue is dropped and
+counted).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 from connectors.engine_store import EngineBlockStore
+from connectors.save_queue import SaveQueue
 from connectors.vllm.connector_meta import NULL, BlockTransfer, KVStoreConnectorMetadata
 from connectors.vllm.shards import Shard
 from kvstore.layout import KVLayout
@@ -95,24 +106,48 @@ def _block_axis(name: str, t: torch.Tensor, num_blocks: int) -> int:
 
 
 class _StepLoad:
-    """One step's loads: a background read from kvstore, then a copy per layer, each announced by an event."""
+    """One step's loads: a background read from kvstore, then a copy per layer, each announced by an event.
 
-    def __init__(self, num_layers: int) -> None:
+    Waited for until ``deadline`` (monotonic) at most: past it the load is abandoned (:meth:`abandon`) and its
+    thread writes no further layer."""
+
+    def __init__(self, num_layers: int, deadline: float = float("inf"), all_block_ids: set[int] = frozenset()) -> None:
         self.layer_done = [threading.Event() for _ in range(num_layers)]
         self.failed_block_ids: set[int] = set()
         """Group 0's blocks left unfilled (what vLLM recomputes from, one KV cache group only)."""
         self.complete = True
         """Every block was found and written."""
         self.future: Future[None] | None = None
+        self.deadline = deadline
+        self.all_block_ids = set(all_block_ids)
+        self.lock = threading.Lock()
+        """Held by the loading thread while it writes a layer, and by :meth:`abandon`."""
+        self.abandoned = False
+
+    def abandon(self) -> None:
+        """Past the deadline: no layer is written from now on, and every block counts as failed (recomputed)."""
+        with self.lock:
+            if not self.abandoned:
+                self.abandoned = True
+                self.complete = False
+                self.failed_block_ids = set(self.all_block_ids)
+                log.warning("kvstore load of %d blocks missed its deadline; vLLM recomputes them",
+                            len(self.all_block_ids))
+        for ev in self.layer_done:
+            ev.set()
 
     def wait_layer(self, layer: int) -> None:
-        self.layer_done[layer].wait()
+        if not self.layer_done[layer].wait(max(0.0, self.deadline - time.monotonic())):
+            self.abandon()
 
     def wait(self) -> None:
-        for ev in self.layer_done:
-            ev.wait()
-        if self.future is not None:
-            self.future.result()
+        for layer in range(len(self.layer_done)):
+            self.wait_layer(layer)
+        if self.future is not None and not self.abandoned:
+            try:
+                self.future.result(max(0.0, self.deadline - time.monotonic()))
+            except TimeoutError:
+                self.abandon()
 
 
 class KVStoreConnectorWorker:
@@ -137,6 +172,7 @@ class KVStoreConnectorWorker:
         self.page_bytes = page_bytes
         self.cache: _PagedCache | None = None
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-vllm-load")
+        self.save_queue = SaveQueue(store, int(store.deadlines.save_queue), name="kvstore-vllm-save")
         self._load: _StepLoad | None = None
         self._load_errors: set[int] = set()
         self._saves: list[BlockTransfer] = []
@@ -165,7 +201,7 @@ class KVStoreConnectorWorker:
         self._staged = [False] * len(self.layer_names)
         self._load = None
         for transfer in meta.async_loads:  # their requests wait for them: loaded here, reported by take_finished_loads
-            async_load = _StepLoad(len(self.layer_names))
+            async_load = self._new_load([transfer])
             try:
                 self._run_load(async_load, [transfer])
             except Exception:  # logged; every block counts as failed
@@ -175,9 +211,16 @@ class KVStoreConnectorWorker:
                 self._loads_failed.add(transfer.req_id)
         if not meta.loads:
             return
-        load = _StepLoad(len(self.layer_names))
+        load = self._new_load(list(meta.loads))
         self._load = load  # published before the thread runs, so anything it calls sees this step's load
         load.future = self._io.submit(self._run_load, load, list(meta.loads))
+
+    def _new_load(self, transfers: list[BlockTransfer]) -> _StepLoad:
+        """A load of ``transfers`` with its deadline: the store's for its bytes, twice (the read, then the copies)."""
+        n = sum(len(t.keys) for t in transfers)
+        budget = 2 * self.store.load_deadline_s(n * self.layout.bytes_per_block)
+        return _StepLoad(len(self.layer_names), time.monotonic() + budget,
+                         {b for t in transfers for b in t.block_ids[0]})
 
     def _run_load(self, load: _StepLoad, transfers: list[BlockTransfer]) -> None:
         cache = self._cache()
@@ -187,20 +230,27 @@ class KVStoreConnectorWorker:
             block_ids = [[b for t in transfers for b in t.block_ids[g]] for g in range(groups)]
             staging = torch.empty((len(keys), self.layout.bytes_per_block), dtype=torch.uint8)
             found = self.store.get(self.shard.keys(keys), list(staging))
-            load.failed_block_ids = {b for b, f in zip(block_ids[0], found) if not f}
-            load.complete = all(found)
+            with load.lock:
+                if load.abandoned:
+                    return
+                load.failed_block_ids = {b for b, f in zip(block_ids[0], found) if not f}
+                load.complete = all(found)
             per_layer = staging.view(len(keys), len(self.layer_names), self.page_bytes)
             # per group once (not per layer): the found positions it has a block for, and those blocks
             targets = [[i for i, f in enumerate(found) if f and ids[i] != NULL] for ids in block_ids]
             for layer, group in enumerate(self.layer_groups):
                 ok = targets[group]
-                if ok:
-                    cache.write(layer, [block_ids[group][i] for i in ok], per_layer[ok, layer])
-                    cache.fence()  # the forward may read the layer as soon as the event is set
+                with load.lock:  # never a layer after the forward stopped waiting (late bytes are not used)
+                    if load.abandoned:
+                        return
+                    if ok:
+                        cache.write(layer, [block_ids[group][i] for i in ok], per_layer[ok, layer])
+                        cache.fence()  # the forward may read the layer as soon as the event is set
                 load.layer_done[layer].set()
         except BaseException:
-            load.failed_block_ids = {b for t in transfers for b in t.block_ids[0]}
-            load.complete = False
+            with load.lock:
+                load.failed_block_ids = {b for t in transfers for b in t.block_ids[0]}
+                load.complete = False
             log.exception("kvstore load failed; %d blocks will be recomputed", len(load.failed_block_ids))
             raise
         finally:
@@ -228,7 +278,7 @@ class KVStoreConnectorWorker:
         self._staged[layer] = True
 
     def wait_for_save(self) -> None:
-        """Write the staged blocks to kvstore (stored blocks never change); return when it holds them."""
+        """Hand the staged blocks to the background writer (stored blocks never change) and return at once."""
         if self._load is not None:
             self._finish_load()
         if self._save_staging is None:
@@ -237,11 +287,8 @@ class KVStoreConnectorWorker:
             if not staged:  # a layer whose attention did not call save_kv_layer: its KV is complete now
                 self._stage(layer)
         keys = [k for s in self._saves for k in s.keys]
-        blocks = self._save_staging.view(len(keys), -1)
-        stored = self.store.put(self.shard.keys(keys), list(blocks))
-        if not all(stored):
-            log.warning("kvstore kept %d of %d saved blocks (no room); they will be recomputed when needed",
-                        sum(stored), len(stored))
+        blocks = self._save_staging.view(len(keys), -1)  # this step's own buffer: the queue owns it from here
+        self.save_queue.submit(self.shard.keys(keys), blocks)
         self._saves, self._save_staging = [], None
 
     def _finish_load(self) -> None:
@@ -274,5 +321,6 @@ class KVStoreConnectorWorker:
 
     def shutdown(self) -> None:
         self._io.shutdown(wait=True)
+        self.save_queue.close()
         self.store.close()
 

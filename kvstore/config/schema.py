@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import AliasChoices, ConfigDict, Field, model_validator
 
 from kvstore.config.datadirs import DataRole, default_data_dir
+from kvstore.config.deadlines import DeadlinesConfig
 from kvstore.config.events import EventsConfig
 from kvstore.config.remote import RemoteConfig
 from kvstore.config.section import Section
@@ -364,6 +365,8 @@ class KVStoreConfig(Section):
     """Write and prefetch policies."""
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     """Sidecar daemon."""
+    deadlines: DeadlinesConfig = Field(default_factory=DeadlinesConfig)
+    """How long an engine ever waits on the daemon, and its circuit breaker (``connector: sidecar``)."""
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     """HTTP metrics endpoints."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)

@@ -11,6 +11,16 @@ requests reconnect, no sooner than an exponential backoff allows (so a dead
 daemon costs a caller one failed ``connect``, not a hang). Every successful
 (re)connection increments :attr:`generation` and re-attaches the shared
 memory: slots and holds from an older generation mean nothing.
+
+Deadlines: a daemon that stops answering (paused, swapping, a stuck disk
+under it) is worse than one that dies, so no call waits on it longer than
+its deadline. :meth:`DaemonClient.within` sets one for every request the
+calling thread makes inside it (waiting for the connection's lock included);
+a request past it raises :class:`DeadlineMissed` and drops the connection,
+so a late reply is never read as the answer to a later request. With a
+:class:`~kvstore.breaker.CircuitBreaker` (``breaker=``), repeated misses
+make every call a fast :class:`BreakerOpen` until a background probe finds
+the daemon answering again.
 """
 
 from __future__ import annotations
@@ -21,9 +31,11 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from kvstore.breaker import BreakerSettings, CircuitBreaker, MissReason
 from kvstore.daemon import messages as m
 from kvstore.daemon.auth import login_proof
 from kvstore.daemon.frames import (
@@ -44,10 +56,27 @@ IDLE_CHECK_S = 1.0
 """A connection unused this long is checked for a close by the daemon (idle timeout) before reuse."""
 QUIET_DELAY_S = 0.002
 """Longest a deferred release (:meth:`DaemonClient.defer_release`) waits for the next request to travel with."""
+QUIET_SEND_S = 0.5
+"""Deadline of the background send of deferred releases (the daemon ends unsent holds at their deadline)."""
 
 
 class DaemonUnavailable(KVStoreError):
     """No daemon answers at the configured address (now, or within the backoff window)."""
+
+    reason = MissReason.GONE
+
+
+class DeadlineMissed(DaemonUnavailable):
+    """The daemon did not answer within the call's deadline (:meth:`DaemonClient.within`); the connection was
+    dropped, so its late reply is never read."""
+
+    reason = MissReason.DEADLINE
+
+
+class BreakerOpen(DaemonUnavailable):
+    """Not asked: the client's breaker is open after repeated misses (a background probe closes it)."""
+
+    reason = MissReason.BREAKER_OPEN
 
 
 class DaemonClient:
@@ -67,6 +96,8 @@ class DaemonClient:
         timeout_s: float = 60.0,
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 2.0,
+        breaker: BreakerSettings | None = None,
+        probe_timeout_s: float = 1.0,
     ) -> None:
         if (socket_path is None) == (tcp is None):
             raise ValueError("give exactly one of socket_path and tcp")
@@ -82,6 +113,9 @@ class DaemonClient:
         """Map this process's view of the shared segment ahead, on a background thread, at each attach
         (:mod:`kvstore.tiers.host.prefault`), so its first copy into each slot takes no page faults."""
         self.timeout_s = timeout_s
+        """Deadline of a request made outside any :meth:`within`."""
+        self.probe_timeout_s = probe_timeout_s
+        """Deadline of the breaker's background probe (connect, login and one empty EXISTS_PREFIX)."""
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self.lock = threading.RLock()
         self.hello: m.HelloReply | None = None
@@ -102,6 +136,12 @@ class DaemonClient:
         self._quiet_since = 0.0
         self._quiet_wake = threading.Event()
         self._flusher: tuple[threading.Thread, threading.Event] | None = None
+        self._login_timed_out = False
+        """The last failed (re)connection was a deadline passed (a paused daemon), not a refusal (a dead one)."""
+        self._scope = threading.local()
+        """Per thread: ``deadline``, the monotonic time the thread's requests give up at (:meth:`within`)."""
+        self.breaker = CircuitBreaker(self.address, breaker, self._probe) if breaker is not None else None
+        """Opens after repeated misses (``None``: no breaker, every call asks)."""
 
     @property
     def max_keys(self) -> int:
@@ -128,6 +168,69 @@ class DaemonClient:
             hint += " with this daemon.socket_path?"
         return hint + ")"
 
+    # ---------------------------------------------------------- deadlines
+    @contextmanager
+    def within(self, seconds: float) -> Iterator[None]:
+        """Every request this thread makes inside gives up ``seconds`` from now (or at an enclosing deadline, if
+        sooner), raising :class:`DeadlineMissed`: the wait for the connection's lock, connecting and logging in,
+        sending and each read of the reply."""
+        outer = getattr(self._scope, "deadline", None)
+        mine = time.monotonic() + max(0.0, seconds)
+        self._scope.deadline = mine if outer is None else min(outer, mine)
+        try:
+            yield
+        finally:
+            self._scope.deadline = outer
+
+    def _remaining(self, what: str) -> float:
+        """Seconds left to this thread's deadline (:attr:`timeout_s` outside :meth:`within`); raises
+        :class:`DeadlineMissed` naming ``what`` when none are."""
+        deadline = getattr(self._scope, "deadline", None)
+        if deadline is None:
+            return self.timeout_s
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlineMissed(f"the daemon at {self.address} did not answer {what} within the call's deadline")
+        return left
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the connection's lock (:attr:`lock`), waiting no longer than this thread's deadline; refused at once
+        (:class:`BreakerOpen`) while the breaker is open. Raises :class:`DeadlineMissed` when another call holds
+        the connection past the deadline (it is waiting on a daemon that does not answer)."""
+        if self.breaker is not None and not self.breaker.allow():
+            raise BreakerOpen(f"the daemon at {self.address} missed its deadlines; not asked until it answers again")
+        if not self.lock.acquire(timeout=self._remaining("(waiting for the connection)")):
+            raise self._missed(DeadlineMissed(f"the connection to the daemon at {self.address} stayed busy with "
+                                              f"another call past this call's deadline"))
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def _missed(self, exc: DaemonUnavailable) -> DaemonUnavailable:
+        """``exc``, counted by the breaker (not while it is open: then only its probe asks)."""
+        if self.breaker is not None and not self.breaker.is_open:
+            self.breaker.failed(exc.reason, str(exc))
+        return exc
+
+    def _answered(self) -> None:
+        if self.breaker is not None:
+            self.breaker.succeeded()
+
+    def _probe(self) -> None:
+        """The breaker's probe: connect if needed, log in and ask an empty EXISTS_PREFIX within
+        :attr:`probe_timeout_s`; raises when the daemon does not answer."""
+        with self.within(self.probe_timeout_s):
+            if not self.lock.acquire(timeout=self.probe_timeout_s):
+                raise DeadlineMissed("the connection stayed busy")
+            try:
+                self._next_attempt = 0.0
+                self._ensure()
+                self._request_locked(Op.EXISTS_PREFIX, m.encode_keys([]))
+            finally:
+                self.lock.release()
+
     # -------------------------------------------------------- connection
     def connect(self, wait_s: float = 0.0) -> m.HelloReply:
         """Connect and handshake, retrying with backoff for up to ``wait_s`` seconds.
@@ -137,7 +240,7 @@ class DaemonClient:
         """
         deadline = time.monotonic() + wait_s
         while True:
-            with self.lock:
+            with self.lock, self.within(max(deadline - time.monotonic(), self.probe_timeout_s)):
                 self._next_attempt = 0.0
                 try:
                     return self._ensure()
@@ -152,11 +255,13 @@ class DaemonClient:
 
         Raises :class:`DaemonUnavailable` or, for a refused handshake, :class:`DaemonError`.
         """
-        with self.lock:
+        with self.locked():
             return self._ensure()
 
     def close(self) -> None:
         """Close the connection and detach the shared memory (the daemon's holds end at their deadlines)."""
+        if self.breaker is not None:
+            self.breaker.close()
         with self.lock:
             self.send_deferred()
             self._drop()
@@ -175,7 +280,9 @@ class DaemonClient:
             self._drop()
         now = time.monotonic()
         if now < self._next_attempt:
-            raise DaemonUnavailable(f"daemon at {self.address} is down; next reconnect in {self._next_attempt - now:.2f} s")
+            kind = DeadlineMissed if self._login_timed_out else DaemonUnavailable
+            raise self._missed(kind(f"daemon at {self.address} is down ({'it did not answer the last login in time' if self._login_timed_out else 'nothing answered'}); "
+                                    f"next reconnect in {self._next_attempt - now:.2f} s"))
         try:
             self._sock = self._open()
             proof = None
@@ -186,7 +293,7 @@ class DaemonClient:
             payload = m.encode_hello(m.Hello(self._fingerprint(), proof, self.client_name, self.use_shm, self.layout))
             hello = m.decode_hello_reply(self._roundtrip(Op.HELLO, payload))
             arena_fd = self._receive_arena() if hello.shm_name is not None else None
-        except (OSError, ProtocolError, DaemonError) as exc:
+        except (OSError, ProtocolError, DaemonError, DeadlineMissed) as exc:
             self._drop()
             if isinstance(exc, ProtocolError) and exc.code == ErrorCode.BAD_VERSION:  # retrying cannot help either
                 raise DaemonError(ErrorCode.BAD_VERSION, f"the daemon at {self.address} speaks another protocol: "
@@ -195,7 +302,12 @@ class DaemonClient:
                 raise self._refusal(exc) from None  # a refused login: retrying cannot help
             self._next_attempt = time.monotonic() + self._backoff  # unreachable, or refused for now (a cap)
             self._backoff = min(self._backoff * 2, self.backoff_max_s)
-            raise DaemonUnavailable(f"cannot reach the daemon at {self.address}: {exc}{self._where_hint(exc)}") from None
+            self._login_timed_out = isinstance(exc, (DeadlineMissed, TimeoutError))
+            if self._login_timed_out:
+                raise self._missed(DeadlineMissed(f"the daemon at {self.address} did not complete the login within "
+                                                  f"the call's deadline")) from None
+            raise self._missed(DaemonUnavailable(f"cannot reach the daemon at {self.address}: "
+                                                 f"{exc}{self._where_hint(exc)}")) from None
         self._detach()
         if arena_fd is not None:
             try:
@@ -215,6 +327,7 @@ class DaemonClient:
         :data:`ARENA_BYTE` carrying it as ``SCM_RIGHTS``. Raises ``ProtocolError`` (closing any stray
         descriptors) when something else comes."""
         assert self._sock is not None
+        self._sock.settimeout(self._remaining("HELLO (the arena's descriptor)"))
         data, fds, flags, _ = socket.recv_fds(self._sock, 1, 4)
         if data == ARENA_BYTE and len(fds) == 1 and not flags & socket.MSG_CTRUNC:
             return fds[0]
@@ -277,10 +390,10 @@ class DaemonClient:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             target = self.tcp
-        sock.settimeout(self.timeout_s)
         try:
+            sock.settimeout(self._remaining("connect"))
             sock.connect(target)
-        except OSError:
+        except (OSError, DeadlineMissed):
             sock.close()
             raise
         return sock
@@ -301,21 +414,55 @@ class DaemonClient:
         usable unless the error was fatal) and :class:`DaemonUnavailable` when
         the connection breaks (the request may or may not have been executed).
         """
-        with self.lock:
+        with self.locked():
             self._ensure()
-            try:
-                return self._roundtrip(op, payload)
-            except (OSError, ProtocolError) as exc:
-                self._drop()
-                self._next_attempt = 0.0  # the first reconnect after a break is immediate
-                raise DaemonUnavailable(f"connection to the daemon at {self.address} broke during {op.name}: {exc}") from None
+            return self._request_locked(op, payload)
+
+    def _request_locked(self, op: Op, payload: bytes) -> bytes:
+        """:meth:`request` with the lock held and connected."""
+        try:
+            body = self._roundtrip(op, payload)
+        except (OSError, ProtocolError, DeadlineMissed) as exc:
+            self._drop()
+            self._next_attempt = 0.0  # the first reconnect after a break is immediate
+            if isinstance(exc, (DeadlineMissed, TimeoutError)):
+                raise self._missed(DeadlineMissed(f"the daemon at {self.address} did not answer {op.name} within "
+                                                  f"the call's deadline; the connection is dropped")) from None
+            raise self._missed(DaemonUnavailable(f"connection to the daemon at {self.address} broke during "
+                                                 f"{op.name}: {exc}")) from None
+        self._answered()
+        return body
 
     def send_quiet(self, op: Op, payload: bytes = b"") -> None:
         """Send a request that has no reply (``RELEASE_QUIET``) now; the daemon executes it before anything sent
         later on this connection. Raises :class:`DaemonUnavailable` when the connection breaks."""
-        with self.lock:
+        with self.locked():
             self._ensure()
             self._send_frames(op, [encode_frame(op, self._new_id(), payload)])
+
+    def release_now(self, keys: Sequence[bytes]) -> None:
+        """End this connection's holds on ``keys`` (reservations included) with a RELEASE_QUIET sent now, whatever
+        the caller's deadline or the breaker: the clean-up of a call that gave up midway. Best effort, within
+        :data:`QUIET_SEND_S`; never raises (unsent, the daemon ends the holds at their deadline, or at once
+        when the connection closes)."""
+        if not keys or not self.lock.acquire(timeout=QUIET_SEND_S):
+            return
+        try:
+            if self._sock is None:
+                return  # the connection is gone, and its holds with it
+            outer = getattr(self._scope, "deadline", None)
+            self._scope.deadline = time.monotonic() + QUIET_SEND_S
+            try:
+                step = self.max_keys
+                self._send_frames(Op.RELEASE_QUIET, [encode_frame(Op.RELEASE_QUIET, self._new_id(),
+                                                                  m.encode_keys(keys[i : i + step]))
+                                                     for i in range(0, len(keys), step)])
+            finally:
+                self._scope.deadline = outer
+        except DaemonUnavailable as exc:
+            log.debug("holds not released now: %s", exc)
+        finally:
+            self.lock.release()
 
     def defer_release(self, keys: Sequence[bytes]) -> None:
         """End this connection's read holds on ``keys`` with the next request: inside the next :meth:`get_shm`'s
@@ -330,7 +477,7 @@ class DaemonClient:
 
     def _defer(self, keys: Sequence[bytes], *, touch: bool) -> None:
         """Queue ``keys`` for a RELEASE_QUIET (or, ``touch``, a TOUCH_QUIET) and wake the flusher."""
-        with self.lock:
+        with self.locked():
             self._ensure()
             if not self._quiet and not self._touched:
                 self._quiet_since = time.monotonic()
@@ -355,7 +502,7 @@ class DaemonClient:
     def get_shm(self, keys: Sequence[bytes]) -> bytes:
         """GET_SHM of ``keys`` (at most :attr:`max_keys`), carrying the deferred releases when they fit one
         frame (GET_SHM_RELEASE); returns the raw reply payload. Raises like :meth:`request`."""
-        with self.lock:
+        with self.locked():
             self._ensure()
             if len(keys) > self.max_keys:
                 raise ValueError(f"GET_SHM: {len(keys)} keys in one request, limit is {self.max_keys}")
@@ -371,7 +518,8 @@ class DaemonClient:
         with self.lock:
             if (self._quiet or self._touched) and self._sock is not None:
                 try:
-                    self._send_frames(Op.RELEASE_QUIET, [])
+                    with self.within(QUIET_SEND_S):
+                        self._send_frames(Op.RELEASE_QUIET, [])
                 except DaemonUnavailable as exc:
                     log.debug("deferred releases not sent: %s", exc)  # the daemon ends those holds at their deadline
 
@@ -390,12 +538,17 @@ class DaemonClient:
             assert self._sock is not None
             if self._quiet or self._touched:
                 frames = [*self._deferred_frames(), *frames]
+            self._sock.settimeout(self._remaining(op.name))
             self._sock.sendall(b"".join(frames))
             self._last_used = time.monotonic()
-        except (OSError, ProtocolError) as exc:
+        except (OSError, ProtocolError, DeadlineMissed) as exc:
             self._drop()
             self._next_attempt = 0.0
-            raise DaemonUnavailable(f"connection to the daemon at {self.address} broke during {op.name}: {exc}") from None
+            if isinstance(exc, (DeadlineMissed, TimeoutError)):
+                raise self._missed(DeadlineMissed(f"the daemon at {self.address} did not take {op.name} within the "
+                                                  f"call's deadline; the connection is dropped")) from None
+            raise self._missed(DaemonUnavailable(f"connection to the daemon at {self.address} broke during "
+                                                 f"{op.name}: {exc}")) from None
 
     def _flush_later(self, stop: threading.Event) -> None:
         """Flusher thread: send deferred releases that waited :data:`QUIET_DELAY_S` for a request to ride with."""
@@ -425,6 +578,7 @@ class DaemonClient:
         frame = encode_frame(op, rid, payload)
         if self._quiet or self._touched:  # deferred releases and uses go first, in the same send
             frame = b"".join([*self._deferred_frames(), frame])
+        self._sock.settimeout(self._remaining(op.name))
         self._sock.sendall(frame)
         header, body = self._read_reply(rid, op)
         if header.op == Op.ERROR:
@@ -450,6 +604,7 @@ class DaemonClient:
         view = memoryview(buf)
         got = 0
         while got < n:
+            self._sock.settimeout(self._remaining("(reading the reply)"))
             k = self._sock.recv_into(view[got:])
             if k == 0:
                 raise ConnectionResetError("the daemon closed the connection")

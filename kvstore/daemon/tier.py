@@ -24,23 +24,38 @@ daemon may have reclaimed is never read or written.
 When the daemon is unreachable the tier degrades instead of failing the
 engine: probes find nothing, gets miss, puts are not stored; it reconnects
 with backoff on a later call.
+
+Deadlines (the ``deadlines:`` section): a probe answers within
+``lookup_ms`` or finds nothing; a get within ``load_floor_ms`` plus
+``load_slack`` times its bytes at the bandwidth measured on earlier gets, or
+misses (the engine recomputes); a put within ``save_ms``, or is not stored.
+After ``breaker_failures`` misses in a row the client's breaker opens and
+every call is a fast miss until the daemon answers a background probe, so a
+paused daemon costs the engine a few deadlines, not the pause.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from dataclasses import dataclass
+
+from kvstore.breaker import MissReason
 from kvstore.codec import as_u8
+from kvstore.config.deadlines import DeadlinesConfig
 from kvstore.config.schema import KVStoreConfig
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient, DaemonUnavailable
 from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, Op
 from kvstore.errors import TierError
 from kvstore.layout import KVLayout
+from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
 from kvstore.tiers.host.arena import SlotCopy, copy_split
 
@@ -48,6 +63,18 @@ log = logging.getLogger(__name__)
 PUT_RETRIES = 4
 PUT_RETRY_S = 0.002
 """First pause before retrying blocks the daemon had no free slot for (doubling per retry)."""
+BANDWIDTH_WEIGHT = 0.2
+"""Weight of the newest get in the measured load bandwidth (an exponential average)."""
+MEASURED_BYTES = 1 << 20
+"""Gets smaller than this do not update the measured bandwidth (their time is the round trip's, not the bytes')."""
+
+
+@dataclass(frozen=True)
+class PutOutcome:
+    """What a put did: ``stored[i]``, the daemon holds ``keys[i]`` now; ``reason``, why some were not stored."""
+
+    stored: list[bool]
+    reason: MissReason | None = None
 
 
 class DaemonTier(Tier):
@@ -57,34 +84,96 @@ class DaemonTier(Tier):
     reports_evictions = False  # the daemon evicts on its own and sends no events: ask it at lookup
     probes_by_chain = True  # its remote tier (if any) places blocks by chain position
 
-    def __init__(self, layout: KVLayout, client: DaemonClient) -> None:
+    def __init__(self, layout: KVLayout, client: DaemonClient, deadlines: DeadlinesConfig | None = None) -> None:
         super().__init__(layout)
         self.client = client
+        self.deadlines = deadlines or DeadlinesConfig()
         self.bpb = layout.bytes_per_block
         self._copier: ThreadPoolExecutor | None = None
         """Copies half of a large batch (as the embedded host tier does), started at the first one."""
+        self.misses: dict[tuple[str, str], int] = {}
+        """Calls that gave nothing, by (``lookup``/``load``/``save``, :class:`MissReason` value)."""
+        self.blocks_missed: dict[tuple[str, str], int] = {}
+        """Blocks not loaded or not saved, by the same."""
+        self._miss_lock = threading.Lock()
+        self._ratelog = RateLimitedLog(log)
+        self.bandwidth = float(self.deadlines.load_bandwidth)
+        """Bytes per second of gets, measured (an exponential average; ``load_bandwidth`` until the first)."""
+        self.measured_loads = 0
+        self._salt_known: tuple[bytes | None] | None = (client.hello.salt,) if client.hello is not None else None
 
     @classmethod
-    def from_config(cls, cfg: KVStoreConfig, client_name: str = "", wait_s: float = 10.0) -> DaemonTier:
-        """Connect to the daemon at ``cfg.daemon.socket_path`` (waiting up to ``wait_s`` for it to answer)."""
-        layout = cfg.model.layout()
-        client = DaemonClient(layout, socket_path=cfg.daemon.socket_path, token=cfg.daemon.token, client_name=client_name,
-                              prefault=cfg.host.prefault)
+    def from_config(cls, cfg: KVStoreConfig, client_name: str = "", wait_s: float = 10.0,
+                    layout: KVLayout | None = None) -> DaemonTier:
+        """Connect to the daemon at ``cfg.daemon.socket_path`` for ``layout`` (default: ``cfg.model``'s), with
+        ``cfg.deadlines``' breaker, waiting up to ``wait_s`` for it to answer. Raises like
+        :meth:`DaemonClient.connect`."""
+        layout = layout if layout is not None else cfg.model.layout()
+        dl = cfg.deadlines
+        client = DaemonClient(layout, socket_path=os.fspath(cfg.daemon.socket_path), token=cfg.daemon.token,
+                              client_name=client_name or f"engine pid {os.getpid()}", prefault=cfg.host.prefault,
+                              breaker=dl.breaker(), probe_timeout_s=dl.probe_ms / 1000)
         client.connect(wait_s)
-        return cls(layout, client)
+        return cls(layout, client, dl)
+
+    def load_deadline_s(self, nbytes: int) -> float:
+        """Seconds a get of ``nbytes`` may take: ``load_floor_ms`` plus ``load_slack`` times the bytes at the
+        measured bandwidth."""
+        dl = self.deadlines
+        return dl.load_floor_ms / 1000 + dl.load_slack * nbytes / self.bandwidth
+
+    def _measure(self, nbytes: int, seconds: float) -> None:
+        if nbytes < MEASURED_BYTES or seconds <= 0:
+            return
+        rate = nbytes / seconds
+        self.bandwidth = rate if self.measured_loads == 0 else (1 - BANDWIDTH_WEIGHT) * self.bandwidth + BANDWIDTH_WEIGHT * rate
+        self.measured_loads += 1
+
+    def health(self) -> dict[str, object]:
+        """The breaker's snapshot (state, transitions), the misses by operation and reason (calls and blocks)
+        and the measured load bandwidth."""
+        out: dict[str, object] = dict(self.client.breaker.snapshot()) if self.client.breaker is not None else {
+            "endpoint": self.client.address, "state": "none"}
+        with self._miss_lock:
+            out["misses"] = [{"op": op, "reason": r, "calls": n, "blocks": self.blocks_missed.get((op, r), 0)}
+                             for (op, r), n in sorted(self.misses.items())]
+        out["load_bandwidth_bytes_per_s"] = round(self.bandwidth)
+        out["measured_loads"] = self.measured_loads
+        return out
+
+    def count_miss(self, op: str, reason: MissReason, blocks: int = 0) -> None:
+        """Count one call of ``op`` that gave nothing (or not all) for ``reason``, ``blocks`` of it."""
+        with self._miss_lock:
+            self.misses[(op, reason.value)] = self.misses.get((op, reason.value), 0) + 1
+            self.blocks_missed[(op, reason.value)] = self.blocks_missed.get((op, reason.value), 0) + blocks
 
     @property
     def salt(self) -> bytes | None:
-        """The tenant salt the daemon assigned at handshake (``None``: no tenant salt)."""
-        return self.client.ensure().salt
+        """The tenant salt the daemon assigned at the latest handshake (``None``: no tenant salt).
+
+        Known without a request once connected (keys are made with it on the engine's thread, which must not
+        wait on a daemon that stopped answering): the salt is the daemon's for this client's token, the same
+        at every login."""
+        hello = self.client.hello
+        if hello is None and self._salt_known is None:
+            try:
+                with self.client.within(self.deadlines.lookup_ms / 1000):
+                    hello = self.client.ensure()
+            except DaemonUnavailable as exc:
+                raise DaemonUnavailable(f"the tenant salt is not known yet: {exc}") from None
+        if hello is not None:
+            self._salt_known = (hello.salt,)
+        assert self._salt_known is not None
+        return self._salt_known[0]
 
     # ------------------------------------------------------------- queries
     def contains_prefix(self, keys: Sequence[bytes]) -> int:
         """How many of ``keys``, from the first, the daemon holds (0 while it is unreachable). Changes nothing."""
         try:
-            return self.client.exists_prefix(keys)
+            with self.client.within(self.deadlines.lookup_ms / 1000):
+                return self.client.exists_prefix(keys)
         except DaemonUnavailable as exc:
-            log.warning("daemon tier probe: %s", exc)
+            self._log_miss("lookup", exc)
             return 0
 
     def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
@@ -93,10 +182,19 @@ class DaemonTier(Tier):
         this reaches the daemon's remote tier, whose groups are placed by chain position; the daemon starts
         loading the blocks it counts there, so a :meth:`get` of them finds them."""
         try:
-            return self.client.exists_chain(chain, start)
+            with self.client.within(self.deadlines.lookup_ms / 1000):
+                return self.client.exists_chain(chain, start)
         except DaemonUnavailable as exc:
-            log.warning("daemon tier probe: %s", exc)
+            self._log_miss("lookup", exc)
             return start
+
+    def _log_miss(self, op: str, exc: DaemonUnavailable, blocks: int = 0) -> None:
+        """Count the miss; one log line per miss, except while the breaker is open (its own line says so once)."""
+        self.count_miss(op, exc.reason, blocks)
+        if exc.reason == MissReason.BREAKER_OPEN:
+            log.debug("daemon tier %s: %s", op, exc)
+        else:
+            self._ratelog.warning(f"{op}:{exc.reason.value}", "kvstore %s missed (%s): %s", op, exc.reason.value, exc)
 
     def contains(self, key: bytes) -> bool:
         """Whether the daemon holds ``key``. Changes nothing."""
@@ -117,16 +215,18 @@ class DaemonTier(Tier):
             return [got[k] for k in keys]
         addrs = buffer_addresses(keys, dests, self.bpb, "daemon")
         out: list[bool] = []
-        step = self._batch()
-        for start in range(0, len(keys), step):
-            ks, ds = list(keys[start : start + step]), list(dests[start : start + step])
-            try:
-                out += self._get_batch(ks, ds, addrs[start : start + step])
-            except DaemonUnavailable as exc:
-                log.warning("daemon tier get: %s", exc)
-                out += [False] * (len(keys) - len(out))
-                break
+        t0 = time.monotonic()
+        try:
+            with self.client.within(self.load_deadline_s(len(keys) * self.bpb)):
+                step = self._batch()
+                for start in range(0, len(keys), step):
+                    ks, ds = list(keys[start : start + step]), list(dests[start : start + step])
+                    out += self._get_batch(ks, ds, addrs[start : start + step])
+        except DaemonUnavailable as exc:
+            self._log_miss("load", exc, len(keys) - len(out))
+            out += [False] * (len(keys) - len(out))
         hits = sum(out)
+        self._measure(hits * self.bpb, time.monotonic() - t0)
         self._stats.hits += hits
         self._stats.misses += len(out) - hits
         self._stats.bytes_read += hits * self.bpb
@@ -135,25 +235,36 @@ class DaemonTier(Tier):
     def put(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> list[bool]:
         """Hand blocks to the daemon; ``result[i]`` says whether it holds ``keys[i]`` afterwards (a key named
         twice is sent once, with its first block)."""
+        return self.put_outcome(keys, srcs).stored
+
+    def put_outcome(self, keys: Sequence[bytes], srcs: Sequence[Buffer]) -> PutOutcome:
+        """:meth:`put`, and why blocks were not stored: ``no_room`` (the daemon answered without keeping them),
+        ``deadline``, ``breaker_open`` or ``daemon_gone``. The whole put gives up after ``save_ms``."""
         first = _first_places(keys)
         if len(first) < len(keys):
             places = list(first.values())
-            stored = dict(zip(first, self.put([keys[i] for i in places], [srcs[i] for i in places])))
-            return [stored[k] for k in keys]
+            inner = self.put_outcome([keys[i] for i in places], [srcs[i] for i in places])
+            stored = dict(zip(first, inner.stored))
+            return PutOutcome([stored[k] for k in keys], inner.reason)
         addrs = buffer_addresses(keys, srcs, self.bpb, "daemon")
         out: list[bool] = []
-        step = self._batch()
-        for start in range(0, len(keys), step):
-            ks, ss = list(keys[start : start + step]), list(srcs[start : start + step])
-            try:
-                out += self._put_retrying(ks, ss, addrs[start : start + step])
-            except DaemonUnavailable as exc:
-                log.warning("daemon tier put: %s", exc)
-                out += [False] * (len(keys) - len(out))
-                break
+        reason: MissReason | None = None
+        try:
+            with self.client.within(self.deadlines.save_ms / 1000):
+                step = self._batch()
+                for start in range(0, len(keys), step):
+                    ks, ss = list(keys[start : start + step]), list(srcs[start : start + step])
+                    out += self._put_retrying(ks, ss, addrs[start : start + step])
+        except DaemonUnavailable as exc:
+            self._log_miss("save", exc, len(keys) - len(out))
+            reason = exc.reason
+            out += [False] * (len(keys) - len(out))
+        if reason is None and not all(out):
+            reason = MissReason.NO_ROOM
+            self.count_miss("save", reason, len(out) - sum(out))
         self._stats.puts += sum(out)
         self._stats.bytes_written += sum(out) * self.bpb
-        return out
+        return PutOutcome(out, reason)
 
     def delete(self, keys: Sequence[bytes]) -> int:
         """Ask the daemon to remove ``keys`` from its tiers; returns how many it removed."""
@@ -188,10 +299,12 @@ class DaemonTier(Tier):
                 self._copier = None
 
     def stats(self) -> TierStats:
-        """This process's view (hits, misses, bytes) plus the daemon's occupancy when it answers."""
+        """This process's view (hits, misses, bytes) plus the daemon's occupancy when it answers (within
+        ``probe_ms``)."""
         snap = super().stats()
         try:
-            remote = self.client.stats()
+            with self.client.within(self.deadlines.probe_ms / 1000):
+                remote = self.client.stats()
         except DaemonUnavailable:
             return snap
         for tier in ("host", "disk"):
@@ -209,12 +322,9 @@ class DaemonTier(Tier):
 
     # ------------------------------------------------------------- private
     def _batch(self) -> int:
-        """Keys per request: at most a quarter of the daemon's slots (a batch pins its slots until committed or
+        """Keys per request (raises :class:`DaemonUnavailable` when not connected and no daemon answers): at most a quarter of the daemon's slots (a batch pins its slots until committed or
         released, and committed ones until written to disk), and for inline bytes what fits one frame."""
-        try:
-            hello = self.client.ensure()
-        except DaemonUnavailable:
-            return MAX_KEYS  # the first batch fails fast and the call degrades
+        hello = self.client.hello if self.client.hello is not None else self.client.ensure()  # raises unreachable
         n = max(1, min(hello.max_keys, hello.num_slots // 4))
         if hello.shm_name is None:
             n = min(n, max(1, (hello.max_frame_bytes - 64) // (self.bpb + KEY_BYTES + 1)))
@@ -227,7 +337,7 @@ class DaemonTier(Tier):
     def _get_batch(self, keys: list[bytes], dests: list[Buffer], addrs: list[int]) -> list[bool]:
         """One GET (``addrs``: the ``dests``' addresses, from :func:`buffer_addresses`)."""
         c = self.client
-        with c.lock:
+        with c.locked():
             c.ensure()
             t0 = time.monotonic()
             if c.arena is None:
@@ -311,7 +421,7 @@ class DaemonTier(Tier):
     def _put_batch(self, keys: list[bytes], srcs: list[Buffer], addrs: list[int]) -> list[bool]:
         """One PUT (``addrs``: the ``srcs``' addresses, from :func:`buffer_addresses`)."""
         c = self.client
-        with c.lock:
+        with c.locked():
             c.ensure()
             t0 = time.monotonic()
             if c.arena is None:
@@ -321,13 +431,17 @@ class DaemonTier(Tier):
             arena = c.arena
             mine = [(k, a, slot) for k, a, (st, slot) in zip(keys, addrs, states)
                     if st == m.PutState.RESERVED and slot is not None]  # decode_slots: RESERVED always has a slot
-            if arena is None or not self._fresh(t0):
-                if mine:
-                    c.keys_request(Op.RELEASE, [k for k, _, _ in mine])
-                return [st == m.PutState.PRESENT for st, _ in states]
-            self._copy(arena.write_slots, [slot for _, _, slot in mine], [a for _, a, _ in mine])
-            committed = dict(zip([k for k, _, _ in mine], m.decode_flags(
-                c.keys_request(Op.PUT_SHM_COMMIT, [k for k, _, _ in mine]), Op.PUT_SHM_COMMIT) if mine else []))
+            try:
+                if arena is None or not self._fresh(t0):
+                    if mine:
+                        c.keys_request(Op.RELEASE, [k for k, _, _ in mine])
+                    return [st == m.PutState.PRESENT for st, _ in states]
+                self._copy(arena.write_slots, [slot for _, _, slot in mine], [a for _, a, _ in mine])
+                committed = dict(zip([k for k, _, _ in mine], m.decode_flags(
+                    c.keys_request(Op.PUT_SHM_COMMIT, [k for k, _, _ in mine]), Op.PUT_SHM_COMMIT) if mine else []))
+            except DaemonUnavailable:  # past the deadline after reserving: give the slots back, not to its expiry
+                c.release_now([k for k, _, _ in mine])
+                raise
             return [st == m.PutState.PRESENT or committed.get(k, False) for k, (st, _) in zip(keys, states)]
 
 

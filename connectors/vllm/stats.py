@@ -1,0 +1,140 @@
+"""kvstore's figures in vLLM's own ``/metrics``: breakers, misses by reason, dropped saves, load decisions.
+
+vLLM collects each connector's :class:`KVConnectorStats` from the scheduler
+(every step) and from the workers (in their step output), adds them up and
+hands them to the connector's Prometheus class in the API server process.
+kvstore's side is :meth:`HealthReport.take`: what changed since the last
+report, from each daemon tier's :meth:`~kvstore.daemon.tier.DaemonTier.health`
+and the worker's save queue. An operator sees there that a stalled daemon
+was cut off (``vllm:kvstore_breaker_open``) and what it cost
+(``vllm:kvstore_misses_total`` by operation and reason).
+
+Series (labels after vLLM's per-engine ones):
+
+- ``vllm:kvstore_breaker_open{side}`` (gauge): 1 while that side's breaker is open.
+- ``vllm:kvstore_breaker_opened_total{side}``: times it opened.
+- ``vllm:kvstore_misses_total{op,reason}``: calls (``lookup``, ``load``, ``save``) that gave nothing.
+- ``vllm:kvstore_missed_blocks_total{op,reason}``: blocks not loaded or not saved, ``save``'s ``queue_full`` included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics, KVConnectorStats, PromMetric, PromMetricT,
+)
+
+from connectors.engine_store import EngineBlockStore
+from connectors.save_queue import SaveQueue
+
+
+@dataclass
+class KVStoreConnectorStats(KVConnectorStats):
+    """One interval's figures: ``misses`` ``{"op|reason": [calls, blocks]}`` (added up), ``breakers``
+    ``{side: [open, opened]}`` (``open`` the latest, ``opened`` added up)."""
+
+    def __post_init__(self) -> None:
+        if not self.data:
+            self.reset()
+
+    def reset(self) -> None:
+        self.data = {"misses": {}, "breakers": {}}
+
+    def is_empty(self) -> bool:
+        return not self.data.get("misses") and not self.data.get("breakers")
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for key, (calls, blocks) in other.data.get("misses", {}).items():
+            mine = self.data.setdefault("misses", {}).setdefault(key, [0, 0])
+            mine[0] += calls
+            mine[1] += blocks
+        for side, (is_open, opened) in other.data.get("breakers", {}).items():
+            prev = self.data.setdefault("breakers", {}).get(side, [0, 0])
+            self.data["breakers"][side] = [is_open, prev[1] + opened]
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = {}
+        for key, (calls, blocks) in sorted(self.data.get("misses", {}).items()):
+            out[f"miss_{key.replace('|', '_')}"] = calls
+            out[f"miss_{key.replace('|', '_')}_blocks"] = blocks
+        for side, (is_open, opened) in sorted(self.data.get("breakers", {}).items()):
+            out[f"breaker_{side}_open"] = is_open
+            out[f"breaker_{side}_opened"] = opened
+        return out
+
+
+class HealthReport:
+    """What one side of the connector (``side``: ``scheduler`` or ``worker N``) reports to vLLM, as deltas."""
+
+    def __init__(self, side: str, store: EngineBlockStore, save_queue: SaveQueue | None = None) -> None:
+        self.side = side
+        self.store = store
+        self.save_queue = save_queue
+        self._seen_misses: dict[str, list[int]] = {}
+        self._seen_opened = 0
+        self._was_open = -1
+
+    def take(self) -> KVStoreConnectorStats | None:
+        """The figures that changed since the last call (``None``: nothing did)."""
+        totals: dict[str, list[int]] = {}
+        is_open, opened = 0, 0
+        for health in self.store.health():
+            for row in health.get("misses", []):  # type: ignore[union-attr]
+                key = f"{row['op']}|{row['reason']}"
+                t = totals.setdefault(key, [0, 0])
+                t[0] += int(row["calls"])
+                t[1] += int(row["blocks"])
+            is_open = max(is_open, int(health.get("state") == "open"))
+            opened += int(health.get("opened", 0))  # type: ignore[call-overload]
+        if self.save_queue is not None:
+            for reason, n in self.save_queue.stats()["dropped"].items():  # type: ignore[attr-defined]
+                if reason == "queue_full":  # the others were counted by the tier the writer asked
+                    totals[f"save|{reason}"] = [n, n]
+        misses = {}
+        for key, (calls, blocks) in totals.items():
+            seen = self._seen_misses.get(key, [0, 0])
+            if calls != seen[0] or blocks != seen[1]:
+                misses[key] = [calls - seen[0], blocks - seen[1]]
+        self._seen_misses = totals
+        breakers = {}
+        if opened != self._seen_opened or is_open != self._was_open:
+            breakers[self.side] = [is_open, opened - self._seen_opened]
+            self._seen_opened, self._was_open = opened, is_open
+        if not misses and not breakers:
+            return None
+        return KVStoreConnectorStats(data={"misses": misses, "breakers": breakers})
+
+
+class KVStorePromMetrics(KVConnectorPromMetrics):
+    """The series of the module docstring, per vLLM engine."""
+
+    def __init__(self, vllm_config: VllmConfig, metric_types: dict[type[PromMetric], type[PromMetricT]],
+                 labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._open = self._gauge_cls(name="vllm:kvstore_breaker_open", documentation="1 while kvstore's circuit "
+                                     "breaker is open on that side (every lookup a fast miss, nothing saved).",
+                                     labelnames=labelnames + ["side"], multiprocess_mode="mostrecent")
+        self._opened = self._counter_cls(name="vllm:kvstore_breaker_opened", documentation="Times kvstore's "
+                                         "breaker opened (the daemon missed deadlines repeatedly).",
+                                         labelnames=labelnames + ["side"])
+        self._misses = self._counter_cls(name="vllm:kvstore_misses", documentation="Calls into kvstore that gave "
+                                         "nothing, by operation (lookup, load, save) and reason (deadline, "
+                                         "breaker_open, daemon_gone, no_room, queue_full).",
+                                         labelnames=labelnames + ["op", "reason"])
+        self._blocks = self._counter_cls(name="vllm:kvstore_missed_blocks", documentation="Blocks not loaded "
+                                         "(recomputed) or not saved, by operation and reason.",
+                                         labelnames=labelnames + ["op", "reason"])
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        labels = self.per_engine_labelvalues[engine_idx]
+        for key, (calls, blocks) in transfer_stats_data.get("misses", {}).items():
+            op, reason = key.split("|", 1)
+            self._misses.labels(*labels, op, reason).inc(calls)
+            self._blocks.labels(*labels, op, reason).inc(blocks)
+        for side, (is_open, opened) in transfer_stats_data.get("breakers", {}).items():
+            self._open.labels(*labels, side).set(is_open)
+            self._opened.labels(*labels, side).inc(opened)
