@@ -51,7 +51,8 @@ class SidecarConnector(EmbeddedConnector):
         (wrong token, different layout).
         """
         self._tier = DaemonTier.from_config(self.config, self.client_name, CONNECT_WAIT_S, pool.layout)
-        return TieredStore(pool.layout, pool, host=None, disk=self._tier, policy=self.config.policy)
+        return TieredStore(pool.layout, pool, host=None, disk=self._tier, policy=self.config.policy,
+                           deadlines=self.config.deadlines)
 
     @property
     def tenant_salt(self) -> bytes | None:

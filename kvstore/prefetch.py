@@ -7,9 +7,12 @@ A :class:`StoreLease` moves through two phases::
            ─► phase 2 (worker): host slot ─► GPU block, layer 0 first, ... layer n-1
     wait_layer(i) returns once layer i of every usable block is on the GPU
 
-Stop policies: ``wait_complete`` waits for phase 1; ``best_effort`` takes what
-has arrived; ``timeout`` waits ``base + per_1k * tokens / 1000`` ms, then
-recomputes the rest. Loaded blocks enter the index only after phase 2, so a
+Stop policies: ``wait_complete`` waits for phase 1, but never past the load's
+deadline (:class:`~kvstore.load_clock.LoadClock`: its bytes at the measured
+bandwidth, with a floor), so a stalled disk or remote tier costs a request
+that deadline, not the stall; ``best_effort`` takes what has arrived;
+``timeout`` waits ``base + per_1k * tokens / 1000`` ms. Either way the rest
+is recomputed, and a read still in flight then is dropped when it returns. Loaded blocks enter the index only after phase 2, so a
 concurrent request never sees a GPU block before its bytes are there.
 """
 
@@ -24,9 +27,11 @@ from dataclasses import dataclass, field
 import torch
 
 from kvstore.budget import ByteBudget
+from kvstore.config.deadlines import DeadlinesConfig
 from kvstore.config.schema import PolicyConfig
 from kvstore.hierarchy import Hierarchy
 from kvstore.host_slot import HostSlot
+from kvstore.load_clock import LoadClock
 from kvstore.radix import RadixNode
 from kvstore.transfer import CopyStreams, LayerSync, copy_layer, default_copy_streams, staging_buffer
 
@@ -160,10 +165,13 @@ class Prefetcher:
     """
 
     def __init__(
-        self, h: Hierarchy, policy: PolicyConfig, workers: int = 2, streams: CopyStreams | None = None
+        self, h: Hierarchy, policy: PolicyConfig, workers: int = 2, streams: CopyStreams | None = None,
+        deadlines: DeadlinesConfig | None = None,
     ) -> None:
         self.h = h
         self.policy = policy
+        self.clock = LoadClock(deadlines or DeadlinesConfig())
+        """Phase 1's deadline (``wait_complete``), from the bandwidth of earlier phase-1 reads."""
         self.streams = streams if streams is not None else default_copy_streams(h.pool.device)
         self.budget = ByteBudget(int(policy.max_inflight_bytes))
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvstore-prefetch")
@@ -205,6 +213,7 @@ class Prefetcher:
                         for p in batch:
                             p.in_flight = True
                     dests = [self._dest(p) for p in batch]
+                    t_read = time.monotonic()
                     if source == "remote":  # a contiguous run of the chain: read by position
                         assert h.remote is not None
                         found = h.remote.load(lease.chain or lease.keys, first_pos, dests)
@@ -213,6 +222,7 @@ class Prefetcher:
                         found = h.disk.get([p.key for p in batch], dests)
                 finally:
                     self.budget.release(nbytes)
+                self.clock.record(sum(found) * bpb, time.monotonic() - t_read)
                 n_ok = 0
                 with h.lock:
                     pl = h.placement
@@ -245,6 +255,11 @@ class Prefetcher:
         return p.staging
 
     # -------------------------------------------------------------- resolve
+    def load_deadline_s(self, lease: StoreLease) -> float:
+        """The longest ``wait_complete`` waits for the lease's phase-1 reads (:class:`LoadClock` of their bytes)."""
+        n = sum(1 for p in lease.plan if p.source in PHASE1_SOURCES and not p.skipped)
+        return self.clock.deadline_s(n * self.h.layout.bytes_per_block)
+
     def timeout_s(self, lease: StoreLease) -> float:
         """The ``timeout`` policy's budget for this lease, in seconds."""
         tokens = len(lease.plan) * lease.block_size
@@ -256,7 +271,9 @@ class Prefetcher:
         t0 = time.perf_counter()
         mode = self.policy.prefetch
         if mode == "wait_complete":
-            lease._phase1_done.wait()
+            if not lease._phase1_done.wait(self.load_deadline_s(lease)):
+                log.warning("a load of %d blocks missed its deadline (%.2f s); the rest is recomputed",
+                            len(lease.plan), self.load_deadline_s(lease))
         elif mode == "timeout":
             lease._phase1_done.wait(self.timeout_s(lease))
         lease._cancel.set()

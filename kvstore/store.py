@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any
 
+from kvstore.config.deadlines import DeadlinesConfig
 from kvstore.config.schema import KVStoreConfig, PolicyConfig
 from kvstore.config.write_policy import SELECTIVE_HITS_DEFAULT
 from kvstore.errors import BlockStateError, OutOfBlocks
@@ -64,10 +65,12 @@ class TieredStore:
         remote_selective_hits: int = SELECTIVE_HITS_DEFAULT,
         remote_max_queued_bytes: int = MAX_QUEUED_BYTES,
         placement: PlacementPolicy | None = None,
+        deadlines: DeadlinesConfig | None = None,
     ) -> None:
         """``placement``: the placement policy itself instead of the one ``policy.placement`` names, for the
         benchmarks and tests that study a variant no name stands for; the host and disk tiers must already
-        evict through its orders (:meth:`PlacementPolicy.orders`)."""
+        evict through its orders (:meth:`PlacementPolicy.orders`). ``deadlines``: how long a load may take
+        before the engine recomputes instead (``deadlines.load_*``)."""
         self.policy = policy or PolicyConfig()
         placement = placement or self.policy.placement_policy()
         self.h = Hierarchy(layout, pool, host, disk, remote, carry_uses=placement.carry_uses,
@@ -83,7 +86,7 @@ class TieredStore:
                 if not disk.takes_victim_hook:
                     raise ValueError(f"remote write_back needs a disk tier that shows its victims; {disk.name} does not")
                 disk.set_victim_hook(self.remote_writer.disk_victims)
-        self.prefetcher = Prefetcher(self.h, self.policy, streams=copy_streams)
+        self.prefetcher = Prefetcher(self.h, self.policy, streams=copy_streams, deadlines=deadlines)
         self.layout = layout
 
     @classmethod
@@ -109,7 +112,7 @@ class TieredStore:
         )
         return cls(layout, pool, host, disk, cfg.policy, remote=remote, remote_write=cfg.remote.write,
                    remote_selective_hits=cfg.remote.selective_hits,
-                   remote_max_queued_bytes=int(cfg.remote.max_inflight_bytes))
+                   remote_max_queued_bytes=int(cfg.remote.max_inflight_bytes), deadlines=cfg.deadlines)
 
     # ------------------------------------------------------------ accessors
     @property
@@ -371,10 +374,14 @@ class TieredStore:
         if lease.released:
             return
         lease.resolve()
-        for fut in (lease._phase1, lease._phase2):
-            if fut is not None:
-                fut.result()  # reads and copies into the lease's buffers are over
         h = self.h
+        if lease._phase2 is not None:
+            lease._phase2.result()  # copies into the lease's GPU blocks are over
+        if lease._phase1 is not None:
+            with h.lock:  # after resolve only a block still planned can be in flight; a trimmed one is dropped and
+                busy = any(p.in_flight for p in lease.plan)  # settles itself when its read returns (never waited for)
+            if busy:
+                lease._phase1.result()
         with h.lock:
             h.placeholders.difference_update(p.gpu_block for p in lease.plan if p.skipped)
             h.placement.unref([p.gpu_block for p in lease.plan])

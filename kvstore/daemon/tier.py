@@ -55,6 +55,7 @@ from kvstore.daemon.client import DaemonClient, DaemonUnavailable
 from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, Op
 from kvstore.errors import TierError
 from kvstore.layout import KVLayout
+from kvstore.load_clock import LoadClock
 from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
 from kvstore.tiers.host.arena import SlotCopy, copy_split
@@ -63,10 +64,6 @@ log = logging.getLogger(__name__)
 PUT_RETRIES = 4
 PUT_RETRY_S = 0.002
 """First pause before retrying blocks the daemon had no free slot for (doubling per retry)."""
-BANDWIDTH_WEIGHT = 0.2
-"""Weight of the newest get in the measured load bandwidth (an exponential average)."""
-MEASURED_BYTES = 1 << 20
-"""Gets smaller than this do not update the measured bandwidth (their time is the round trip's, not the bytes')."""
 
 
 @dataclass(frozen=True)
@@ -97,9 +94,8 @@ class DaemonTier(Tier):
         """Blocks not loaded or not saved, by the same."""
         self._miss_lock = threading.Lock()
         self._ratelog = RateLimitedLog(log)
-        self.bandwidth = float(self.deadlines.load_bandwidth)
-        """Bytes per second of gets, measured (an exponential average; ``load_bandwidth`` until the first)."""
-        self.measured_loads = 0
+        self.clock = LoadClock(self.deadlines)
+        """The deadline of a get, from the bandwidth of earlier ones."""
         self._salt_known: tuple[bytes | None] | None = (client.hello.salt,) if client.hello is not None else None
 
     @classmethod
@@ -117,17 +113,8 @@ class DaemonTier(Tier):
         return cls(layout, client, dl)
 
     def load_deadline_s(self, nbytes: int) -> float:
-        """Seconds a get of ``nbytes`` may take: ``load_floor_ms`` plus ``load_slack`` times the bytes at the
-        measured bandwidth."""
-        dl = self.deadlines
-        return dl.load_floor_ms / 1000 + dl.load_slack * nbytes / self.bandwidth
-
-    def _measure(self, nbytes: int, seconds: float) -> None:
-        if nbytes < MEASURED_BYTES or seconds <= 0:
-            return
-        rate = nbytes / seconds
-        self.bandwidth = rate if self.measured_loads == 0 else (1 - BANDWIDTH_WEIGHT) * self.bandwidth + BANDWIDTH_WEIGHT * rate
-        self.measured_loads += 1
+        """Seconds a get of ``nbytes`` may take (:meth:`~kvstore.load_clock.LoadClock.deadline_s`)."""
+        return self.clock.deadline_s(nbytes)
 
     def health(self) -> dict[str, object]:
         """The breaker's snapshot (state, transitions), the misses by operation and reason (calls and blocks)
@@ -137,8 +124,8 @@ class DaemonTier(Tier):
         with self._miss_lock:
             out["misses"] = [{"op": op, "reason": r, "calls": n, "blocks": self.blocks_missed.get((op, r), 0)}
                              for (op, r), n in sorted(self.misses.items())]
-        out["load_bandwidth_bytes_per_s"] = round(self.bandwidth)
-        out["measured_loads"] = self.measured_loads
+        out["load_bandwidth_bytes_per_s"] = round(self.clock.bandwidth)
+        out["measured_loads"] = self.clock.measured
         return out
 
     def count_miss(self, op: str, reason: MissReason, blocks: int = 0) -> None:
@@ -226,7 +213,7 @@ class DaemonTier(Tier):
             self._log_miss("load", exc, len(keys) - len(out))
             out += [False] * (len(keys) - len(out))
         hits = sum(out)
-        self._measure(hits * self.bpb, time.monotonic() - t0)
+        self.clock.record(hits * self.bpb, time.monotonic() - t0)
         self._stats.hits += hits
         self._stats.misses += len(out) - hits
         self._stats.bytes_read += hits * self.bpb

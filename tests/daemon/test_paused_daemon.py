@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from daemonlib import MODEL, REPO, Daemon, block_for, cleanup, empty_blocks, keys_for, short_tmpdir, start_daemon, write_config
@@ -201,4 +203,65 @@ def test_the_builtin_engine_on_a_sidecar_decodes_through_a_paused_daemon_as_from
     finally:
         if d is not None and d.proc.poll() is None:
             os.kill(d.proc.pid, signal.SIGCONT)
+        cleanup(d, root)
+
+
+DISK_STALLS_WHILE_FLAG_EXISTS = """
+import os, time
+from kvstore.tiers.lmdb.tier import DiskTier
+_put, _flush = DiskTier.put, DiskTier.flush
+def put(self, keys, srcs):
+    while os.path.exists({flag!r}):  # a write stuck in the kernel: a slow fsync, a full or hung device
+        time.sleep(0.01)
+    return _put(self, keys, srcs)
+def flush(self):
+    while os.path.exists({flag!r}):
+        time.sleep(0.01)
+    return _flush(self)
+DiskTier.put, DiskTier.flush = put, flush
+"""
+
+
+@pytest.mark.parametrize("sync", ["interval", "always"])
+def test_a_stalled_disk_write_never_delays_gets_from_host_ram(sync: str) -> None:
+    """The daemon's disk stops completing writes (injected: LMDB's put and sync wait on a flag file; a stuck
+    fsync cannot be made here without root on a real device). Lookups and gets of blocks in its host RAM are
+    answered as fast as before; under ``sync: always`` a put (which waits for its disk write) misses its
+    deadline and the client's saves give up, without holding its reads."""
+    root = short_tmpdir()
+    flag = root / "disk-stalls"
+    d = None
+    try:
+        d = start_daemon(write_config(root, disk={"sync": sync}), before=DISK_STALLS_WHILE_FLAG_EXISTS.format(flag=str(flag)))
+        reader = DaemonTier.from_config(load_config(client_config(root, d, breaker_failures=1000)), "reader")
+        writer = DaemonTier.from_config(load_config(client_config(root, d, breaker_failures=1000)), "writer")
+        reader.client.directory = None  # every get is a request the daemon answers (GET_SHM)
+        hot = keys_for(8, seed=61)
+        assert writer.put(hot, [block_for(k) for k in hot]) == [True] * 8
+        writer.flush()
+        baseline = [timed(reader.get, hot, empty_blocks(8))[1] for _ in range(5)]
+        flag.touch()
+        stuck = threading.Thread(target=lambda: [writer.put(ks, [block_for(k) for k in ks])
+                                                 for ks in (keys_for(8, seed=62 + i) for i in range(6))])
+        stuck.start()  # puts whose disk writes never complete while the flag exists
+        time.sleep(0.5)
+        times = []
+        for _ in range(20):
+            dests = empty_blocks(8)
+            found, dt = timed(reader.get, hot, dests)
+            assert found == [True] * 8
+            assert all(bool((x == block_for(k)).all()) for k, x in zip(hot, dests))
+            n, dt_probe = timed(reader.probe, hot, 0)
+            assert n == 8
+            times.append(max(dt, dt_probe))
+        assert max(times) < 0.25, f"gets from host RAM took up to {max(times):.3f} s while the disk stalled " \
+                                  f"(before: {max(baseline):.3f} s)"
+        stuck.join(10)
+        assert not stuck.is_alive(), "a save waited past its deadline"
+        flag.unlink()
+        reader.close()
+        writer.close()
+    finally:
+        if flag.exists():
+            flag.unlink()
         cleanup(d, root)

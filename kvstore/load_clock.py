@@ -1,0 +1,45 @@
+"""How long a load may take: its bytes at the bandwidth measured on earlier loads, with a floor.
+
+A load that misses its deadline is given up and the engine recomputes what
+did not come (late bytes are never used), so a slow or stalled tier costs a
+request at most this long, never the stall. The bandwidth is measured as the
+store runs (an exponential average of the loads large enough to measure
+bytes rather than round trips), starting from ``deadlines.load_bandwidth``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from kvstore.config.deadlines import DeadlinesConfig
+
+WEIGHT = 0.2
+"""Weight of the newest load in the measured bandwidth."""
+MEASURED_BYTES = 1 << 20
+"""Loads smaller than this do not update the measured bandwidth (their time is the round trip's, not the bytes')."""
+
+
+class LoadClock:
+    """The deadline of a load of ``n`` bytes from one tier (or one daemon), from what earlier loads measured."""
+
+    def __init__(self, deadlines: DeadlinesConfig) -> None:
+        self.deadlines = deadlines
+        self.bandwidth = float(deadlines.load_bandwidth)
+        """Bytes per second, measured (``deadlines.load_bandwidth`` until the first measured load)."""
+        self.measured = 0
+        """Loads measured so far."""
+        self._lock = threading.Lock()
+
+    def deadline_s(self, nbytes: int) -> float:
+        """Seconds a load of ``nbytes`` may take: ``load_floor_ms`` plus ``load_slack`` times its expected time."""
+        d = self.deadlines
+        return d.load_floor_ms / 1000 + d.load_slack * nbytes / self.bandwidth
+
+    def record(self, nbytes: int, seconds: float) -> None:
+        """A load of ``nbytes`` took ``seconds``."""
+        if nbytes < MEASURED_BYTES or seconds <= 0:
+            return
+        rate = nbytes / seconds
+        with self._lock:
+            self.bandwidth = rate if self.measured == 0 else (1 - WEIGHT) * self.bandwidth + WEIGHT * rate
+            self.measured += 1
