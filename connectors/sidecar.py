@@ -54,6 +54,11 @@ class SidecarConnector(EmbeddedConnector):
         return TieredStore(pool.layout, pool, host=None, disk=self._tier, policy=self.config.policy,
                            deadlines=self.config.deadlines)
 
+    def daemon_health(self) -> dict[str, object] | None:
+        """The daemon tier's breaker, misses by operation and reason, and measured load bandwidth
+        (:meth:`~kvstore.daemon.tier.DaemonTier.health`; ``None`` before :meth:`register`)."""
+        return self._tier.health() if self._tier is not None else None
+
     @property
     def tenant_salt(self) -> bytes | None:
         """The salt the daemon assigned at handshake (``None``: callers' salts are used as given)."""

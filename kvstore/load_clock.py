@@ -28,6 +28,9 @@ class LoadClock:
         """Bytes per second, measured (``deadlines.load_bandwidth`` until the first measured load)."""
         self.measured = 0
         """Loads measured so far."""
+        self.latency = 0.0
+        """Seconds a load takes whatever its size (an exponential average of the loads too small to measure the
+        bandwidth: their time is a round trip's)."""
         self._lock = threading.Lock()
 
     def deadline_s(self, nbytes: int) -> float:
@@ -35,9 +38,21 @@ class LoadClock:
         d = self.deadlines
         return d.load_floor_ms / 1000 + d.load_slack * nbytes / self.bandwidth
 
+    def adopt(self, bandwidth: float, latency: float) -> None:
+        """Take another process's measurement (vLLM's scheduler decides from what its workers measured)."""
+        if bandwidth > 0:
+            with self._lock:
+                self.bandwidth, self.latency = bandwidth, max(0.0, latency)
+                self.measured += 1
+
     def record(self, nbytes: int, seconds: float) -> None:
-        """A load of ``nbytes`` took ``seconds``."""
-        if nbytes < MEASURED_BYTES or seconds <= 0:
+        """A load of ``nbytes`` took ``seconds`` (a load given up at its deadline counts with the bytes it asked
+        for: the tier is at most that fast)."""
+        if seconds <= 0:
+            return
+        if nbytes < MEASURED_BYTES:
+            with self._lock:
+                self.latency = seconds if self.latency == 0 else (1 - WEIGHT) * self.latency + WEIGHT * seconds
             return
         rate = nbytes / seconds
         with self._lock:

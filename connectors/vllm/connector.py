@@ -41,7 +41,7 @@ from connectors.vllm.connector_scheduler import KVStoreConnectorScheduler
 from connectors.vllm.connector_worker import KVStoreConnectorWorker
 from connectors.vllm.identity import engine_kv_format, model_identity
 from connectors.vllm.shards import Shard, all_shards
-from connectors.vllm.stats import HealthReport, KVStoreConnectorStats, KVStorePromMetrics
+from connectors.vllm.stats import HealthReport, KVStoreConnectorStats, KVStorePromMetrics, worker_clock
 from kvstore.layout import KVLayout
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
             self.connector_scheduler = KVStoreConnectorScheduler(store, layout, loads=tc.is_kv_consumer,
                                                                  saves=tc.is_kv_producer, shards=all_shards(tp),
                                                                  groups=len(kv_cache_config.kv_cache_groups))
-            self._health = HealthReport("scheduler", store)
+            self._health = HealthReport("scheduler", store, cost=self.connector_scheduler.cost)
         else:
             rank = _tp_rank(tp)
             self.connector_worker = KVStoreConnectorWorker(store, layout, blocks.layers, kv_cache_config.num_blocks,
@@ -205,8 +205,10 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         return self._scheduler().build_connector_meta(scheduler_output)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        self._scheduler().on_load_errors(set(connector_output.invalid_block_ids or ()),
-                                         set(getattr(connector_output, "failed_recving", None) or ()))
+        scheduler = self._scheduler()
+        scheduler.step_done(worker_clock(getattr(connector_output, "kv_connector_stats", None)))
+        scheduler.on_load_errors(set(connector_output.invalid_block_ids or ()),
+                                 set(getattr(connector_output, "failed_recving", None) or ()))
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler().request_finished(request)

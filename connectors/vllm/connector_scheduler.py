@@ -42,6 +42,7 @@ deadline for its answer.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -53,6 +54,8 @@ from connectors.engine_store import EngineBlockStore
 from connectors.vllm.connector_meta import NULL, BlockTransfer, KVStoreConnectorMetadata
 from connectors.vllm.shards import Shard
 from kvstore.layout import KVLayout
+from kvstore.load_clock import LoadClock
+from kvstore.load_cost import LoadCost
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -103,6 +106,10 @@ class KVStoreConnectorScheduler:
         self._epoch: bytes | None = None
         """Set by :meth:`reset`: mixed into every key's salt, so nothing stored before the reset is found."""
         self._lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-vllm-lookup")
+        self.cost = LoadCost(LoadClock(store.deadlines), store.deadlines.always_load)
+        """Load or recompute: the workers' measured load rate (:meth:`adopt_worker_clock`) against this engine's
+        measured prefill rate (the time between steps and the tokens they computed)."""
+        self._last_step: tuple[float, int] | None = None
 
     def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
         """Where the GPU block ids of scheduled requests are read from."""
@@ -160,6 +167,8 @@ class KVStoreConnectorScheduler:
             return None, False  # not yet: vLLM schedules the others and asks again
         st.lookup = None
         hits = found - first
+        if hits > 0 and not self.cost.decide(hits, bs, self.layout.bytes_per_block).load:
+            hits = 0  # expected to arrive later than vLLM computes it: recomputed
         return hits * bs, self.async_loads and hits > 0
 
     def _probe(self, chain: list[bytes], first: int) -> int:
@@ -189,6 +198,8 @@ class KVStoreConnectorScheduler:
         """This step's loads (planned at allocation) and saves (blocks the step fills)."""
         meta = KVStoreConnectorMetadata()
         bs = self.layout.block_size
+        # the step runs from now until its output comes back (step_done): the engine's prefill rate
+        self._last_step = (time.monotonic(), int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0))
         for st in self._requests.values():  # an asynchronous load's request is not scheduled in its step
             if st.pending_load is not None:
                 (meta.async_loads if self.async_loads else meta.loads).append(st.pending_load)
@@ -216,6 +227,16 @@ class KVStoreConnectorScheduler:
         pool = getattr(self._kv_cache_manager, "block_pool", None)
         null = getattr(pool, "null_block", None)
         return None if null is None else int(null.block_id)
+
+    def step_done(self, worker_clock: tuple[float, float] | None) -> None:
+        """A step's output came back: its tokens over its time measure the engine's prefill rate;
+        ``worker_clock``: the load bandwidth and latency the workers measured (from their stats), if any."""
+        if self._last_step is not None:
+            t0, tokens = self._last_step
+            self.cost.record_prefill(tokens, time.monotonic() - t0)
+            self._last_step = None
+        if worker_clock is not None:
+            self.cost.clock.adopt(*worker_clock)
 
     def on_load_errors(self, invalid_block_ids: set[int], failed_requests: set[str] = frozenset()) -> None:
         """Blocks the workers could not load will be recomputed: save them again from the first failed one on.

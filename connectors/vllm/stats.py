@@ -15,6 +15,13 @@ Series (labels after vLLM's per-engine ones):
 - ``vllm:kvstore_breaker_opened_total{side}``: times it opened.
 - ``vllm:kvstore_misses_total{op,reason}``: calls (``lookup``, ``load``, ``save``) that gave nothing.
 - ``vllm:kvstore_missed_blocks_total{op,reason}``: blocks not loaded or not saved, ``save``'s ``queue_full`` included.
+- ``vllm:kvstore_load_decisions_total{decision}``: matches loaded (``load``) or left to vLLM to compute
+  (``recompute``: expected to arrive later than vLLM computes them, :mod:`kvstore.load_cost`).
+- ``vllm:kvstore_load_bandwidth_bytes_per_second``, ``vllm:kvstore_load_latency_seconds``,
+  ``vllm:kvstore_prefill_tokens_per_second`` (gauges): the inputs of those decisions, as measured.
+
+The workers' measured load rate also reaches the scheduler this way (:func:`worker_clock` of the stats in
+each step's output), which decides from it.
 """
 
 from __future__ import annotations
@@ -29,12 +36,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 
 from connectors.engine_store import EngineBlockStore
 from connectors.save_queue import SaveQueue
+from kvstore.load_cost import LoadCost
 
 
 @dataclass
 class KVStoreConnectorStats(KVConnectorStats):
     """One interval's figures: ``misses`` ``{"op|reason": [calls, blocks]}`` (added up), ``breakers``
-    ``{side: [open, opened]}`` (``open`` the latest, ``opened`` added up)."""
+    ``{side: [open, opened]}`` (``open`` the latest, ``opened`` added up), ``decisions`` ``{"load": n,
+    "recompute": n}`` (added up), ``clock`` ``[bandwidth, latency]`` (a worker's measured loads: the slowest
+    worker's), ``prefill`` (the scheduler's measured tokens per second, the latest)."""
 
     def __post_init__(self) -> None:
         if not self.data:
@@ -44,7 +54,7 @@ class KVStoreConnectorStats(KVConnectorStats):
         self.data = {"misses": {}, "breakers": {}}
 
     def is_empty(self) -> bool:
-        return not self.data.get("misses") and not self.data.get("breakers")
+        return not any(self.data.get(k) for k in ("misses", "breakers", "decisions", "clock", "prefill"))
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for key, (calls, blocks) in other.data.get("misses", {}).items():
@@ -54,6 +64,16 @@ class KVStoreConnectorStats(KVConnectorStats):
         for side, (is_open, opened) in other.data.get("breakers", {}).items():
             prev = self.data.setdefault("breakers", {}).get(side, [0, 0])
             self.data["breakers"][side] = [is_open, prev[1] + opened]
+        for decision, n in other.data.get("decisions", {}).items():
+            mine = self.data.setdefault("decisions", {})
+            mine[decision] = mine.get(decision, 0) + n
+        if other.data.get("clock"):
+            mine_clock = self.data.get("clock")
+            theirs = other.data["clock"]
+            self.data["clock"] = theirs if not mine_clock else [min(mine_clock[0], theirs[0]),
+                                                                max(mine_clock[1], theirs[1])]
+        if other.data.get("prefill"):
+            self.data["prefill"] = other.data["prefill"]
         return self
 
     def reduce(self) -> dict[str, int | float]:
@@ -64,25 +84,60 @@ class KVStoreConnectorStats(KVConnectorStats):
         for side, (is_open, opened) in sorted(self.data.get("breakers", {}).items()):
             out[f"breaker_{side}_open"] = is_open
             out[f"breaker_{side}_opened"] = opened
+        for decision, n in sorted(self.data.get("decisions", {}).items()):
+            out[f"decided_{decision}"] = n
+        if self.data.get("clock"):
+            out["load_bandwidth_MBps"] = round(self.data["clock"][0] / 1e6, 1)
+            out["load_latency_ms"] = round(self.data["clock"][1] * 1e3, 2)
+        if self.data.get("prefill"):
+            out["prefill_tokens_per_s"] = round(self.data["prefill"], 1)
         return out
+
+
+def worker_clock(stats: KVConnectorStats | None) -> tuple[float, float] | None:
+    """The load bandwidth and latency the workers reported in ``stats`` (a step's output), if they did."""
+    clock = stats.data.get("clock") if stats is not None else None
+    return (float(clock[0]), float(clock[1])) if clock else None
 
 
 class HealthReport:
     """What one side of the connector (``side``: ``scheduler`` or ``worker N``) reports to vLLM, as deltas."""
 
-    def __init__(self, side: str, store: EngineBlockStore, save_queue: SaveQueue | None = None) -> None:
+    def __init__(self, side: str, store: EngineBlockStore, save_queue: SaveQueue | None = None,
+                 cost: LoadCost | None = None) -> None:
         self.side = side
         self.store = store
         self.save_queue = save_queue
+        self.cost = cost
         self._seen_misses: dict[str, list[int]] = {}
         self._seen_opened = 0
         self._was_open = -1
+        self._seen_decisions: dict[str, int] = {}
+        self._seen_measured = 0
+        self._seen_prefill: float | None = None
 
     def take(self) -> KVStoreConnectorStats | None:
         """The figures that changed since the last call (``None``: nothing did)."""
         totals: dict[str, list[int]] = {}
         is_open, opened = 0, 0
-        for health in self.store.health():
+        extra: dict[str, Any] = {}
+        healths = self.store.health()
+        measured = sum(int(h.get("measured_loads", 0)) for h in healths)  # type: ignore[call-overload]
+        if self.cost is None and measured != self._seen_measured:  # a worker: what its loads measured
+            self._seen_measured = measured
+            extra["clock"] = [min(float(h["load_bandwidth_bytes_per_s"]) for h in healths),  # type: ignore[arg-type]
+                              max(float(h["load_latency_s"]) for h in healths)]  # type: ignore[arg-type]
+        if self.cost is not None:  # the scheduler: its decisions and the prefill rate it measured
+            decisions = dict(self.cost.decisions)
+            delta = {k: n - self._seen_decisions.get(k, 0) for k, n in decisions.items()}
+            if any(delta.values()):
+                extra["decisions"] = delta
+                self._seen_decisions = decisions
+            if self.cost.prefill_rate != self._seen_prefill:
+                self._seen_prefill = self.cost.prefill_rate
+                extra["prefill"] = self.cost.prefill_rate
+                extra["clock"] = [self.cost.clock.bandwidth, self.cost.clock.latency]
+        for health in healths:
             for row in health.get("misses", []):  # type: ignore[union-attr]
                 key = f"{row['op']}|{row['reason']}"
                 t = totals.setdefault(key, [0, 0])
@@ -104,9 +159,9 @@ class HealthReport:
         if opened != self._seen_opened or is_open != self._was_open:
             breakers[self.side] = [is_open, opened - self._seen_opened]
             self._seen_opened, self._was_open = opened, is_open
-        if not misses and not breakers:
+        if not misses and not breakers and not extra:
             return None
-        return KVStoreConnectorStats(data={"misses": misses, "breakers": breakers})
+        return KVStoreConnectorStats(data={"misses": misses, "breakers": breakers, **extra})
 
 
 class KVStorePromMetrics(KVConnectorPromMetrics):
@@ -128,6 +183,18 @@ class KVStorePromMetrics(KVConnectorPromMetrics):
         self._blocks = self._counter_cls(name="vllm:kvstore_missed_blocks", documentation="Blocks not loaded "
                                          "(recomputed) or not saved, by operation and reason.",
                                          labelnames=labelnames + ["op", "reason"])
+        self._decisions = self._counter_cls(name="vllm:kvstore_load_decisions", documentation="Cached prefixes "
+                                            "loaded (load) or left to vLLM to compute (recompute: expected to arrive "
+                                            "later than vLLM computes them).", labelnames=labelnames + ["decision"])
+        self._bandwidth = self._gauge_cls(name="vllm:kvstore_load_bandwidth_bytes_per_second", documentation=
+                                          "kvstore's load bandwidth as measured (an input of the load decisions).",
+                                          labelnames=labelnames, multiprocess_mode="mostrecent")
+        self._latency = self._gauge_cls(name="vllm:kvstore_load_latency_seconds", documentation="kvstore's "
+                                        "per-load latency as measured (an input of the load decisions).",
+                                        labelnames=labelnames, multiprocess_mode="mostrecent")
+        self._prefill = self._gauge_cls(name="vllm:kvstore_prefill_tokens_per_second", documentation="vLLM's "
+                                        "prefill rate as kvstore measured it (an input of the load decisions).",
+                                        labelnames=labelnames, multiprocess_mode="mostrecent")
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         labels = self.per_engine_labelvalues[engine_idx]
@@ -138,3 +205,10 @@ class KVStorePromMetrics(KVConnectorPromMetrics):
         for side, (is_open, opened) in transfer_stats_data.get("breakers", {}).items():
             self._open.labels(*labels, side).set(is_open)
             self._opened.labels(*labels, side).inc(opened)
+        for decision, n in transfer_stats_data.get("decisions", {}).items():
+            self._decisions.labels(*labels, decision).inc(n)
+        if transfer_stats_data.get("clock"):
+            self._bandwidth.labels(*labels).set(transfer_stats_data["clock"][0])
+            self._latency.labels(*labels).set(transfer_stats_data["clock"][1])
+        if transfer_stats_data.get("prefill"):
+            self._prefill.labels(*labels).set(transfer_stats_data["prefill"])

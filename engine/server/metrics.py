@@ -36,6 +36,20 @@ def engine_families(snapshot: dict[str, Any]) -> list[Family]:
     out.append(Family("kvstore_engine_gpu_blocks", "gauge",
                       "GPU KV blocks: in_use = not free (running requests and cached prefixes), total.")
                .add(blocks["used"], replica=replica, state="in_use").add(blocks["total"], replica=replica, state="total"))
+    daemon = snapshot.get("daemon")
+    if daemon:  # a sidecar connector: its breaker and what the daemon's misses cost
+        out.append(family("kvstore_engine_breaker_open", "gauge", "1 while the breaker toward the daemon is open "
+                          "(every lookup a fast miss, nothing saved).", int(daemon["state"] == "open"), replica=replica))
+        out.append(family("kvstore_engine_breaker_opened_total", "counter", "Times the breaker toward the daemon "
+                          "opened (it missed its deadlines repeatedly).", daemon.get("opened", 0), replica=replica))
+        misses = Family("kvstore_engine_misses_total", "counter", "Calls into the daemon that gave nothing, by "
+                        "operation (lookup, load, save) and reason (deadline, breaker_open, daemon_gone, no_room).")
+        blocks = Family("kvstore_engine_missed_blocks_total", "counter", "Blocks not loaded (recomputed) or not "
+                        "saved, by operation and reason.")
+        for row in daemon.get("misses", []):
+            misses.add(row["calls"], replica=replica, op=row["op"], reason=row["reason"])
+            blocks.add(row["blocks"], replica=replica, op=row["op"], reason=row["reason"])
+        out += [misses, blocks]
     events = snapshot.get("events") or {}
     if events.get("enabled"):
         out += [

@@ -46,7 +46,8 @@ def _serve(args: argparse.Namespace) -> int:
         events = ReplicaEvents.start(cfg, connector, replica, args.events_endpoint, args.replay_endpoint)
         worker = EngineWorker(llm)
         server = EngineServer(worker, PromptRenderer(ModelText(llm.tokenizer, llm.chat_template)),
-                              args.served_model_name or served_name(args.model), replica, llm.pool.layout, events.stats,
+                              args.served_model_name or served_name(args.model), replica, llm.pool.layout,
+                              lambda: {**events.stats(), **_daemon_section(connector)},
                               aliases=() if args.served_model_name else (args.model,))
         if resolve_model(args.model) is None:
             print("kvstore engine serve: --model builtin is the tiny model with random weights (for tests): its "
@@ -66,6 +67,14 @@ def _serve(args: argparse.Namespace) -> int:
         if connector is not None:
             connector.close()
     return 0
+
+
+def _daemon_section(connector: object) -> dict[str, object]:
+    """``{"daemon": health}`` for a sidecar connector (its breaker and misses, for ``/stats`` and ``/metrics``)."""
+    from connectors.sidecar import SidecarConnector
+
+    health = connector.daemon_health() if isinstance(connector, SidecarConnector) else None
+    return {"daemon": health} if health is not None else {}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

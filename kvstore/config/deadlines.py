@@ -44,6 +44,11 @@ class DeadlinesConfig(Section):
     """Longest wait between two probes of an open breaker."""
     probe_ms: float = Field(1000.0, gt=0, le=600_000)
     """Deadline of the breaker's probe (reconnect, login, one empty lookup)."""
+    always_load: bool = False
+    """Load every cached prefix found. ``false`` (the default): vLLM's full connector loads a prefix only when it
+    is expected to arrive before vLLM could compute it (the load bandwidth and latency its workers measure
+    against the prefill rate its scheduler measures, :mod:`kvstore.load_cost`); a prefix behind a tier slower
+    than the engine is recomputed."""
 
     def breaker(self) -> BreakerSettings:
         """The breaker's settings."""

@@ -125,6 +125,7 @@ class DaemonTier(Tier):
             out["misses"] = [{"op": op, "reason": r, "calls": n, "blocks": self.blocks_missed.get((op, r), 0)}
                              for (op, r), n in sorted(self.misses.items())]
         out["load_bandwidth_bytes_per_s"] = round(self.clock.bandwidth)
+        out["load_latency_s"] = self.clock.latency
         out["measured_loads"] = self.clock.measured
         return out
 
@@ -209,11 +210,13 @@ class DaemonTier(Tier):
                 for start in range(0, len(keys), step):
                     ks, ds = list(keys[start : start + step]), list(dests[start : start + step])
                     out += self._get_batch(ks, ds, addrs[start : start + step])
+            self.clock.record(sum(out) * self.bpb, time.monotonic() - t0)
         except DaemonUnavailable as exc:
             self._log_miss("load", exc, len(keys) - len(out))
+            if exc.reason == MissReason.DEADLINE:  # given up at the deadline: the daemon is at most this fast now
+                self.clock.record(len(keys) * self.bpb, time.monotonic() - t0)
             out += [False] * (len(keys) - len(out))
         hits = sum(out)
-        self.clock.record(hits * self.bpb, time.monotonic() - t0)
         self._stats.hits += hits
         self._stats.misses += len(out) - hits
         self._stats.bytes_read += hits * self.bpb
@@ -276,7 +279,11 @@ class DaemonTier(Tier):
         Raises :class:`~kvstore.errors.NotDurable` (after disconnecting) when the final flush reports lost blocks.
         """
         try:
-            self.client.flush()
+            if self.client.breaker is not None and self.client.breaker.is_open:
+                log.warning("daemon tier close: not flushed: the daemon at %s missed its deadlines (breaker open); "
+                            "what it acknowledged is written by its own write-behind", self.client.address)
+            else:
+                self.client.flush()
         except DaemonUnavailable as exc:
             log.warning("daemon tier close: could not flush: %s", exc)
         finally:

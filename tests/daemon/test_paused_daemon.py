@@ -198,6 +198,20 @@ def test_the_builtin_engine_on_a_sidecar_decodes_through_a_paused_daemon_as_from
         assert dt < 4.0, f"the engine waited {dt:.1f} s on a stalled load"
         misses = {(r["op"], r["reason"]) for r in tier.health()["misses"]}  # type: ignore[union-attr]
         assert ("load", "deadline") in misses
+        # what `kvstore engine serve` shows in /metrics for this connector: the breaker and the misses by reason
+        from prometheus_client.parser import text_string_to_metric_families
+
+        from engine.server.metrics import engine_families
+        from kvstore.cli.engine_cmd import _daemon_section
+        from kvstore.prometheus import render
+
+        snapshot = {"replica": "r0", "in_flight_requests": 0, "in_flight_tokens": 0, "totals": {},
+                    "gpu_blocks": {"used": 0, "total": 64}, **_daemon_section(during)}
+        seen = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(render(engine_families(snapshot))) for s in f.samples}
+        assert seen[("kvstore_engine_breaker_opened_total", (("replica", "r0"),))] == 1
+        assert seen[("kvstore_engine_misses_total", (("op", "lookup"), ("reason", "deadline"), ("replica", "r0")))] >= 1
+        assert ("kvstore_engine_breaker_open", (("replica", "r0"),)) in seen
         during.close()
         stalled.close()
     finally:

@@ -126,3 +126,44 @@ def test_daemon_assigned_tenants_never_see_each_others_pages(root: Path) -> None
         b.close()
     finally:
         cleanup(daemon, root / "none")
+
+
+def test_a_paused_daemon_costs_sglang_its_deadlines_not_the_pause(root: Path) -> None:
+    """SIGSTOP of the daemon under SGLang's HiCache calls: each answers within its deadline (a miss, a page not
+    stored), then at once behind the open breaker; after SIGCONT the pages stored before are served again."""
+    import time
+
+    daemon = start_daemon(_daemon_config(root))
+    try:
+        host = host_pool(device_pool())
+        client = write_kvstore_config(root, "paused.yaml", connector="sidecar", daemon={"token": TOKEN}, deadlines={
+            "lookup_ms": 50, "load_floor_ms": 300, "save_ms": 300, "breaker_open_s": 0.2, "breaker_open_max_s": 0.5})
+        backend = open_backend(client, host, interface_v1=1)
+        keys = page_hashes(4, seed="pause")
+        src = fill_pages(host, 4, seed=13)
+        assert backend.batch_set_v1(keys, src) == [True] * 4
+        os.kill(daemon.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            assert backend.batch_exists(keys) == 0
+            assert backend.batch_get_v1(keys, host.alloc(16)) == [False] * 4
+            assert backend.batch_set_v1(page_hashes(2, seed="during"), fill_pages(host, 2, seed=14)) == [False] * 2
+            for _ in range(100):  # the breaker is open: instant misses
+                assert backend.batch_exists(keys) == 0
+            elapsed = time.monotonic() - t0
+            time.sleep(max(0.0, 3.0 - elapsed))  # a pause longer than all of that
+        finally:
+            os.kill(daemon.proc.pid, signal.SIGCONT)
+        assert elapsed < 2.5, f"SGLang's calls waited {elapsed:.1f} s on a paused daemon"
+        t1 = time.monotonic()
+        while backend.batch_exists(keys) != 4:  # the breaker's probe finds the daemon again
+            assert time.monotonic() - t1 < 10, "the pages stored before the pause are not found after SIGCONT"
+            time.sleep(0.1)
+        dst = host.alloc(16)
+        assert backend.batch_get_v1(keys, dst) == [True] * 4
+        assert all(torch.equal(a, b) for a, b in zip(pages_at(host, dst), pages_at(host, src)))
+        backend.close()
+    finally:
+        if daemon.proc.poll() is None:
+            os.kill(daemon.proc.pid, signal.SIGCONT)
+        cleanup(daemon, root / "none")

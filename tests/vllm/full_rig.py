@@ -71,7 +71,8 @@ class FullRig:
             self.worker.wait_for_layer_load(name)
             self._compute(out, layer)
             self.worker.save_kv_layer(name, self.kv[name], None)  # type: ignore[arg-type]
-        self.worker.wait_for_save()
+        self.worker.wait_for_save()  # hands the step's saves to the background writer
+        assert self.worker.connector_worker.save_queue.wait_idle(30)  # the next step's lookups see them (a real engine may not)
         errors = self.worker.get_block_ids_with_load_errors()
         self.load_errors.append(errors)
         sending, recving = self.worker.get_finished(set())

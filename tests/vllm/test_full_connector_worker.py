@@ -47,6 +47,7 @@ def test_saved_blocks_load_back_bit_for_bit_even_for_layers_save_kv_layer_skippe
     worker.save_kv_layer("l0", caches["l0"])
     worker.save_kv_layer("l2", caches["l2"])  # l1's attention never called it: wait_for_save copies it itself
     worker.wait_for_save()
+    assert worker.save_queue.wait_idle(30)  # the background writer stored the saves
     assert worker.store.contains_prefix(keys) == 2
 
     for t in caches.values():
@@ -55,6 +56,7 @@ def test_saved_blocks_load_back_bit_for_bit_even_for_layers_save_kv_layer_skippe
     for n in LAYERS:
         worker.wait_for_layer_load(n)
     worker.wait_for_save()
+    assert worker.save_queue.wait_idle(30)  # the background writer stored the saves
     assert worker.get_block_ids_with_load_errors() == set()
     for n in LAYERS:
         assert torch.equal(block(caches, n, 6, axis), want[(n, 2)]) and torch.equal(block(caches, n, 1, axis), want[(n, 5)])
@@ -65,6 +67,7 @@ def test_a_block_kvstore_does_not_return_is_a_load_error_and_the_others_load() -
     worker, caches, keys = rig()
     worker.start_load_kv(KVStoreConnectorMetadata(saves=[BlockTransfer("a", ((0,),), (keys[0],))]))
     worker.wait_for_save()
+    assert worker.save_queue.wait_idle(30)  # the background writer stored the saves
     want = block(caches, "l1", 0, 1)
     worker.start_load_kv(KVStoreConnectorMetadata(loads=[BlockTransfer("b", ((3, 4),), (keys[0], keys[1]))]))
     for n in LAYERS:
@@ -83,6 +86,7 @@ def test_hybrid_groups_each_layer_goes_to_its_groups_block_and_a_null_position_i
     want1 = {n: block(caches, n, 3 if n != "l1" else 7, 1) for n in LAYERS}
     worker.start_load_kv(KVStoreConnectorMetadata(saves=[BlockTransfer("a", ((2, 3), (6, 7)), tuple(keys[:2]))]))
     worker.wait_for_save()
+    assert worker.save_queue.wait_idle(30)  # the background writer stored the saves
     for t in caches.values():
         t.zero_()
     worker.start_load_kv(KVStoreConnectorMetadata(async_loads=[BlockTransfer("b", ((4, 5), (NULL, 1)), tuple(keys[:2]))]))
@@ -104,6 +108,7 @@ def test_on_cuda_each_layer_is_announced_only_after_its_copies_are_fenced(monkey
     worker, caches, keys = rig()
     worker.start_load_kv(KVStoreConnectorMetadata(saves=[BlockTransfer("a", ((0,),), (keys[0],))]))
     worker.wait_for_save()
+    assert worker.save_queue.wait_idle(30)  # the background writer stored the saves
     assert worker.cache is not None
     worker.cache.on_cuda = True
     seen: list[list[bool]] = []

@@ -90,3 +90,53 @@ def test_a_daemon_for_another_layout_is_refused_naming_the_model_section_it_need
             engine(model, _sidecar_config(root, daemon.socket_path))
     finally:
         cleanup(daemon, root)
+
+
+def test_a_paused_daemon_makes_the_offloading_tier_miss_at_its_deadline_and_hit_again_after() -> None:
+    """SIGSTOP of the daemon: vLLM's scheduler asks the tier, which misses within its lookup deadline (then
+    at once behind the open breaker), so the request is computed in full without waiting for the pause; after
+    SIGCONT the breaker closes and a new engine loads the prompt's 3 stored chunks."""
+    import signal
+    import time
+
+    root = short_tmpdir()
+    daemon = None
+    try:
+        model = h.model_dir(root)
+        (root / "probe").mkdir()
+        daemon = start_daemon(write_config(root, model=_layout_section(model, root), host={"capacity": "1MiB"}))
+        config = root / "engine.yaml"
+        config.write_text(yaml.safe_dump({"connector": "sidecar", "daemon": {"socket_path": daemon.socket_path},
+                                          "deadlines": {"lookup_ms": 50, "save_ms": 300, "load_floor_ms": 300,
+                                                        "breaker_open_s": 0.2, "breaker_open_max_s": 0.5}}))
+        writer = engine(model, config)
+        writer.scheduler.add_request(h.make_request("a", PROMPT))
+        assert scheduled(writer.run("a"), "a") == [50]
+        writer.scheduler.shutdown()
+
+        reader = engine(model, config)
+        os.kill(daemon.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            reader.scheduler.add_request(h.make_request("b", PROMPT))
+            assert scheduled(reader.run("b"), "b") == [50]  # nothing found: computed in full
+            elapsed = time.monotonic() - t0
+            time.sleep(max(0.0, 3.0 - elapsed))
+        finally:
+            os.kill(daemon.proc.pid, signal.SIGCONT)
+        assert elapsed < 2.5, f"vLLM's scheduler waited {elapsed:.1f} s on a paused daemon"
+        tier = tier_of(reader)
+        t1 = time.monotonic()
+        while not tier.store.contains(prompt_keys(tier.layout)[0]):  # the breaker's probe finds it again
+            assert time.monotonic() - t1 < 10, "the daemon's blocks are not found after SIGCONT"
+            time.sleep(0.1)
+        reader.scheduler.shutdown()
+        again = engine(model, config)  # a new engine (the reader's own GPU cache holds the prompt now)
+        again.scheduler.add_request(h.make_request("c", PROMPT))
+        assert scheduled(again.run("c"), "c") == [2]
+        assert again.loaded_kv_is("c", PROMPT) and len(again.loaded["c"]) == 3
+        again.scheduler.shutdown()
+    finally:
+        if daemon is not None and daemon.proc.poll() is None:
+            os.kill(daemon.proc.pid, signal.SIGCONT)
+        cleanup(daemon, root)
