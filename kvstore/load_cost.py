@@ -8,7 +8,7 @@ rate in tokens per second (:meth:`LoadCost.record_prefill`). For a match of
 
     load     = latency + n * bytes_per_block / bandwidth
     compute  = n * block_size / prefill_rate
-    decision = load if load <= compute else recompute
+    decision = recompute if load > MARGIN * compute else load
 
 On a CPU almost every prefix is loaded (prefill is slow); on a fast GPU a
 short prefix behind a slow network tier is recomputed. Until the prefill
@@ -28,6 +28,10 @@ WEIGHT = 0.2
 """Weight of the newest prefill measurement in the measured rate."""
 MIN_PREFILL_TOKENS = 64
 """Steps computing fewer tokens do not measure the prefill rate (their time is the step's overhead)."""
+MARGIN = 2.0
+"""A match is recomputed only when loading it is expected to take more than this many times as long: the
+measurements are noisy (a step's time includes the scheduler's; a load's the round trip), and a load also
+spares the engine the compute, for other requests."""
 REMEASURE_EVERY = 16
 """Every this many "recompute" decisions, one match is loaded anyway, to measure the tier again."""
 
@@ -70,7 +74,7 @@ class LoadCost:
         rate = self.prefill_rate
         compute_s = None if rate is None else blocks * block_size / rate
         with self._lock:
-            load = self.always_load or compute_s is None or load_s <= compute_s
+            load = self.always_load or compute_s is None or load_s <= MARGIN * compute_s
             if not load:
                 self._since_load += 1
                 if self._since_load >= REMEASURE_EVERY:

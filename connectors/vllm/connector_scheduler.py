@@ -41,6 +41,7 @@ deadline for its answer.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -56,11 +57,14 @@ from connectors.vllm.shards import Shard
 from kvstore.layout import KVLayout
 from kvstore.load_clock import LoadClock
 from kvstore.load_cost import LoadCost
+from kvstore.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
+
+log = logging.getLogger(__name__)
 
 LOOKUP_INLINE_S = 0.005
 """Longest the scheduler waits for a lookup before answering vLLM "not yet" (a healthy daemon answers in well
@@ -110,6 +114,7 @@ class KVStoreConnectorScheduler:
         """Load or recompute: the workers' measured load rate (:meth:`adopt_worker_clock`) against this engine's
         measured prefill rate (the time between steps and the tokens they computed)."""
         self._last_step: tuple[float, int] | None = None
+        self._ratelog = RateLimitedLog(log)
 
     def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
         """Where the GPU block ids of scheduled requests are read from."""
@@ -167,8 +172,13 @@ class KVStoreConnectorScheduler:
             return None, False  # not yet: vLLM schedules the others and asks again
         st.lookup = None
         hits = found - first
-        if hits > 0 and not self.cost.decide(hits, bs, self.layout.bytes_per_block).load:
-            hits = 0  # expected to arrive later than vLLM computes it: recomputed
+        if hits > 0:
+            decision = self.cost.decide(hits, bs, self.layout.bytes_per_block)
+            if not decision.load:  # expected to arrive later than vLLM computes it: recomputed
+                self._ratelog.warning("recompute", "kvstore: recomputing a %d-block prefix rather than loading it: "
+                                   "expected load %.3f s, prefill %.3f s (measured; deadlines.always_load turns "
+                                   "this off)", hits, decision.expected_load_s, decision.expected_compute_s or 0.0)
+                hits = 0
         return hits * bs, self.async_loads and hits > 0
 
     def _probe(self, chain: list[bytes], first: int) -> int:

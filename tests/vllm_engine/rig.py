@@ -68,15 +68,19 @@ class Site:
     engine_config: Path
     daemon: Daemon | None = None
     logs: list[Path] = field(default_factory=list)
+    before: str | None = None
+    """Python code each start of the daemon runs first (a fault injected into the real daemon)."""
 
     @classmethod
     def start(cls, model: Path, events: dict[str, Any] | None = None, remote: dict[str, Any] | None = None,
-              any_layout: bool = False, **daemon_model_args: Any) -> Site:
+              any_layout: bool = False, before: str | None = None, engine: dict[str, Any] | None = None,
+              **daemon_model_args: Any) -> Site:
         """A daemon for ``model``'s vLLM blocks; ``events``: its ``daemon.events`` section (KV events for a router);
         ``remote``: its ``remote`` section (a remote tier below host and disk, as on a host of a fleet);
         ``any_layout``: the README's recommended daemon, ``configs/sidecar.yaml`` as shipped (``daemon.layouts:
         any``: no model section, every engine's layout served) with only its paths and port moved into the
-        test's directory, instead of the model section ``connectors.vllm.daemon_model`` prints for ``model``."""
+        test's directory, instead of the model section ``connectors.vllm.daemon_model`` prints for ``model``;
+        ``before``: code every start of the daemon runs first; ``engine``: sections added to the engines' config."""
         root = short_tmpdir()
         section = daemon_model(model, **daemon_model_args)
         over: dict[str, Any] = {"daemon": {"events": events}} if events else {}
@@ -93,17 +97,17 @@ class Site:
             daemon_config = write_config(root, model=section, host={"capacity": "256MiB"},
                                          disk={"max_size": "512MiB"}, **over)
         engine_config = root / "engine.yaml"
-        site = cls(root, model, daemon_config, engine_config)
-        site.daemon = start_daemon(daemon_config)
+        site = cls(root, model, daemon_config, engine_config, before=before)
+        site.daemon = start_daemon(daemon_config, before=before)
         engine_config.write_text(yaml.safe_dump({"connector": "sidecar",
-                                                 "daemon": {"socket_path": site.daemon.socket_path}}))
+                                                 "daemon": {"socket_path": site.daemon.socket_path}, **(engine or {})}))
         return site
 
     def restart_daemon(self) -> None:
         """SIGTERM the daemon (it flushes to LMDB) and start it again on the same data directory."""
         assert self.daemon is not None
         self.daemon.stop()
-        self.daemon = start_daemon(self.daemon_config)
+        self.daemon = start_daemon(self.daemon_config, before=self.before)
 
     def connector(self, role: str = "kv_both") -> dict[str, Any]:
         return connector_config(self.engine_config, role)

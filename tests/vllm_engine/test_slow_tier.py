@@ -1,0 +1,50 @@
+"""Load or recompute, by cost, on a real vLLM: a tier slower than vLLM's own prefill is not waited for.
+
+The daemon's disk is made slow (each LMDB read waits 2 s: injected, as a slow device cannot be made here),
+and its host RAM is empty after a restart, so every load comes from that disk. A new engine measures its
+prefill rate on a fresh prompt, then meets prompts whose blocks are all in kvstore: the first loads show
+the tier's bandwidth (or miss their deadline, which measures it too); from then on kvstore has vLLM
+recompute, so those requests do not wait for the tier. Every output equals the one computed from scratch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import rig
+
+SLOW_DISK = """
+import time
+from kvstore.tiers.lmdb.tier import DiskTier
+_get = DiskTier.get
+def get(self, keys, dests):
+    time.sleep(2.0)
+    return _get(self, keys, dests)
+DiskTier.get = get
+"""
+SLOW_S = 2.0
+
+
+def test_a_tier_slower_than_prefill_is_recomputed_instead_of_waited_for(model: Path) -> None:
+    site = rig.Site.start(model, before=SLOW_DISK)
+    try:
+        fresh = rig.prompt_tokens(model, 24 * rig.BLOCK_SIZE, seed=101)
+        stored = [rig.prompt_tokens(model, 20 * rig.BLOCK_SIZE + 5, seed=110 + i) for i in range(6)]
+        one_by_one = [{"prompts": [p], "max_tokens": 1} for p in stored]
+        computed = rig.run_engine(model, one_by_one, site.connector())  # from scratch, and saved to kvstore
+        site.restart_daemon()  # flushed to LMDB; the host tier is empty: every load reads the slow disk
+        run = rig.run_engine(model, [{"prompts": [fresh], "max_tokens": 1}, *one_by_one], site.connector())
+    finally:
+        site.close()
+    rounds = run["rounds"][1:]
+    seconds = [r["seconds"][0] for r in rounds]
+    cached = [r["num_cached_tokens"][0] for r in rounds]
+    base = [r["seconds"][0] for r in computed["rounds"]]
+    for i, r in enumerate(rounds):
+        assert r["token_ids"] == computed["rounds"][i]["token_ids"], f"prompt {i} decoded otherwise"
+    assert max(seconds[:3]) >= SLOW_S * 0.9, f"no load waited for the slow tier: {seconds}"  # the tier was tried
+    assert cached[-3:] == [0, 0, 0], f"the last prompts were still loaded from the slow tier: {cached}"
+    assert max(seconds[-3:]) < SLOW_S * 0.9, f"recomputed prompts still waited for the tier: {seconds}"
+    print(f"TTFT with the slow tier {[round(s, 2) for s in seconds]} s, computed {[round(s, 2) for s in base]} s, "
+          f"cached {cached}; last three vs from scratch: {sum(seconds[-3:]) / sum(base[-3:]):.2f}x")
+    assert "kvstore: recomputing" in run["log"], "the scheduler did not say why it recomputed"  # its decision
