@@ -25,6 +25,12 @@ the daemon's ``/metrics``), computed; then the connector's cost on decode:
 tokens/s generating from prompts nothing is cached for, with kvstore over
 without. LMCache is not run: on a CPU vLLM its connector finds no CPU
 transfer path and falls back to recomputing (the reason is recorded).
+
+Then a fault: the daemon is paused (SIGSTOP) for ``PAUSE_S`` seconds, and
+the workload's prompts (whose blocks kvstore holds) and fresh ones go to
+vLLM alone and to vLLM with kvstore in turn for as long as it lasts: TTFT
+p50 / p99 of each during the pause, kvstore's over vLLM alone's. After
+SIGCONT, the prompts kvstore loads again (its breaker closed).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,6 +76,10 @@ HOST_CAPACITY = "192MiB"
 LMCACHE_SKIP = ("LMCache 0.5.6's vLLM connector has no CPU transfer path: on a CPU vLLM it logs 'No supported cpu "
                 "connector found' and runs in degraded mode (recompute), so it would measure recompute again")
 READY_TIMEOUT_S = 600.0
+PAUSE_S, QUICK_PAUSE_S = 30.0, 8.0
+"""How long the daemon is paused (SIGSTOP) in the fault phase."""
+RESUME_WAIT_S = 60.0
+"""Longest the fault phase waits, after SIGCONT, for kvstore to serve a stored prompt again."""
 
 
 def vllm_python(options: SuiteOptions) -> Path:
@@ -211,7 +222,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
     results.skip("lmcache", LMCACHE_SKIP)
     root = Path(tempfile.mkdtemp(prefix="kvbv", dir="/tmp"))
     model = default_model_hf()
-    progress.grow(3 + n + 2 * DECODE_REPEATS)
+    progress.grow(3 + n + 2 * DECODE_REPEATS + 2)
     daemon, engine_config, metrics_url = _daemon(root, model)
     engines: dict[str, Engine] = {}
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -274,6 +285,8 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
         paired = [a / b for a, b in zip(decode["kvstore"], decode["vllm"])]
         results.ratio("decode_kvstore_over_vllm", float(np.median(paired)), 1.0, target=0.95,
                       spread=f"{min(paired):.3f}-{max(paired):.3f}")
+        pause_phase(engines, daemon, prompts, QUICK_PAUSE_S if options.quick else PAUSE_S, options.seed, results,
+                    progress)
     finally:
         for e in engines.values():
             e.close()
@@ -283,9 +296,52 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
     return results
 
 
+def pause_phase(engines: dict[str, Engine], daemon: subprocess.Popen[str], prompts: list[list[int]],
+                pause_s: float, seed: int, results: Results, progress: Progress) -> None:
+    """The fault phase (module docstring): TTFT of vLLM alone and with kvstore while the daemon is paused."""
+    rng = np.random.default_rng([seed, 11])
+    ttft: dict[str, list[float]] = {"vllm": [], "kvstore": []}
+    os.kill(daemon.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        i = 0
+        while time.monotonic() - t0 < pause_s:
+            stored = prompts[i % len(prompts)]  # its blocks are in kvstore: recomputed while the daemon is paused
+            fresh = rng.integers(100, 49000, 256).tolist()
+            for p in (stored, fresh):
+                for name in (("vllm", "kvstore") if i % 2 == 0 else ("kvstore", "vllm")):
+                    r = engines[name].round({"prompts": [p], "max_tokens": 1, "before": "reset_prefix_cache"})
+                    ttft[name].append(r["outputs"][0]["seconds"])
+            i += 1
+        paused_for = time.monotonic() - t0
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
+    progress.step("daemon paused")
+    for name, values in ttft.items():
+        results.add("pause_ttft_p50", float(np.percentile(values, 50)), "s", setup=name, requests=len(values))
+        results.add("pause_ttft_p99", float(np.percentile(values, 99)), "s", setup=name, requests=len(values))
+    results.add("pause_s", paused_for, "s")
+    for q in ("p50", "p99"):
+        results.ratio(f"pause_ttft_{q}_kvstore_over_vllm", results.value(f"pause_ttft_{q}", setup="kvstore"),
+                      results.value(f"pause_ttft_{q}", setup="vllm"), target=1.1 if q == "p50" else None)
+    t1 = time.monotonic()
+    loaded = 0
+    while time.monotonic() - t1 < RESUME_WAIT_S:  # the breaker's probe finds the daemon again
+        r = engines["kvstore"].round({"prompts": [prompts[0]], "max_tokens": 1, "before": "reset_prefix_cache"})
+        loaded = int(r["external_prefix_cache_hits"])
+        if loaded:
+            break
+        time.sleep(0.5)
+    results.add("resume_loaded_tokens", loaded, "tokens", setup="kvstore")
+    results.add("resume_s", time.monotonic() - t1, "s", setup="kvstore")
+    if not loaded:
+        results.note(f"after SIGCONT kvstore served no stored prompt within {RESUME_WAIT_S:.0f} s")
+    progress.step("daemon resumed")
+
+
 def plot(results: Results, path: Path) -> None:
-    """TTFT p50 / p90 per set-up, and where each set-up's prompt tokens came from."""
-    fig, axes = grid(2, "Mooncake chats through a real vLLM (SmolLM2, CPU): alone, with kvstore, recomputing", ncols=2)
+    """TTFT p50 / p90 per set-up, where each set-up's prompt tokens came from, and TTFT while the daemon is paused."""
+    fig, axes = grid(3, "Mooncake chats through a real vLLM (SmolLM2, CPU): alone, with kvstore, recomputing", ncols=3)
     x = np.arange(len(SETUPS))
     ax = axes[0]
     ax.bar(x - 0.2, [results.value("ttft_p50", setup=s) for s in SETUPS], 0.4, label="TTFT p50")
@@ -305,4 +361,13 @@ def plot(results: Results, path: Path) -> None:
     ax.set_ylabel("prompt tokens")
     ax.legend(fontsize=8)
     ax.set_title("where prompt tokens came from", fontsize=10)
+    ax = axes[2]
+    pair = ("vllm", "kvstore")
+    xp = np.arange(len(pair))
+    ax.bar(xp - 0.2, [results.value("pause_ttft_p50", setup=s) for s in pair], 0.4, label="TTFT p50")
+    ax.bar(xp + 0.2, [results.value("pause_ttft_p99", setup=s) for s in pair], 0.4, label="TTFT p99")
+    ax.set_xticks(xp, ["vLLM alone", "vLLM + kvstore"])
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=8)
+    ax.set_title(f"while the daemon is paused ({results.value('pause_s'):.0f} s SIGSTOP)", fontsize=10)
     save(fig, path)
