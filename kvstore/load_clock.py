@@ -45,9 +45,17 @@ class LoadClock:
                 self.bandwidth, self.latency = bandwidth, max(0.0, latency)
                 self.measured += 1
 
+    def record_missed(self, nbytes: int, seconds: float) -> None:
+        """A load of ``nbytes`` was given up at its deadline after ``seconds``: the tier is at most that fast
+        now, whatever the average said (a stalled tier is believed at once, not averaged in)."""
+        if seconds <= 0 or nbytes <= 0:
+            return
+        with self._lock:
+            self.bandwidth = min(self.bandwidth, nbytes / seconds)
+            self.measured += 1
+
     def record(self, nbytes: int, seconds: float) -> None:
-        """A load of ``nbytes`` took ``seconds`` (a load given up at its deadline counts with the bytes it asked
-        for: the tier is at most that fast)."""
+        """A load of ``nbytes`` took ``seconds``."""
         if seconds <= 0:
             return
         if nbytes < MEASURED_BYTES:

@@ -147,6 +147,13 @@ class StoreLease:
         if self._phase2 is not None:
             self._phase2.result()
 
+    def reads_done(self, timeout_s: float | None = None) -> bool:
+        """Wait until no phase-1 read of this lease is in flight (at most ``timeout_s``); ``True`` if none is.
+
+        A lease released while a read it dropped is still running (a stalled disk) does not wait for it: the
+        read gives its GPU block and host slot back when it returns. This says when that has happened."""
+        return self._phase1_done.wait(timeout_s)
+
 
 def first_block_in_window(first_query: int, window: int, block_size: int) -> int:
     """The first block a query at position ``first_query`` or later reads with a ``window``-token sliding window

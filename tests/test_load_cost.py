@@ -56,3 +56,12 @@ def test_the_clock_measures_bandwidth_on_large_loads_and_latency_on_small_ones()
     clock.record(4096, 0.002)  # a round trip
     assert abs(clock.bandwidth - (64 << 20) / 0.5) < 1 and clock.latency == 0.002 and clock.measured == 1
     assert abs(clock.deadline_s(64 << 20) - (0.1 + 4 * 0.5)) < 1e-9  # the measured rate sets the deadline
+
+
+def test_a_load_given_up_at_its_deadline_caps_the_bandwidth_at_once() -> None:
+    clock = LoadClock(DeadlinesConfig())
+    clock.record(64 << 20, 0.1)  # 640 MiB/s measured
+    clock.record_missed(32 << 20, 2.0)  # then a load of 32 MiB given up after 2 s: at most 16 MiB/s now
+    assert clock.bandwidth == (32 << 20) / 2.0
+    clock.record_missed(32 << 20, 0.5)  # a faster bound does not raise it
+    assert clock.bandwidth == (32 << 20) / 2.0

@@ -41,7 +41,9 @@ from connectors.vllm.connector_scheduler import KVStoreConnectorScheduler
 from connectors.vllm.connector_worker import KVStoreConnectorWorker
 from connectors.vllm.identity import engine_kv_format, model_identity
 from connectors.vllm.shards import Shard, all_shards
-from connectors.vllm.stats import HealthReport, KVStoreConnectorStats, KVStorePromMetrics, worker_clock
+from connectors.vllm.stats import (
+    HealthReport, KVStoreConnectorStats, KVStorePromMetrics, worker_clock, worker_forward,
+)
 from kvstore.layout import KVLayout
 
 if TYPE_CHECKING:
@@ -168,7 +170,8 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
             rank = _tp_rank(tp)
             self.connector_worker = KVStoreConnectorWorker(store, layout, blocks.layers, kv_cache_config.num_blocks,
                                                            blocks.page, Shard(rank, tp), blocks.groups)
-            self._health = HealthReport(f"worker {rank}", store, self.connector_worker.save_queue)
+            self._health = HealthReport(f"worker {rank}", store, self.connector_worker.save_queue,
+                                        forward=self.connector_worker.forward_time)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -206,7 +209,8 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         scheduler = self._scheduler()
-        scheduler.step_done(worker_clock(getattr(connector_output, "kv_connector_stats", None)))
+        stats = getattr(connector_output, "kv_connector_stats", None)
+        scheduler.step_done(worker_clock(stats), worker_forward(stats))
         scheduler.on_load_errors(set(connector_output.invalid_block_ids or ()),
                                  set(getattr(connector_output, "failed_recving", None) or ()))
 
@@ -232,6 +236,11 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         return True
 
     # --------------------------------------------------------------- worker
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self.connector_worker is not None and isinstance(connector_metadata, KVStoreConnectorMetadata):
+            self.connector_worker.forward_begins(connector_metadata)
+
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._worker().register_kv_caches(kv_caches)
 

@@ -40,3 +40,5 @@ class KVStoreConnectorMetadata(KVConnectorMetadata):
     async_loads: list[BlockTransfer] = field(default_factory=list)
     """Loads of requests waiting in ``WAITING_FOR_REMOTE_KVS`` (hybrid models: vLLM takes a failed load of
     several KV cache groups only as a whole request's, reported from ``get_transfer_results``)."""
+    scheduled_tokens: int = 0
+    """Tokens the step computes: with the forward's time (measured by the workers) the engine's prefill rate."""

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -111,9 +110,8 @@ class KVStoreConnectorScheduler:
         """Set by :meth:`reset`: mixed into every key's salt, so nothing stored before the reset is found."""
         self._lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-vllm-lookup")
         self.cost = LoadCost(LoadClock(store.deadlines), store.deadlines.always_load)
-        """Load or recompute: the workers' measured load rate (:meth:`adopt_worker_clock`) against this engine's
-        measured prefill rate (the time between steps and the tokens they computed)."""
-        self._last_step: tuple[float, int] | None = None
+        """Load or recompute: what the workers measured (:meth:`step_done`): their loads' rate against the
+        engine's prefill rate (a forward's tokens over its time)."""
         self._ratelog = RateLimitedLog(log)
 
     def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
@@ -208,8 +206,7 @@ class KVStoreConnectorScheduler:
         """This step's loads (planned at allocation) and saves (blocks the step fills)."""
         meta = KVStoreConnectorMetadata()
         bs = self.layout.block_size
-        # the step runs from now until its output comes back (step_done): the engine's prefill rate
-        self._last_step = (time.monotonic(), int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0))
+        meta.scheduled_tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
         for st in self._requests.values():  # an asynchronous load's request is not scheduled in its step
             if st.pending_load is not None:
                 (meta.async_loads if self.async_loads else meta.loads).append(st.pending_load)
@@ -238,15 +235,13 @@ class KVStoreConnectorScheduler:
         null = getattr(pool, "null_block", None)
         return None if null is None else int(null.block_id)
 
-    def step_done(self, worker_clock: tuple[float, float] | None) -> None:
-        """A step's output came back: its tokens over its time measure the engine's prefill rate;
-        ``worker_clock``: the load bandwidth and latency the workers measured (from their stats), if any."""
-        if self._last_step is not None:
-            t0, tokens = self._last_step
-            self.cost.record_prefill(tokens, time.monotonic() - t0)
-            self._last_step = None
+    def step_done(self, worker_clock: tuple[float, float] | None, forward: tuple[int, float] | None) -> None:
+        """What the workers measured, from their stats in a step's output: ``worker_clock``, their loads'
+        bandwidth and latency; ``forward``, tokens computed and seconds taken by forwards that loaded nothing."""
         if worker_clock is not None:
             self.cost.clock.adopt(*worker_clock)
+        if forward is not None:
+            self.cost.record_prefill(*forward)
 
     def on_load_errors(self, invalid_block_ids: set[int], failed_requests: set[str] = frozenset()) -> None:
         """Blocks the workers could not load will be recomputed: save them again from the first failed one on.

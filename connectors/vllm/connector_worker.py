@@ -180,6 +180,10 @@ class KVStoreConnectorWorker:
         self._staged: list[bool] = []  # per layer: save_kv_layer copied it this step
         self._loads_done: set[str] = set()
         self._loads_failed: set[str] = set()
+        self.forward_time = [0, 0.0]
+        """Tokens computed and seconds taken by this worker's forwards that loaded nothing from kvstore (start of
+        :meth:`forward_begins` to ``wait_for_save``): the engine's prefill rate, for the scheduler's decisions."""
+        self._forward: tuple[float, int] | None = None
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Attach vLLM's paged KV tensors (checked: one block axis, ``page_bytes`` per block per layer)."""
@@ -214,6 +218,12 @@ class KVStoreConnectorWorker:
         load = self._new_load(list(meta.loads))
         self._load = load  # published before the thread runs, so anything it calls sees this step's load
         load.future = self._io.submit(self._run_load, load, list(meta.loads))
+
+    def forward_begins(self, meta: KVStoreConnectorMetadata) -> None:
+        """The step's metadata is bound: its forward starts now (vLLM calls ``start_load_kv`` only after the
+        forward when nothing loads synchronously, so the forward is timed from here to ``wait_for_save``)."""
+        loads = bool(meta.loads or meta.async_loads)
+        self._forward = None if loads else (time.monotonic(), meta.scheduled_tokens)
 
     def _new_load(self, transfers: list[BlockTransfer]) -> _StepLoad:
         """A load of ``transfers`` with its deadline: the store's for its bytes, twice (the read, then the copies)."""
@@ -279,6 +289,11 @@ class KVStoreConnectorWorker:
 
     def wait_for_save(self) -> None:
         """Hand the staged blocks to the background writer (stored blocks never change) and return at once."""
+        if self._forward is not None:
+            t0, tokens = self._forward
+            self.forward_time[0] += tokens
+            self.forward_time[1] += time.monotonic() - t0
+            self._forward = None
         if self._load is not None:
             self._finish_load()
         if self._save_staging is None:

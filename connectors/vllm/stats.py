@@ -54,7 +54,7 @@ class KVStoreConnectorStats(KVConnectorStats):
         self.data = {"misses": {}, "breakers": {}}
 
     def is_empty(self) -> bool:
-        return not any(self.data.get(k) for k in ("misses", "breakers", "decisions", "clock", "prefill"))
+        return not any(self.data.get(k) for k in ("misses", "breakers", "decisions", "clock", "prefill", "forward"))
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for key, (calls, blocks) in other.data.get("misses", {}).items():
@@ -74,6 +74,9 @@ class KVStoreConnectorStats(KVConnectorStats):
                                                                 max(mine_clock[1], theirs[1])]
         if other.data.get("prefill"):
             self.data["prefill"] = other.data["prefill"]
+        if other.data.get("forward"):
+            mine_fwd = self.data.get("forward") or [0, 0.0]
+            self.data["forward"] = [mine_fwd[0] + other.data["forward"][0], mine_fwd[1] + other.data["forward"][1]]
         return self
 
     def reduce(self) -> dict[str, int | float]:
@@ -94,6 +97,12 @@ class KVStoreConnectorStats(KVConnectorStats):
         return out
 
 
+def worker_forward(stats: KVConnectorStats | None) -> tuple[int, float] | None:
+    """Tokens and seconds of the forwards the workers measured in ``stats`` (a step's output), if any."""
+    forward = stats.data.get("forward") if stats is not None else None
+    return (int(forward[0]), float(forward[1])) if forward else None
+
+
 def worker_clock(stats: KVConnectorStats | None) -> tuple[float, float] | None:
     """The load bandwidth and latency the workers reported in ``stats`` (a step's output), if they did."""
     clock = stats.data.get("clock") if stats is not None else None
@@ -104,7 +113,8 @@ class HealthReport:
     """What one side of the connector (``side``: ``scheduler`` or ``worker N``) reports to vLLM, as deltas."""
 
     def __init__(self, side: str, store: EngineBlockStore, save_queue: SaveQueue | None = None,
-                 cost: LoadCost | None = None) -> None:
+                 cost: LoadCost | None = None, forward: list[Any] | None = None) -> None:
+        """``forward``: a worker's ``[tokens, seconds]`` of forwards, reported as they grow (``forward``)."""
         self.side = side
         self.store = store
         self.save_queue = save_queue
@@ -115,6 +125,8 @@ class HealthReport:
         self._seen_decisions: dict[str, int] = {}
         self._seen_measured = 0
         self._seen_prefill: float | None = None
+        self.forward = forward
+        self._seen_forward = [0, 0.0]
 
     def take(self) -> KVStoreConnectorStats | None:
         """The figures that changed since the last call (``None``: nothing did)."""
@@ -127,7 +139,10 @@ class HealthReport:
             self._seen_measured = measured
             extra["clock"] = [min(float(h["load_bandwidth_bytes_per_s"]) for h in healths),  # type: ignore[arg-type]
                               max(float(h["load_latency_s"]) for h in healths)]  # type: ignore[arg-type]
-        if self.cost is not None:  # the scheduler: its decisions and the prefill rate it measured
+        if self.forward is not None and self.forward[0] != self._seen_forward[0]:
+            extra["forward"] = [self.forward[0] - self._seen_forward[0], self.forward[1] - self._seen_forward[1]]
+            self._seen_forward = list(self.forward)
+        if self.cost is not None:  # the scheduler: its decisions and the prefill rate from the workers
             decisions = dict(self.cost.decisions)
             delta = {k: n - self._seen_decisions.get(k, 0) for k, n in decisions.items()}
             if any(delta.values()):

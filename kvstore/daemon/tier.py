@@ -214,7 +214,7 @@ class DaemonTier(Tier):
         except DaemonUnavailable as exc:
             self._log_miss("load", exc, len(keys) - len(out))
             if exc.reason == MissReason.DEADLINE:  # given up at the deadline: the daemon is at most this fast now
-                self.clock.record(len(keys) * self.bpb, time.monotonic() - t0)
+                self.clock.record_missed(len(keys) * self.bpb, time.monotonic() - t0)
             out += [False] * (len(keys) - len(out))
         hits = sum(out)
         self._stats.hits += hits

@@ -1,9 +1,9 @@
 """Load or recompute, by cost, on a real vLLM: a tier slower than vLLM's own prefill is not waited for.
 
-The daemon's disk is made slow (each LMDB read waits 2 s: injected, as a slow device cannot be made here),
+The daemon's disk is made slow (each LMDB read waits 5 s: injected, as a slow device cannot be made here),
 and its host RAM is empty after a restart, so every load comes from that disk. A new engine measures its
-prefill rate on a fresh prompt, then meets prompts whose blocks are all in kvstore: the first loads show
-the tier's bandwidth (or miss their deadline, which measures it too); from then on kvstore has vLLM
+prefill rate on a fresh prompt, then meets prompts whose blocks are all in kvstore: the first is loaded (the
+tier's rate is not known yet) and misses its deadline, which measures the tier; from then on kvstore has vLLM
 recompute, so those requests do not wait for the tier. Every output equals the one computed from scratch.
 """
 
@@ -18,11 +18,11 @@ import time
 from kvstore.tiers.lmdb.tier import DiskTier
 _get = DiskTier.get
 def get(self, keys, dests):
-    time.sleep(2.0)
+    time.sleep(5.0)
     return _get(self, keys, dests)
 DiskTier.get = get
 """
-SLOW_S = 2.0
+SLOW_S = 5.0
 
 
 def test_a_tier_slower_than_prefill_is_recomputed_instead_of_waited_for(model: Path) -> None:
@@ -43,9 +43,12 @@ def test_a_tier_slower_than_prefill_is_recomputed_instead_of_waited_for(model: P
     base = [r["seconds"] for r in scratch]
     for i, (r, want) in enumerate(zip(rounds, scratch)):
         assert r["token_ids"] == want["token_ids"], f"prompt {i} decoded otherwise"
-    assert max(seconds[:3]) >= SLOW_S * 0.9, f"no load waited for the slow tier: {seconds}"  # the tier was tried
-    assert cached[-3:] == [0, 0, 0], f"the last prompts were still loaded from the slow tier: {cached}"
-    assert max(seconds[-3:]) < SLOW_S * 0.9, f"recomputed prompts still waited for the tier: {seconds}"
+    said = "\n".join(line for line in run["log"].splitlines() if "kvstore" in line)[-3000:]
+    assert cached[0] > 0, f"the first stored prompt was not tried from kvstore: {cached}\n{said}"  # rates unknown
+    assert seconds[0] > base[0] + 0.4, f"no load waited for the slow tier: {seconds} vs {base}\n{said}"
+    assert cached[-3:] == [0, 0, 0], f"the last prompts were still loaded from the slow tier: {cached} {seconds}\n{said}"
+    # a load from this tier costs at least its deadline (past 2.9 s once its bandwidth is measured): none waited
+    assert max(seconds[-3:]) < SLOW_S / 2, f"recomputed prompts still waited for the tier: {seconds}\n{said}"
     print(f"TTFT with the slow tier {[round(s, 2) for s in seconds]} s, computed {[round(s, 2) for s in base]} s, "
           f"cached {cached}; last three vs from scratch: {sum(seconds[-3:]) / sum(base[-3:]):.2f}x")
     assert "kvstore: recomputing" in run["log"], "the scheduler did not say why it recomputed"  # its decision
