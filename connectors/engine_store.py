@@ -125,18 +125,20 @@ class EngineBlockStore:
             if t.probes_by_chain:
                 t.probe(chain, len(chain))
 
-    def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
+    def get(self, keys: Sequence[bytes], dests: Sequence[Buffer], deadline_s: float | None = None) -> list[bool]:
         """Copy each block into its destination from the fastest tier holding it; ``result[i]``: ``dests[i]`` filled.
 
         A block found only in a slower tier is copied into the faster ones too.
-        A corrupt copy counts as not found (that tier deleted it).
+        A corrupt copy counts as not found (that tier deleted it). ``deadline_s``: a daemon tier gives up after
+        this if sooner than its own load deadline.
         """
         found = [False] * len(keys)
         for i, tier in enumerate(self.tiers):
             todo = [j for j, ok in enumerate(found) if not ok]
             if not todo:
                 break
-            got = tier.get([keys[j] for j in todo], [dests[j] for j in todo])
+            got = (tier.get([keys[j] for j in todo], [dests[j] for j in todo], deadline_s) if isinstance(tier, DaemonTier)
+                   else tier.get([keys[j] for j in todo], [dests[j] for j in todo]))
             hits = [j for j, ok in zip(todo, got) if ok]
             for j in hits:
                 found[j] = True

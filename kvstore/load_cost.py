@@ -46,6 +46,12 @@ class LoadDecision:
     expected_compute_s: float | None
     """``None``: the prefill rate is not measured yet (then everything is loaded)."""
 
+    @property
+    def worth_s(self) -> float | None:
+        """How long the load is worth waiting for: ``MARGIN`` times the expected compute (past it recomputing
+        would have been the better choice, so a load still running then is given up); ``None``: not known."""
+        return None if self.expected_compute_s is None else MARGIN * self.expected_compute_s
+
 
 class LoadCost:
     """Decides, per matched prefix, whether loading it beats recomputing it (see the module docstring)."""

@@ -85,6 +85,8 @@ class _RequestState:
     """An asynchronous load of it failed: vLLM recomputes it, and kvstore offers it nothing more."""
     lookup: tuple[int, int, Future[int]] | None = None
     """The lookup under way: the blocks it counts from and up to, and how many it finds (from position 0)."""
+    load_worth_s: float | None = None
+    """How long its planned load is worth waiting for (its decision's ``worth_s``)."""
 
 
 class KVStoreConnectorScheduler:
@@ -172,6 +174,7 @@ class KVStoreConnectorScheduler:
         hits = found - first
         if hits > 0:
             decision = self.cost.decide(hits, bs, self.layout.bytes_per_block)
+            st.load_worth_s = decision.worth_s
             if not decision.load:  # expected to arrive later than vLLM computes it: recomputed
                 self._ratelog.warning("recompute", "kvstore: recomputing a %d-block prefix rather than loading it: "
                                    "expected load %.3f s, prefill %.3f s (measured; deadlines.always_load turns "
@@ -207,10 +210,14 @@ class KVStoreConnectorScheduler:
         meta = KVStoreConnectorMetadata()
         bs = self.layout.block_size
         meta.scheduled_tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
+        worth: list[float | None] = []
         for st in self._requests.values():  # an asynchronous load's request is not scheduled in its step
             if st.pending_load is not None:
                 (meta.async_loads if self.async_loads else meta.loads).append(st.pending_load)
                 st.pending_load = None
+                worth.append(st.load_worth_s)
+        if worth and None not in worth:  # the step's loads are worth waiting for until the last of them is
+            meta.load_deadline_s = max(w for w in worth if w is not None)
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             st = self._requests.get(req_id)
             if st is None:

@@ -123,6 +123,8 @@ class _StepLoad:
         self.lock = threading.Lock()
         """Held by the loading thread while it writes a layer, and by :meth:`abandon`."""
         self.abandoned = False
+        self.read_deadline_s: float | None = None
+        """The read from kvstore gives up after this (``None``: the store's own deadline)."""
 
     def abandon(self) -> None:
         """Past the deadline: no layer is written from now on, and every block counts as failed (recomputed)."""
@@ -215,7 +217,7 @@ class KVStoreConnectorWorker:
                 self._loads_failed.add(transfer.req_id)
         if not meta.loads:
             return
-        load = self._new_load(list(meta.loads))
+        load = self._new_load(list(meta.loads), meta.load_deadline_s)
         self._load = load  # published before the thread runs, so anything it calls sees this step's load
         load.future = self._io.submit(self._run_load, load, list(meta.loads))
 
@@ -225,12 +227,15 @@ class KVStoreConnectorWorker:
         loads = bool(meta.loads or meta.async_loads)
         self._forward = None if loads else (time.monotonic(), meta.scheduled_tokens)
 
-    def _new_load(self, transfers: list[BlockTransfer]) -> _StepLoad:
-        """A load of ``transfers`` with its deadline: the store's for its bytes, twice (the read, then the copies)."""
+    def _new_load(self, transfers: list[BlockTransfer], worth_s: float | None = None) -> _StepLoad:
+        """A load of ``transfers`` with its deadline: the store's for its bytes, twice (the read, then the copies),
+        or ``worth_s`` (when vLLM would have computed them: the scheduler's decision) if sooner."""
         n = sum(len(t.keys) for t in transfers)
         budget = 2 * self.store.load_deadline_s(n * self.layout.bytes_per_block)
-        return _StepLoad(len(self.layer_names), time.monotonic() + budget,
+        load = _StepLoad(len(self.layer_names), time.monotonic() + (budget if worth_s is None else min(budget, worth_s)),
                          {b for t in transfers for b in t.block_ids[0]})
+        load.read_deadline_s = worth_s
+        return load
 
     def _run_load(self, load: _StepLoad, transfers: list[BlockTransfer]) -> None:
         cache = self._cache()
@@ -239,7 +244,7 @@ class KVStoreConnectorWorker:
             groups = len(transfers[0].block_ids)
             block_ids = [[b for t in transfers for b in t.block_ids[g]] for g in range(groups)]
             staging = torch.empty((len(keys), self.layout.bytes_per_block), dtype=torch.uint8)
-            found = self.store.get(self.shard.keys(keys), list(staging))
+            found = self.store.get(self.shard.keys(keys), list(staging), load.read_deadline_s)
             with load.lock:
                 if load.abandoned:
                     return

@@ -189,14 +189,16 @@ class DaemonTier(Tier):
         return self.contains_prefix([key]) == 1
 
     # ---------------------------------------------------------------- data
-    def get(self, keys: Sequence[bytes], dests: Sequence[Buffer]) -> list[bool]:
+    def get(self, keys: Sequence[bytes], dests: Sequence[Buffer], deadline_s: float | None = None) -> list[bool]:
         """Copy found blocks into ``dests``; the daemon marks them recently used (and loads disk hits into its host tier).
 
-        A key named twice is asked for once (the daemon refuses repeats) and copied to its other places."""
+        A key named twice is asked for once (the daemon refuses repeats) and copied to its other places. The get
+        gives up after :meth:`load_deadline_s` of its bytes, or ``deadline_s`` if sooner (the caller's own bound:
+        when recomputing would be done)."""
         first = _first_places(keys)
         if len(first) < len(keys):
             places = list(first.values())
-            got = dict(zip(first, self.get([keys[i] for i in places], [dests[i] for i in places])))
+            got = dict(zip(first, self.get([keys[i] for i in places], [dests[i] for i in places], deadline_s)))
             for i, key in enumerate(keys):
                 if got[key] and first[key] != i:
                     as_u8(dests[i])[:] = as_u8(dests[first[key]])
@@ -205,7 +207,8 @@ class DaemonTier(Tier):
         out: list[bool] = []
         t0 = time.monotonic()
         try:
-            with self.client.within(self.load_deadline_s(len(keys) * self.bpb)):
+            budget = self.load_deadline_s(len(keys) * self.bpb)
+            with self.client.within(budget if deadline_s is None else min(budget, deadline_s)):
                 step = self._batch()
                 for start in range(0, len(keys), step):
                     ks, ds = list(keys[start : start + step]), list(dests[start : start + step])
