@@ -280,9 +280,11 @@ class DaemonClient:
             self._drop()
         now = time.monotonic()
         if now < self._next_attempt:
-            kind = DeadlineMissed if self._login_timed_out else DaemonUnavailable
-            raise self._missed(kind(f"daemon at {self.address} is down ({'it did not answer the last login in time' if self._login_timed_out else 'nothing answered'}); "
-                                    f"next reconnect in {self._next_attempt - now:.2f} s"))
+            wait = f"next reconnect in {self._next_attempt - now:.2f} s"
+            if self._login_timed_out:  # paused, not gone: it accepted but did not answer the last login in time
+                raise self._missed(DeadlineMissed(f"the daemon at {self.address} did not answer the last login in "
+                                                  f"time; {wait}"))
+            raise self._missed(DaemonUnavailable(f"daemon at {self.address} is down; {wait}"))
         try:
             self._sock = self._open()
             proof = None
