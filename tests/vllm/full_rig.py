@@ -12,6 +12,7 @@ whose result goes back to the scheduler as ``invalid_block_ids``.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,13 +92,31 @@ class FullRig:
                 self.block_bytes(layer, blocks[i])[:] = layer_kv(list(req.all_token_ids[: (i + 1) * h.BLOCK_SIZE]), layer)
 
     def run(self, req_id: str, max_steps: int = 50) -> list[Any]:
-        """Step until ``req_id`` has finished; returns each step's scheduler output."""
-        outs = []
-        for _ in range(max_steps):
+        """Step until ``req_id`` has finished; returns each step's scheduler output. A step that schedules nothing
+        (the request waits for its lookup: the connector answered vLLM "not yet") is not counted: those are
+        polled by time, since how many it takes depends on the machine's load."""
+        outs: list[Any] = []
+        steps, deadline = 0, time.monotonic() + 60.0
+        while steps < max_steps and time.monotonic() < deadline:
             outs.append(self.step())
             if req_id not in self.scheduler.requests:
                 return outs
+            if outs[-1].num_scheduled_tokens:
+                steps += 1
+            else:
+                time.sleep(0.005)
         raise AssertionError(f"request {req_id} did not finish in {max_steps} steps")
+
+    def first_step(self, req_id: str) -> Any:
+        """The first step that schedules ``req_id`` (after any waiting for its lookup, see :meth:`run`)."""
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:
+            out = self.step()
+            if req_id in out.num_scheduled_tokens:
+                return out
+            assert not out.num_scheduled_tokens, f"another request was scheduled: {out.num_scheduled_tokens}"
+            time.sleep(0.005)
+        raise AssertionError(f"request {req_id} was never scheduled")
 
     def blocks_hold(self, req_id: str, tokens: list[int], n_blocks: int) -> bool:
         """Whether ``req_id``'s first ``n_blocks`` GPU blocks hold ``tokens``' KV in every layer."""

@@ -67,7 +67,7 @@ def test_prompt_saved_by_one_request_is_loaded_layer_by_layer_for_the_next(site:
         assert rig.scheduler.reset_prefix_cache()  # vLLM's own cache forgets the prompt
 
         rig.scheduler.add_request(h.make_request("b", PROMPT, max_tokens=2))
-        out = rig.step()
+        out = rig.first_step("b")
         assert out.num_scheduled_tokens == {"b": 2}  # 48 tokens from kvstore, only the suffix computed
         loads = out.kv_connector_metadata.loads
         assert [len(t.keys) for t in loads] == [3]
@@ -92,7 +92,7 @@ def test_corrupt_block_is_a_load_error_and_recomputed(site: Site) -> None:
 
         rig = FullRig(site.model, site.config)
         rig.scheduler.add_request(h.make_request("b", PROMPT))
-        first = rig.step()
+        first = rig.first_step("b")
         assert first.num_scheduled_tokens == {"b": 2}  # kvstore still lists the block: 48 tokens claimed
         failed = rig.load_errors[-1]
         bad_block = first.kv_connector_metadata.loads[0].block_ids[0][1]
