@@ -29,8 +29,9 @@ transfer path and falls back to recomputing (the reason is recorded).
 Then a fault: the daemon is paused (SIGSTOP) for ``PAUSE_S`` seconds, and
 the workload's prompts (whose blocks kvstore holds) and fresh ones go to
 vLLM alone and to vLLM with kvstore in turn for as long as it lasts: TTFT
-p50 / p99 of each during the pause, kvstore's over vLLM alone's. After
-SIGCONT, the prompts kvstore loads again (its breaker closed).
+p50 / p99 of each during the pause, vLLM alone's over kvstore's (target:
+kvstore at most 1.1x slower). After SIGCONT, how long until kvstore loads
+a stored prompt again (its breaker closed).
 """
 
 from __future__ import annotations
@@ -321,9 +322,9 @@ def pause_phase(engines: dict[str, Engine], daemon: subprocess.Popen[str], promp
         results.add("pause_ttft_p50", float(np.percentile(values, 50)), "s", setup=name, requests=len(values))
         results.add("pause_ttft_p99", float(np.percentile(values, 99)), "s", setup=name, requests=len(values))
     results.add("pause_s", paused_for, "s")
-    for q in ("p50", "p99"):
-        results.ratio(f"pause_ttft_{q}_kvstore_over_vllm", results.value(f"pause_ttft_{q}", setup="kvstore"),
-                      results.value(f"pause_ttft_{q}", setup="vllm"), target=1.1 if q == "p50" else None)
+    for q in ("p50", "p99"):  # vLLM alone's over kvstore's: at least 1/1.1 means kvstore at most 1.1x slower
+        results.ratio(f"pause_ttft_{q}_vllm_over_kvstore", results.value(f"pause_ttft_{q}", setup="vllm"),
+                      results.value(f"pause_ttft_{q}", setup="kvstore"), target=round(1 / 1.1, 3) if q == "p50" else None)
     t1 = time.monotonic()
     loaded = 0
     while time.monotonic() - t1 < RESUME_WAIT_S:  # the breaker's probe finds the daemon again

@@ -49,7 +49,7 @@ class BreakerSettings:
     """Misses in a row (deadline or error) that open it."""
     open_s: float = 1.0
     """First wait before the background probe."""
-    open_max_s: float = 30.0
+    open_max_s: float = 5.0
     """Longest wait between probes (the wait doubles after each failed probe)."""
 
 

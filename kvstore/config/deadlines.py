@@ -40,8 +40,9 @@ class DeadlinesConfig(Section):
     fast miss and nothing is sent until a background probe finds the daemon answering."""
     breaker_open_s: float = Field(1.0, gt=0, le=3600)
     """First wait before probing an open breaker's daemon (doubling after each failed probe)."""
-    breaker_open_max_s: float = Field(30.0, gt=0, le=86_400)
-    """Longest wait between two probes of an open breaker."""
+    breaker_open_max_s: float = Field(5.0, gt=0, le=86_400)
+    """Longest wait between two probes of an open breaker (so the cache is back within this of the daemon's
+    return, whatever the length of its pause)."""
     probe_ms: float = Field(1000.0, gt=0, le=600_000)
     """Deadline of the breaker's probe (reconnect, login, one empty lookup)."""
     always_load: bool = False
