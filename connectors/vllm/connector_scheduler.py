@@ -35,14 +35,16 @@ makes ``get_num_new_matched_tokens`` answer ``None`` ("not yet, ask again":
 vLLM skips the request this step and schedules the others); the lookup
 itself ends within the store's ``deadlines.lookup_ms`` (a miss after that),
 and behind an open breaker it is an instant miss. So a paused daemon never
-holds vLLM's scheduler loop, and a request waits at most one lookup
-deadline for its answer.
+holds vLLM's scheduler loop, and a request waits at most twice the lookup
+deadline for its answer (queueing behind other lookups included: then it is
+a miss).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -83,8 +85,9 @@ class _RequestState:
     """The latest load sent to the workers, with the position in the request of each of its blocks."""
     load_failed: bool = False
     """An asynchronous load of it failed: vLLM recomputes it, and kvstore offers it nothing more."""
-    lookup: tuple[int, int, Future[int]] | None = None
-    """The lookup under way: the blocks it counts from and up to, and how many it finds (from position 0)."""
+    lookup: tuple[int, int, Future[int], float] | None = None
+    """The lookup under way: the blocks it counts from and up to, how many it finds (from position 0), and when
+    it was asked (a request waits for it at most twice the lookup deadline, queueing behind others included)."""
     load_worth_s: float | None = None
     """How long its planned load is worth waiting for (its decision's ``worth_s``)."""
 
@@ -165,11 +168,15 @@ class KVStoreConnectorScheduler:
             return 0, False
         if st.lookup is None or st.lookup[:2] != (first, last):
             chain = st.chain.keys(request.all_token_ids, last)
-            st.lookup = (first, last, self._lookups.submit(self._probe, chain, first))
+            st.lookup = (first, last, self._lookups.submit(self._probe, chain, first), time.monotonic())
         try:
             found = st.lookup[2].result(LOOKUP_INLINE_S)
         except FutureTimeout:
-            return None, False  # not yet: vLLM schedules the others and asks again
+            if time.monotonic() - st.lookup[3] < 2 * self.store.deadlines.lookup_ms / 1000:
+                return None, False  # not yet: vLLM schedules the others and asks again
+            st.lookup[2].cancel()  # queued behind other lookups past its deadline: a miss, computed now
+            st.lookup = None
+            return 0, False
         st.lookup = None
         hits = found - first
         if hits > 0:
