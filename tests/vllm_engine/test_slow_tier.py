@@ -52,7 +52,7 @@ def test_a_tier_slower_than_prefill_is_recomputed_instead_of_waited_for(model: P
         assert r["token_ids"] == want["token_ids"], f"prompt {i} decoded otherwise"
     said = "\n".join(line for line in run["log"].splitlines() if "kvstore" in line)[-3000:]
     assert cached[0] > 0, f"the first stored prompt was not tried from kvstore: {cached}\n{said}"  # rates unknown
-    assert seconds[0] > base[0] + 0.4, f"no load waited for the slow tier: {seconds} vs {base}\n{said}"
+    assert "kvstore load missed (deadline)" in said, f"no load waited out its deadline on the slow tier:\n{said}"
     assert cached[-3:] == [0, 0, 0], f"the last prompts were still loaded from the slow tier: {cached} {seconds}\n{said}"
     # by then a load from this tier is given up after 12 s or more: none of them waited for it
     assert max(seconds[-3:]) < 2 * max(base), f"recomputed prompts still waited for the tier: {seconds}\n{said}"
