@@ -3,8 +3,8 @@
 vLLM caches one latent vector per token and layer for MLA (``kv_lora_rank`` compressed K/V plus the rope
 key, ``MLAAttentionSpec``), not K and V per head; kvstore stores whatever page vLLM hands it, so the same
 connector serves it. The model is a tiny DeepSeek-V2 with Hugging Face-initialised random weights (so the
-output depends on the KV cache) and SmolLM2's tokenizer. vLLM's CPU MLA backend takes bf16 weights only
-(not fp32) and blocks of a multiple of 32 tokens.
+output depends on the KV cache) and SmolLM2's tokenizer. vLLM's CPU MLA backends take bf16 weights only
+(not fp32); their block size depends on the CPU (:func:`mla_block_size`).
 The control stores another prompt's blocks under this prompt's keys and the output changes.
 """
 
@@ -14,14 +14,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import rig
 from kvstore.layout import KVLayout
 from prompts import Prompts
 from rig import tokens
 
-BS = rig.BLOCK_SIZE
-"""vLLM's CPU MLA backend (AMX_MLA) takes multiples of 32, as its other CPU attention does."""
+
+
+def mla_block_size() -> int:
+    """The block size vLLM's CPU MLA runs with on this machine: with AMX tiles its AMX_MLA backend takes multiples
+    of 32, as its other CPU attention does; without them its CPU_MLA decode kernel compiles for 16 only and vLLM
+    sets 16 whatever the engine asks (``vllm/platforms/cpu.py``). The daemon's layout must be the one vLLM runs."""
+    return rig.BLOCK_SIZE if torch.cpu._is_amx_tile_supported() else 16
+
+
+BS = mla_block_size()
 DTYPE = "bfloat16"
 """The CPU MLA backend packs its weights for bf16 / fp16 only."""
 ENGINE = {"block_size": BS, "dtype": DTYPE}
