@@ -21,9 +21,10 @@ def installed_version() -> str:
         return __version__
 
 
-def build_info() -> dict[str, str]:
-    """``version``, ``python`` and, when torch is already imported, ``torch`` (never imported for this)."""
-    info = {"version": installed_version(), "python": platform.python_version()}
+def build_info(version: str | None = None) -> dict[str, str]:
+    """``version`` (``version`` when given: a caller asking often reads it once), ``python`` and, when torch is
+    already imported, ``torch`` (never imported for this: a daemon imports it when its first layout opens)."""
+    info = {"version": version or installed_version(), "python": platform.python_version()}
     torch = sys.modules.get("torch")
     if torch is not None:
         info["torch"] = str(getattr(torch, "__version__", "unknown"))

@@ -56,6 +56,13 @@ class TierError(KVStoreError):
     """A tier cannot be opened or used as configured (pinning impossible, arena too small, closed tier)."""
 
 
+class DamagedData(TierError):
+    """A tier's files are damaged (found before they were mapped); the message names the file and ``kvstore repair``.
+
+    Apart from other :class:`TierError` because it lasts: the same files fail the same way until they are
+    repaired, so a daemon remembers it instead of walking them again for every client."""
+
+
 class NotDurable(KVStoreError):
     """Blocks that were acknowledged as stored did not reach the disk tier (full disk, I/O error).
 

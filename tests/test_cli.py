@@ -43,8 +43,9 @@ def test_serve_refuses_a_config_without_host_tier(tmp_path: Path, capsys) -> Non
 
 
 @pytest.mark.parametrize("config", [
-    "host:\n  capacity: 100\n",
+    "host:\n  capacity: 100\ndaemon:\n  layouts: model\n",  # no block of the model section's layout fits
     "tiers: [host, lmdb]\ndisk:\n  max_size: 4KiB\n",
+    "tiers: [host, slab]\n",  # serving any layout (the default), the layouts share the disk through lmdb
     "tiers: [lmdb]\n",
     "tiers: [host, remote]\nremote:\n  write: write_back\n",
 ])

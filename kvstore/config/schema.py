@@ -284,15 +284,27 @@ class DaemonConfig(Section):
     at once until the window has passed."""
     login_lockout_s: float = Field(60.0, gt=0, le=86_400)
     """Window over which failed logins are counted, and how long a peer that exceeded them is refused."""
-    layouts: Literal["model", "any"] = "model"
-    """Which KV layouts the daemon serves. ``model``: the ``model`` section's alone; an engine on another model
-    is refused naming each field that differs. ``any``: every layout its clients bring (a host runs one daemon
-    for all its models), each layout's tiers opened on its first client, in a directory of its own under
-    the disk tier's, sharing ``host.capacity`` and the disk tier's ``max_size``; the ``model`` section is then
-    not used."""
+    layouts: Literal["model", "any"] = "any"
+    """Which KV layouts the daemon serves. ``any`` (the default): every layout its clients bring (a host runs one
+    daemon for all its engines: the built-in one, vLLM, SGLang), each layout's tiers opened on its first client,
+    in a directory of its own under the disk tier's, sharing ``host.capacity`` and the disk tier's
+    ``max_size``; the ``model`` section is then not used. ``model``: the ``model`` section's layout alone,
+    opened at start (needed for ``daemon.events`` and the ``file`` and ``slab`` tiers); an engine on another
+    model is refused naming each field that differs."""
     max_layouts: int = Field(8, ge=1, le=256)
     """With ``layouts: any``: the most layouts served at once; a client bringing one more is refused, naming
     the layouts served (each holds an arena, a disk environment and their file descriptors)."""
+    max_layouts_per_tenant: int = Field(2, ge=1, le=256)
+    """With ``layouts: any`` and ``tenant_salts``: the most layouts one tenant's clients may be on at once (a
+    tenant bringing one more is refused, naming its layouts), so one tenant cannot take every one of
+    ``max_layouts``. Untenanted clients are the operator's own and count only against ``max_layouts``."""
+    max_layout_slots: int = Field(1 << 20, ge=1024, le=1 << 26)
+    """With ``layouts: any``: the most host slots one layout's arena has, whatever its block size. A layout's
+    bookkeeping grows with its slots (about 32 bytes each before a block is stored: the slot directory local
+    clients read), and a client chooses its layout: a legal 4-byte block would otherwise mean ``host.capacity``
+    / 4 slots, gigabytes of bookkeeping. At the default, a layout's arena holds ``host.capacity`` whenever its
+    blocks are at least ``host.capacity`` / 2^20 bytes (8 KiB at 8 GiB: any real model's block); a layout of
+    smaller blocks gets this many slots (logged at its first HELLO)."""
     events: EventsConfig = Field(default_factory=lambda: EventsConfig(endpoint="tcp://127.0.0.1:5559",
                                                                       replay_endpoint="tcp://127.0.0.1:5560"))
     """KV events of the daemon's own tiers (host, disk) for a router (``kvstore route --store``): what the

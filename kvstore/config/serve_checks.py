@@ -31,6 +31,12 @@ def serve_problems(cfg: KVStoreConfig, source: str) -> list[str]:
                             "size): it needs daemon.layouts: model")
         problems += [f"{where}: tiers: {name} keeps one layout's blocks; with daemon.layouts: any the layouts share "
                      "the disk through lmdb (or no disk tier)" for name in cfg.tiers if name in ("file", "slab")]
+        if "lmdb" in cfg.tiers:
+            from kvstore.tiers.lmdb.env import block_budget
+
+            if block_budget(int(cfg.disk.max_size)) <= 0:
+                problems.append(f"{where}: disk.max_size {format_size(int(cfg.disk.max_size))} leaves LMDB no room "
+                                "for blocks (it keeps 16 pages and a sixteenth for its own); give at least 1MiB")
         return problems  # each layout's block size is checked against the capacities when its first client comes
     sized = [(name, field, int(value)) for name, field, value in (
         ("host", "host.capacity", cfg.host.capacity), ("lmdb", "disk.max_size", cfg.disk.max_size))

@@ -19,6 +19,9 @@ Semantics of the one tier the daemon offers its clients:
   its owner ends it (a late commit, refused, or a release: its copy is over),
   its process is known to be gone, or ``QUARANTINE_FACTOR`` deadlines have
   passed (for a peer whose process the daemon cannot watch).
+- One owner's write holds and quarantined slots together stay within its share of the host slots
+  (:data:`RESERVE_SHARE`): a client that reserves and never commits, or stalls past its deadlines,
+  leaves the other clients room for their puts instead of every slot for 30 deadlines.
 
 Every host-tier state change (lock, reserve, publish, abort, evict inside
 reserve) happens under one mutex, so "is it published?" and "lock it" are
@@ -32,6 +35,7 @@ executor, and the ones that only take the mutex for microseconds
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -41,21 +45,30 @@ from typing import Any
 import numpy as np
 
 from kvstore.daemon.events import DaemonEvents
-from kvstore.daemon.holds import HoldTable
+from kvstore.daemon.holds import HOLDS_PER_SLOT, HoldTable
 from kvstore.daemon.messages import PutState
 from kvstore.daemon.remote_link import RemoteLink
 from kvstore.daemon.writer import WriteBehind
 from kvstore.errors import BlockStateError, NotDurable
 
 from kvstore.layout import KVLayout
+from kvstore.ratelog import RateLimitedLog
 from kvstore.tiers.base import Tier
 from kvstore.tiers.host.tier import HostTier
 
+log = logging.getLogger(__name__)
+
 QUARANTINE_FACTOR = 30
 """An expired write hold's slot is reused at the latest this many hold timeouts after it was granted."""
-HOLDS_PER_SLOT = 2
-"""Most hold references one connection may have, per host slot: more means it holds the same slots again
-and again without releasing them (each reference costs the daemon bookkeeping until its deadline)."""
+
+RESERVE_SHARE = 2
+"""An owner may hold at most 1/RESERVE_SHARE (rounded up) of the host slots that other owners leave (those not
+in their write holds or quarantined) in write holds and quarantined slots of its own. A slot reserved is the
+writer's until it commits, releases or is gone, so a grant cannot be taken back when another client needs
+room; instead each grant leaves the others at least as many slots as it takes: one client that reserves
+everything gets half, a second a quarter, and a well-behaved client still finds slots."""
+SHARE_LOG_INTERVAL_S = 10.0
+"""Refusals beyond an owner's share are logged at most once per this many seconds (a hostile client repeats them)."""
 
 INTERNAL_OWNER = -1
 """Owner id of the daemon's own short-lived references (inline requests)."""
@@ -82,12 +95,41 @@ class BackendCounters:
     quarantined: int = 0
     """Write holds that expired, or whose connection closed, with their slot kept from reuse (the writer
     may still copy into it)."""
+    share_refused: int = 0
+    """Keys a reserve answered BUSY because their connection held its share of the host slots
+    (:data:`RESERVE_SHARE`) or had quarantined slots (it let reservations expire and has not released them)."""
     connection_releases: int = 0
     """Read holds ended at once because the connection that held them closed."""
     prefix_query_tokens: int = 0
     """Tokens of the prefixes clients looked up (EXISTS_PREFIX keys x block size: the daemon sees keys, not tokens)."""
     prefix_hit_tokens: int = 0
     """Of those, the tokens of the leading blocks the daemon held (host or disk)."""
+
+
+@dataclass(frozen=True)
+class ReserveShare:
+    """One owner's part of the host slots in write holds and quarantine, as it asks to reserve more."""
+
+    owner: int
+    slots: int
+    """Host slots in all."""
+    others: int
+    """Slots other owners hold in write holds or quarantine."""
+    reserved: int
+    """Its own write holds."""
+    quarantined: int
+    """Its own quarantined slots."""
+
+    @property
+    def limit(self) -> int:
+        """Most slots it may hold in write holds and quarantine: 1/:data:`RESERVE_SHARE` of what the others
+        leave, rounded up (a lone owner of a one-slot arena may still write)."""
+        return -(-max(0, self.slots - self.others) // RESERVE_SHARE)
+
+    @property
+    def room(self) -> int:
+        """Slots it may reserve now: none while any of its slots is quarantined (its copies may be running)."""
+        return 0 if self.quarantined else max(0, self.limit - self.reserved)
 
 
 class DaemonBackend:
@@ -114,6 +156,7 @@ class DaemonBackend:
         """owner -> keys of its expired write holds whose slots stay reserved, with when to free them anyway."""
         self.link: RemoteLink | None = None
         """The remote tier below host and disk (``tiers`` naming ``remote``), set by the server once built."""
+        self._refusals = RateLimitedLog(log, SHARE_LOG_INTERVAL_S)
 
     # ---------------------------------------------------------------- reads
     def exists_prefix(self, keys: Sequence[bytes]) -> int:
@@ -212,10 +255,14 @@ class DaemonBackend:
 
     # --------------------------------------------------------------- writes
     def reserve(self, owner: int, keys: Sequence[bytes]) -> list[tuple[PutState, int | None]]:
-        """Reserve a host slot per absent key for ``owner`` to write into (a ``write`` hold each)."""
-        out = self._reserve(keys)
-        self.holds.grant(owner, "write", [k for k, (st, _) in zip(keys, out) if st == PutState.RESERVED], time.monotonic())
-        return out
+        """Reserve a host slot per absent key for ``owner`` to write into (a ``write`` hold each).
+
+        Within ``owner``'s share (:class:`ReserveShare`): absent keys beyond it, or all of them while one
+        of its slots is quarantined, answer BUSY (a miss the client retries, never an error), counted in
+        ``share_refused`` and logged naming the limit. Other owners' reserves are not affected. The share is
+        read and the holds granted under the mutex, so owners reserving at once never both take one half.
+        """
+        return self._reserve(keys, owner)
 
     def commit(self, owner: int, keys: Sequence[bytes]) -> list[bool]:
         """Publish the keys ``owner`` reserved and queue them for disk; ``False`` for a key it did not hold
@@ -228,7 +275,7 @@ class DaemonBackend:
 
     def put_inline(self, keys: Sequence[bytes], blocks: Sequence[memoryview]) -> list[bool]:
         """Store blocks given as bytes; ``result[i]`` says whether ``keys[i]`` is stored after the call."""
-        states = self._reserve(keys)
+        states = self._reserve(keys)  # published at once: no hold, no share
         mine = [(k, b, s) for k, b, (st, s) in zip(keys, blocks, states) if st == PutState.RESERVED]
         try:
             for _, block, slot in mine:
@@ -289,6 +336,21 @@ class DaemonBackend:
                     self._quarantine.setdefault(owner, {})[hold.key] = backstop
                     self.counters.quarantined += 1
         return len(reads)
+
+    def idle(self) -> bool:
+        """No hold and no quarantined slot: no client may still copy into or out of the arena (it may close)."""
+        with self._mu:
+            quarantined = bool(self._quarantine)
+        return not quarantined and len(self.holds) == 0
+
+    def empty(self) -> bool:
+        """:meth:`idle`, and no block in either tier nor queued for disk: closing loses nothing. Reads counters
+        only (never waits for a disk write: called on the event loop)."""
+        if not self.idle() or self.host.used_bytes():
+            return False
+        if self.writer is not None and self.writer.pending:
+            return False
+        return self.disk is None or self.disk.used_bytes() == 0
 
     def owned_by(self, owner: int) -> int:
         """Holds and quarantined slots ``owner`` has now (what :meth:`release_owner` would end). Changes nothing."""
@@ -462,13 +524,18 @@ class DaemonBackend:
             c.disk_hits += found - host_hits
             c.disk_misses += n - found
 
-    def _reserve(self, keys: Sequence[bytes]) -> list[tuple[PutState, int | None]]:
+    def _reserve(self, keys: Sequence[bytes], owner: int | None = None) -> list[tuple[PutState, int | None]]:
+        """A state per key, reserving slots for the absent ones: for ``owner`` within its share, granting its
+        write holds; for the daemon itself (``None``: an inline put, published at once) as room allows."""
         absent = [k for k in dict.fromkeys(keys) if self.host.slot_of(k) is None]
         on_disk = {k for k in absent if self.disk is not None and self.disk.contains(k)}
         out: list[tuple[PutState, int | None]] = []
         seen: dict[bytes, PutState] = {}
         self._rewrite_lost(keys)
+        refused = 0
         with self._mu:
+            share = self._share(owner) if owner is not None else None
+            room = share.room if share is not None else len(keys)
             for key in keys:
                 if key in seen:  # a repeated key: its first occurrence does the work
                     first = seen[key]
@@ -477,6 +544,9 @@ class DaemonBackend:
                     out.append((PutState.BUSY, None))  # stored by another client, not durable yet: not "present"
                 elif self.host.slot_of(key) is not None or key in on_disk:
                     out.append((PutState.PRESENT, None))
+                elif room <= 0:  # beyond the owner's share: the others' room
+                    out.append((PutState.BUSY, None))
+                    refused += 1
                 else:
                     try:
                         slot = self._reserve_one(key)
@@ -484,8 +554,36 @@ class DaemonBackend:
                         out.append((PutState.BUSY, None))
                     else:
                         out.append((PutState.NO_ROOM, None) if slot is None else (PutState.RESERVED, slot))
+                        if slot is not None:
+                            room -= 1
                 seen.setdefault(key, out[-1][0])
+            if owner is not None:
+                self.holds.grant(owner, "write", [k for k, (st, _) in zip(keys, out) if st == PutState.RESERVED],
+                                 time.monotonic())
+                self.counters.share_refused += refused
+        if share is not None and refused:
+            self._log_refusal(share, refused)
         return out
+
+    def _share(self, owner: int) -> ReserveShare:
+        """``owner``'s part of the host slots in write holds and quarantine (mutex held). Changes nothing."""
+        writes = self.holds.keys_held("write")
+        quarantined = {o: len(keys) for o, keys in self._quarantine.items()}
+        mine = writes.get(owner, 0), quarantined.get(owner, 0)
+        others = sum(writes.values()) + sum(quarantined.values()) - sum(mine)
+        return ReserveShare(owner, self.host.num_slots, others, *mine)
+
+    def _log_refusal(self, share: ReserveShare, refused: int) -> None:
+        """Say why ``refused`` keys of ``share.owner``'s reserve were answered BUSY (once per interval)."""
+        if share.quarantined:
+            self._refusals.warning("share", "client %d asked to reserve %d host slots, refused (BUSY): %d of its "
+                                   "reservations expired and stay quarantined until it commits or releases them "
+                                   "(or exits)", share.owner, refused, share.quarantined)
+        else:
+            self._refusals.warning("share", "client %d asked to reserve %d host slots beyond its share, refused "
+                                   "(BUSY): a connection may hold at most half of the %d host slots other connections "
+                                   "leave (%d), reserved and quarantined together", share.owner, refused,
+                                   share.slots - share.others, share.limit)
 
     def _rewrite_lost(self, keys: Sequence[bytes]) -> None:
         """Queue again the host copies of ``keys`` whose acknowledged disk write failed.

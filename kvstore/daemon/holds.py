@@ -29,6 +29,10 @@ from typing import Literal
 
 HoldKind = Literal["read", "write"]
 
+HOLDS_PER_SLOT = 2
+"""Most hold references one connection may have, per host slot: more means it holds the same slots again
+and again without releasing them (each reference costs the daemon bookkeeping until its deadline)."""
+
 
 @dataclass(frozen=True)
 class Hold:
@@ -111,6 +115,12 @@ class HoldTable:
                     del self._held[(owner, kind)]
             self.expired_total += len(out)
         return out
+
+    def keys_held(self, kind: HoldKind) -> dict[int, int]:
+        """Owner -> how many keys it has ``kind`` holds on now (a write hold is one per key: a key reserved
+        is not reserved again). Changes nothing."""
+        with self._lock:
+            return {owner: len(table) for (owner, k), table in self._held.items() if k == kind}
 
     def owned_by(self, owner: int) -> int:
         """References ``owner`` has now. Changes nothing."""

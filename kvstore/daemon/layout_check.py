@@ -90,8 +90,10 @@ class LayoutMismatch(DaemonError):
         fields = ", ".join(f"model.{name}" for name, _, _ in self.differences)
         if not self.differences:  # equal fields, different hashes: the two sides hash layouts differently
             listed, fields = "every field agrees but the fingerprints differ (another kvstore version?)", "the model section"
-        text = (f"the engine's KV layout differs from the daemon's at {address}: {listed}. The daemon serves the "
-                f"layout its config's model section describes: set {fields} in {config_source} to the engine's "
-                "values and restart the daemon, or run the engine on the model that section describes")
+        text = (f"the daemon at {address} serves one model's KV layout (daemon.layouts: model in {config_source}) "
+                "and this engine's is another: run it with daemon.layouts: any (make run's configs/default.yaml, "
+                "configs/sidecar.yaml) to serve every engine on the host. The differences: "
+                f"{listed}; to keep one layout, set {fields} in {config_source} to the engine's values and restart "
+                "the daemon")
         super().__init__(ErrorCode.BAD_LAYOUT, text)
         self.args = (text,)  # str() is the explanation alone, without DaemonError's generic prefix

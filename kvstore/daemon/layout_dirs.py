@@ -22,16 +22,60 @@ LAYOUT_FILE = "layout.json"
 S = TypeVar("S", bound=BaseModel)
 
 
+LABEL_MODEL_CHARS = 48
+"""Most characters of the model's name a layout label keeps (a Hugging Face snapshot path is longer)."""
+DIRNAME_CHARS = 120
+"""Most characters of a layout directory's name; the fingerprint at its end is always kept whole."""
+
+
 def layout_label(layout: KVLayout) -> str:
-    """``<model id>@<first 8 hex digits of the fingerprint>``: a model id alone may stand for several layouts
-    (two dtypes, two block sizes). How logs, STATS and ``/metrics`` name a layout."""
-    return f"{layout.model_id or 'unnamed'}@{layout.fingerprint.hex()[:8]}"
+    """How logs, STATS and ``/metrics`` name a layout: ``<model>|<dtype>|<block size>t@<fingerprint start>``.
+
+    An engine layout's model id spells every byte-format field (``vllm-blocks|weights@<digest>|bfloat16|
+    737280B|layers=30|...``: :func:`connectors.engine_keys.engine_layout`); an operator needs to tell the
+    layouts apart at a glance, so the label keeps the engine, the model's short name, the dtype and the
+    block size, and the first 8 hex digits of the fingerprint make it unique (a model id alone may stand
+    for several layouts: two dtypes, two block sizes). Every field stays in ``layout.json`` and in
+    ``kvstore stats --verbose``.
+    """
+    return f"{_model_name(layout)}|{_dtype_name(layout)}|{layout.block_size}t@{layout.fingerprint.hex()[:8]}"
+
+
+def _model_name(layout: KVLayout) -> str:
+    """The model's short name: an engine layout's ``<engine>:<weights>`` (a digest cut to 8 hex digits, a path
+    to its last part), or the model id's last path part; at most :data:`LABEL_MODEL_CHARS` characters."""
+    model_id = layout.model_id or "unnamed"
+    parts = model_id.split("|")
+    if len(parts) >= 3:  # an engine layout: engine|model|dtype|bytes|format
+        engine, model = parts[0].removesuffix("-blocks"), parts[1]
+        name = f"{engine}:{_short(model)}"
+    else:
+        name = _short(model_id)
+    return name[-LABEL_MODEL_CHARS:]
+
+
+def _short(model: str) -> str:
+    """``weights@<hex digest>`` cut to 8 digits; a path or repo id to its last part (its revision kept)."""
+    if model.startswith("weights@"):
+        return model[:len("weights@") + 8]
+    return model.rstrip("/").rsplit("/", 1)[-1] or model
+
+
+def _dtype_name(layout: KVLayout) -> str:
+    """An engine layout's own dtype name (``fp8_e4m3``...: its layout's dtype only sizes the rows), else the layout's."""
+    parts = (layout.model_id or "").split("|")
+    return parts[2] if len(parts) >= 3 and parts[2] else str(layout.dtype)
 
 
 def layout_dirname(layout: KVLayout) -> str:
-    """A file-system-safe directory name for a layout's disk data: its label with anything but letters, digits,
-    dots, dashes and underscores replaced."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", layout_label(layout))[:120]
+    """A file-system-safe directory name for a layout's disk data, at most :data:`DIRNAME_CHARS` characters:
+    its model id with anything but letters, digits, dots, dashes and underscores replaced by ``_``, cut to fit,
+    then ``_`` and the fingerprint's first 8 hex digits, always whole (two formats of one model with a long id,
+    a Hugging Face snapshot path, must never share a directory; a shorter id's name is what earlier versions
+    gave it, so their data is found again)."""
+    suffix = f"_{layout.fingerprint.hex()[:8]}"
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", layout.model_id or "unnamed")
+    return name[:DIRNAME_CHARS - len(suffix)] + suffix
 
 
 def layout_section(section: S, name: str) -> S:

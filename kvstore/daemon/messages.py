@@ -68,7 +68,9 @@ class PutState(IntEnum):
     PRESENT = 2
     """The block is already stored (host or disk); nothing to write."""
     BUSY = 3
-    """Another client is writing the same block now."""
+    """Not reserved now: another client is writing the same block, or this connection holds its share of the
+    host slots already (``RESERVE_SHARE`` in :mod:`kvstore.daemon.backend`) or has quarantined slots. A miss
+    for that key; a later reserve may succeed."""
 
 
 @dataclass(frozen=True)

@@ -161,6 +161,10 @@ def _storage_families(family: Callable[[str, Kind, str, list[tuple[dict[str, str
                [({}, remote["groups_stored"])])
     add("kvstore_no_room_total", "counter", "Keys not served because every host slot was locked or reserved.",
            [({}, c["no_room"])])
+    add("kvstore_reserve_share_refused_total", "counter",
+           "Keys a reserve answered BUSY because the connection already held half of the host slots the other "
+           "connections leave (reserved or quarantined), or had quarantined slots it did not release.",
+           [({}, c["share_refused"])])
     add("kvstore_holds", "gauge", "Host slot holds held by clients now.", [({}, backend["holds"])])
     add("kvstore_holds_expired_total", "counter", "Holds ended by their deadline (vanished or slow clients).",
            [({}, backend["holds_expired"])])

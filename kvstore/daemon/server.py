@@ -31,35 +31,33 @@ from typing import TYPE_CHECKING, Any
 
 from kvstore.config.schema import DISK_TIERS, DiskConfig, FileConfig, KVStoreConfig, SlabConfig
 from kvstore.daemon.admission import ConnectionLimits, LoginThrottle, Transport, peer_of
-from kvstore.daemon.backend import QUARANTINE_FACTOR, DaemonBackend
-from kvstore.daemon.remote_link import RemoteLink, link_for
-from kvstore.tiers.chain import ChainTier
-from kvstore.daemon.events import DaemonEvents
 from kvstore.daemon.frames import ErrorCode, Op, encode_frame
 from kvstore.daemon.messages import encode_error
 from kvstore.daemon.http import HttpEndpoints
-from kvstore.daemon.holds import HoldTable
 from kvstore.daemon.inflight import InflightBudget
-from kvstore.build_info import build_info
+from kvstore.build_info import build_info, installed_version
 from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
 from kvstore.daemon.peer import PeerProcess
 from kvstore.daemon.layout_check import layout_fields
 from kvstore.daemon.session import Session, SessionContext
-from kvstore.daemon.layout_dirs import layout_dirname, layout_section, recorded_layouts, write_layout_file
+from kvstore.daemon.layout_dirs import layout_dirname, layout_label, layout_section, recorded_layouts, write_layout_file
+from kvstore.daemon.dormant import DormantLayouts
 from kvstore.daemon.shelves import Shelf, Shelves
 from kvstore.daemon.socketfile import DaemonStartError, SocketOwner, arena_label, bind_private, clear_stale
 from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import NotDurable
 from kvstore.ratelog import RateLimitedLog
-from kvstore.tiers.base import Tier
-from kvstore.policy.order import EvictionOrder
 from kvstore.layout import KVLayout
-from kvstore.tiers.lmdb.env import block_budget
-from kvstore.tiers.shared_capacity import SharedCapacity
-from kvstore.tiers.host.tier import HostTier
+from kvstore.tiers.datadir import DirLock, make_private_dir
+from kvstore.tiers.shared_capacity import HOST_RECLAIM_WAIT_S, SharedCapacity
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the storage modules bring torch: imported when the first layout opens (kvstore.tiers)
+    from kvstore.daemon.backend import DaemonBackend
+    from kvstore.daemon.events import DaemonEvents
+    from kvstore.daemon.remote_link import RemoteLink
+    from kvstore.policy.order import EvictionOrder
     from kvstore.route.publisher import EventPublisher
+    from kvstore.tiers.base import Tier
 
 log = logging.getLogger(__name__)
 DRAIN_TIMEOUT_S = 10.0
@@ -94,7 +92,7 @@ class DaemonServer:
         self.config_source = config_source
         self.metrics = DaemonMetrics()
         self.started_at = time.time()
-        self._build = build_info()  # the kvstore_build_info labels (torch is loaded by now: the tiers use it)
+        self._version = installed_version()  # the kvstore_build_info labels, read at each scrape (torch's once loaded)
         self._executor = ThreadPoolExecutor(executor_threads, thread_name_prefix="kvstore-daemon")
         self._sessions: set[Session] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -115,6 +113,9 @@ class DaemonServer:
         """The host memory the layouts' arenas share (``layouts: any``)."""
         self._disk_capacity: SharedCapacity | None = None
         """The disk space the layouts' LMDB environments share (``layouts: any`` with an lmdb tier)."""
+        self._dir_lock: DirLock | None = None
+        """``layouts: any``: the lock on ``disk.path`` itself (each layout's tier locks its own directory)."""
+        self._dormant = DormantLayouts(None)
         self._publisher: EventPublisher | None = None
         self.info: ListenInfo | None = None
         self._owner: SocketOwner | None = None
@@ -147,14 +148,29 @@ class DaemonServer:
                         "shared arena %s, so no local process can read or change a tenant's blocks; local clients "
                         "are served inline (no zero-copy path)", named)
         if self.layout is None:  # (no events, no file or slab tier: kvstore.config.serve_checks refused them)
-            self._capacity = SharedCapacity(int(cfg.host.capacity))
+            self._capacity = SharedCapacity(int(cfg.host.capacity), wait_s=HOST_RECLAIM_WAIT_S)
             if "lmdb" in cfg.tiers:
+                from kvstore.tiers.lmdb.env import block_budget
+
                 self._disk_capacity = SharedCapacity(block_budget(int(cfg.disk.max_size)))
-        self.shelves = Shelves(self._open_shelf, self.layout, d.max_layouts, self.config_source)
+                base = cfg.disk.directory()  # one daemon per directory, as one tier per environment
+                make_private_dir(base)
+                self._dir_lock = DirLock(base, "disk.path")
+        self._dormant = DormantLayouts(self._disk_capacity)
+        self.shelves = Shelves(self._open_shelf, self.layout, d.max_layouts, self.config_source, self._executor,
+                               max_per_tenant=d.max_layouts_per_tenant, directory_of=self._layout_directory,
+                               dormant=self._dormant)
         if self.layout is not None:
             self.shelves.open_pinned()
-        elif "lmdb" in cfg.tiers:  # layouts served before: their disk data counts, and is served, from now on
-            self.shelves.reopen(recorded_layouts(cfg.disk.directory()))
+        elif self._disk_capacity is not None:  # layouts served before: their disk data counts from now on
+            found = recorded_layouts(cfg.disk.directory())
+            for layout in found:
+                directory = self._layout_directory(layout)
+                assert directory is not None
+                self._dormant.add(layout, directory)
+            if found:
+                log.info("%d layouts have disk data from before (%d bytes, counted in disk.max_size); each opens when "
+                         "its first client comes", len(found), self._dormant.used_bytes())
         asyncio.get_running_loop().set_exception_handler(self._loop_error)
         _raise_fd_limit(d.max_connections + FD_HEADROOM)
         tenants = {token: Tenant.from_salt(salt) for token, salt in d.tenant_salts.items()}
@@ -219,6 +235,10 @@ class DaemonServer:
         ``layouts: any`` sparse, counted against the shared budget), its disk tier (under ``layouts: any`` in a
         directory of its own) and its remote link. Raises ``ValueError`` naming a layout this daemon cannot
         store, ``DaemonStartError``/``TierError`` when a tier cannot open."""
+        from kvstore.daemon.backend import DaemonBackend
+        from kvstore.daemon.holds import HoldTable
+        from kvstore.tiers.host.tier import HostTier
+
         cfg, d = self.cfg, self.cfg.daemon
         capacity = int(cfg.host.capacity)
         if layout.bytes_per_block > capacity:
@@ -234,9 +254,15 @@ class DaemonServer:
         orders = cfg.policy.placement_policy().orders(both_tiers=any(name in DISK_TIERS for name in cfg.tiers))
         # Shared capacity: sparse arenas, never pinned (pinning maps every page: each layout would hold it all).
         pin = cfg.host.pin_memory if self._capacity is None else "never"
+        most = d.max_layout_slots if self.layout is None else None  # a client chose this layout: bound its cost
         host = HostTier(layout, capacity, pin_memory=pin, shared_memory=label is not None,
                         label=label or "kvstore-host", auto_evict=True, order=orders.host, prefault=cfg.host.prefault,
-                        shared_capacity=self._capacity)
+                        shared_capacity=self._capacity, max_slots=most)
+        if most is not None and host.num_slots == most:
+            log.warning("layout %s: %d-byte blocks would make %d host slots; it gets daemon.max_layout_slots = %d "
+                        "(%d bytes of host.capacity)", layout_label(layout), layout.bytes_per_block,
+                        capacity // layout.bytes_per_block, most, most * layout.bytes_per_block)
+        self._dormant.wake(layout)  # its directory's bytes: counted by its own tier from here on
         try:
             lower = self._lower_tier(layout, orders.disk)  # refused if another process holds its data directory
         except BaseException:
@@ -252,7 +278,13 @@ class DaemonServer:
             except BaseException:
                 backend.close()
                 raise
-        return Shelf(layout, backend, label)
+        return Shelf(layout, backend, label, self._layout_directory(layout))
+
+    def _layout_directory(self, layout: KVLayout) -> str | None:
+        """Where ``layout`` keeps its disk data under ``layouts: any`` (``None``: no disk tier, or one layout)."""
+        if self.layout is not None or "lmdb" not in self.cfg.tiers:
+            return None
+        return layout_section(self.cfg.disk, layout_dirname(layout)).directory()
 
     def _publish_events(self, events: DaemonEvents) -> EventPublisher:
         """Bind ``daemon.events``' endpoints and publish ``events`` there (raises ``DaemonStartError`` naming
@@ -297,7 +329,9 @@ class DaemonServer:
     def _remote_link(self, backend: DaemonBackend, layout: KVLayout) -> RemoteLink:
         """The remote tier (``remote``: Redis or Valkey, a server or a cluster; connected lazily, so a server down
         at start is a miss, not an error) and the link that places the clients' blocks in its groups."""
+        from kvstore.daemon.remote_link import link_for
         from kvstore.tiers import build_tier
+        from kvstore.tiers.chain import ChainTier
 
         remote = build_tier("remote", self.cfg.remote, layout)
         assert isinstance(remote, ChainTier)
@@ -338,6 +372,8 @@ class DaemonServer:
             shelf = session.shelf
             if shelf is not None and not self._stopping:
                 shelf.backend.end_connection(session.conn_id)  # its reads end now, its writes are quarantined
+                assert self.shelves is not None
+                self.shelves.leave(shelf, session.tenant.label if session.tenant is not None else None)
             if process is not None and shelf is not None:
                 self._spawn(self._release_when_gone(shelf.backend, session.conn_id, process))
             elif process is not None:
@@ -347,6 +383,8 @@ class DaemonServer:
         """After ``owner``'s connection ended: if it still has holds, end them as soon as its process exits
         (a live but silent process keeps them until their deadline, and the slots of its expired write holds
         stay quarantined until it exits or ``QUARANTINE_FACTOR`` deadlines have passed)."""
+        from kvstore.daemon.backend import QUARANTINE_FACTOR
+
         wait_s = QUARANTINE_FACTOR * self.cfg.daemon.hold_timeout_s
         try:
             if backend.owned_by(owner) and await process.wait_gone(wait_s) \
@@ -378,7 +416,8 @@ class DaemonServer:
             await asyncio.sleep(period)
             n = 0
             for shelf in self.shelves.all():
-                n += await loop.run_in_executor(self._executor, shelf.backend.expire)
+                if not shelf.closed:
+                    n += await loop.run_in_executor(self._executor, shelf.backend.expire)
             if n:
                 log.warning("released %d host slot holds past their %.1f s deadline", n, self.cfg.daemon.hold_timeout_s)
 
@@ -417,6 +456,9 @@ class DaemonServer:
             "metrics_url": self.info.metrics_url if self.info else None,
             "layouts": self.cfg.daemon.layouts,
             "max_layouts": self.shelves.max_layouts,
+            "layouts_closed": self.shelves.closed_idle,
+            "layouts_dormant": len(self._dormant),
+            "dormant_disk_bytes": self._dormant.used_bytes(),
             "model_id": self.layout.model_id if self.layout is not None else None,
             "bytes_per_block": self.layout.bytes_per_block if self.layout is not None else None,
             "host_capacity_shared": (None if self._capacity is None else
@@ -437,8 +479,8 @@ class DaemonServer:
         loop = asyncio.get_running_loop()
         snaps = [(shelf, await loop.run_in_executor(self._executor, shelf.backend.stats)) for shelf in self.shelves.all()]
         if self.layout is not None:
-            return render_prometheus(self.metrics, snaps[0][1], self._build)
-        return render_prometheus(self.metrics, [({"layout": shelf.label}, snap) for shelf, snap in snaps], self._build)
+            return render_prometheus(self.metrics, snaps[0][1], build_info(self._version))
+        return render_prometheus(self.metrics, [({"layout": shelf.label}, snap) for shelf, snap in snaps], build_info(self._version))
 
     # -------------------------------------------------------------- stop
     def request_stop(self) -> None:
@@ -488,6 +530,8 @@ class DaemonServer:
                 self.durability_error = self.durability_error or f"closing the disk tier failed: {type(exc).__name__}: {exc}"
                 log.error("closing the tiers of %s failed: %s", shelf.label, exc)
         self._executor.shutdown(wait=True)
+        if self._dir_lock is not None:
+            self._dir_lock.release()
         if self._owner is not None:
             self._owner.release()  # last: the socket is gone, a new daemon may take the path
         log.info("stopped")

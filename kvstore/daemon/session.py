@@ -30,13 +30,13 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvstore.config.schema import DaemonConfig
 from kvstore.daemon import messages as m
 from kvstore.daemon.admission import LoginThrottle, Peer
 from kvstore.daemon.auth import new_nonce, token_for_proof
-from kvstore.daemon.backend import HOLDS_PER_SLOT, DaemonBackend
+from kvstore.daemon.holds import HOLDS_PER_SLOT
 from kvstore.daemon.inflight import InflightBudget
 from kvstore.daemon.frames import (
     ARENA_BYTE, HEADER, HEADER_SIZE, MAGIC, OBSERVER_FINGERPRINT, PRELOGIN_FRAME_BYTES, PROTOCOL_VERSION, REPLY_BIT, ErrorCode,
@@ -47,6 +47,9 @@ from kvstore.daemon.shelves import Shelf, Shelves
 from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import KVStoreError, NotDurable
 from kvstore.ratelog import RateLimitedLog
+
+if TYPE_CHECKING:  # the storage brings torch: imported when the first layout opens (kvstore.tiers)
+    from kvstore.daemon.backend import DaemonBackend
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -263,7 +266,7 @@ class Session:
                 return self.nonce
             if not isinstance(msg, m.Hello):
                 raise ProtocolError(ErrorCode.UNAUTHORIZED, f"{Op(op_num).name} before HELLO", fatal=True)
-            return self._handshake(msg)
+            return await self._handshake(msg)
         if isinstance(msg, m.Hello) or is_challenge:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{Op(op_num).name}: the connection is already logged in")
         op = Op.PUT_INLINE if isinstance(msg, m.PutInline) else msg.op
@@ -339,7 +342,7 @@ class Session:
         self.ctx.throttle.failed(self.peer)
         return ProtocolError(ErrorCode.UNAUTHORIZED, f"HELLO: {why}", fatal=True)
 
-    def _handshake(self, hello: m.Hello) -> bytes:
+    async def _handshake(self, hello: m.Hello) -> bytes:
         cfg = self.ctx.daemon
         locked = self.ctx.throttle.locked_for(self.peer)
         if locked and (self.transport == "tcp" or hello.proof is not None):
@@ -358,9 +361,11 @@ class Session:
         elif self.transport == "tcp":
             raise self._login_failed("TCP clients must log in with a token (CHALLENGE, then a proof)")
         self.observer = hello.fingerprint == OBSERVER_FINGERPRINT
-        self.shelf = self.ctx.shelves.for_client(hello.fingerprint, hello.layout)
+        tenant = self.ctx.tenants.get(token) if token else None
+        self.shelf = await self.ctx.shelves.for_client(hello.fingerprint, hello.layout,
+                                                       tenant.label if tenant is not None else None)
         self.hello = hello
-        self.tenant = self.ctx.tenants.get(token) if token else None
+        self.tenant = tenant
         # A tenant never maps the shared arena: it holds every namespace's blocks.
         shelf = self.shelf
         self.shm = (hello.want_shm and self.transport == "unix" and shelf is not None and self.tenant is None

@@ -127,6 +127,11 @@ class Tier(ABC):
     def contains(self, key: bytes) -> bool:
         """Whether ``key`` is stored. Changes nothing."""
 
+    def used_bytes(self) -> int:
+        """Bytes this tier's blocks occupy now (from :meth:`stats`; a tier with a running count overrides it
+        to answer without waiting for its writes)."""
+        return self.stats().used_bytes
+
     def keys(self) -> list[bytes]:
         """Every key stored now, a snapshot (for a full report of what this tier holds). Changes nothing.
 

@@ -39,12 +39,13 @@ def short_tmpdir() -> Path:
 
 
 def write_config(root: Path, **over: Any) -> Path:
-    """A daemon config under ``root``: tiny layout, 64 host slots, LMDB in ``root/lmdb``; ``over`` merges sections."""
+    """A daemon config under ``root``: tiny layout (``daemon.layouts: model``: the daemon serves it alone), 64 host
+    slots, LMDB in ``root/lmdb``; ``over`` merges sections."""
     data: dict[str, Any] = {
         "model": dict(MODEL),
         "host": {"capacity": 64 * LAYOUT.bytes_per_block},
         "disk": {"path": str(root / "lmdb"), "max_size": "16MiB", "sync": "interval"},
-        "daemon": {"socket_path": str(root / "d.sock"), "hold_timeout_s": 2.0},
+        "daemon": {"socket_path": str(root / "d.sock"), "hold_timeout_s": 2.0, "layouts": "model"},
         "metrics": {"port": 0},
         "logging": {"level": "INFO"},
     }

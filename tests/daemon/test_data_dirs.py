@@ -47,7 +47,7 @@ def test_demo_and_embedded_store_run_beside_make_runs_daemon_and_are_refused_its
         shutil.copytree(repo / "configs", root / "configs")
         daemon = start_daemon(root / "configs" / "default.yaml", cwd=root, env={"KVSTORE_METRICS__PORT": "0"})
         daemon_dir = root / ".kvstore-data" / "lmdb"
-        assert (daemon_dir / "data.mdb").is_file()
+        assert (daemon_dir / "kvstore.lock").is_file()  # serving any layout, it holds the directory of them all
 
         # An embedded store on the daemon's own config file, from the same directory (what the README example
         # opens with `connector: embedded`): its own directory, no conflict.

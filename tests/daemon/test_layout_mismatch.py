@@ -44,15 +44,15 @@ def test_every_differing_field_is_named_with_both_values_and_where_to_set_it(dae
     assert exc.daemon == LAYOUT and exc.config_source == str(daemon.config)
     text = str(exc)
     assert text == (
-        f"the engine's KV layout differs from the daemon's at unix:{daemon.socket_path}: "
+        f"the daemon at unix:{daemon.socket_path} serves one model's KV layout (daemon.layouts: model in "
+        f"{daemon.config}) and this engine's is another: run it with daemon.layouts: any (make run's "
+        "configs/default.yaml, configs/sidecar.yaml) to serve every engine on the host. The differences: "
         "layers: engine 30, daemon 2 (model.num_layers); KV heads: engine 3, daemon 2 (model.num_kv_heads); "
         "head size: engine 64, daemon 8 (model.head_dim); block size: engine 16, daemon 4 (model.block_size); "
         "dtype: engine 'float32', daemon 'float16' (model.dtype); "
-        "model id: engine 'engine-model', daemon 'daemon-test' (model.model_id). "
-        "The daemon serves the layout its config's model section describes: set model.num_layers, "
-        "model.num_kv_heads, model.head_dim, model.block_size, model.dtype, model.model_id in "
-        f"{daemon.config} to the engine's values and restart the daemon, or run the engine on the model that "
-        "section describes")
+        "model id: engine 'engine-model', daemon 'daemon-test' (model.model_id); to keep one layout, set "
+        "model.num_layers, model.num_kv_heads, model.head_dim, model.block_size, model.dtype, model.model_id in "
+        f"{daemon.config} to the engine's values and restart the daemon")
 
 
 def test_only_the_differing_fields_are_named(daemon: Daemon) -> None:
@@ -88,7 +88,9 @@ def test_command_line_prints_the_mismatch_as_one_line_and_exits_2(daemon: Daemon
         assert res.returncode == 2, (argv, res.stdout, res.stderr)
         err = res.stderr.strip()
         assert "\n" not in err and "Traceback" not in err, err
-        assert err.startswith(f"error: the engine's KV layout differs from the daemon's at unix:{daemon.socket_path}: ")
+        assert err.startswith(f"error: the daemon at unix:{daemon.socket_path} serves one model's KV layout "
+                              f"(daemon.layouts: model in {daemon.config}) and this engine's is another: run it with "
+                              "daemon.layouts: any")
         # The built-in tiny model: head size 16 in blocks of 16 tokens, the engine's default dtype, its own id.
         for field in ("head size: engine 16, daemon 8 (model.head_dim)", "block size: engine 16, daemon 4",
                       f"dtype: engine {EngineConfig().kv_dtype_name()!r}, daemon 'float16'",

@@ -181,13 +181,14 @@ def test_a_restarted_daemon_serves_each_layouts_blocks_from_its_own_disk_directo
         large.client.close()
         assert d.stop() == 0
         d = start_daemon(cfg)
-        # both layouts reopened at start: their disk data counts against disk.max_size before any client comes
+        # both layouts dormant at start (nothing opened, torch not loaded): their disk data counts against
+        # disk.max_size before any client comes, and each opens with its first client
         observer = DaemonClient(None, socket_path=d.socket_path, client_name="stats", use_shm=False)
         observer.connect(5)
-        reopened = observer.stats()
+        dormant = observer.stats()
         observer.close()
-        assert set(reopened["layouts"]) == {layout_label(SMALL), layout_label(LARGE)}
-        assert reopened["disk"]["num_blocks"] == 14
+        assert dormant["layouts"] == {} and dormant["daemon"]["layouts_dormant"] == 2
+        assert dormant["daemon"]["dormant_disk_bytes"] > 0
         large = _tier(d, LARGE)  # the other layout first this time
         small = _tier(d, SMALL)
         assert all(_read(large, LARGE, kl)) and all(_read(small, SMALL, ks))
@@ -284,7 +285,8 @@ def test_a_layout_the_daemon_cannot_store_is_refused_naming_why() -> None:
         with pytest.raises(DaemonError) as exc:  # one layout more than daemon.max_layouts
             _tier(d, LARGE)
         assert exc.value.code == ErrorCode.BAD_LAYOUT
-        assert f"daemon.max_layouts = 1 ({layout_label(SMALL)})" in str(exc.value) and layout_label(LARGE) in str(exc.value)
+        assert "daemon.max_layouts = 1" in str(exc.value) and layout_label(LARGE) in str(exc.value)
+        assert f"each of them has a client now ({layout_label(SMALL)})" in str(exc.value)
         huge = KVLayout(num_layers=64, num_kv_heads=8, head_dim=128, block_size=16, dtype="float32", model_id="huge")
         with pytest.raises(DaemonError) as exc:  # refused before any room is looked for: the layout count first
             _tier(d, huge)
@@ -313,3 +315,29 @@ def test_what_any_layout_cannot_do_is_refused_at_start(over: dict, says: str) ->
         assert says in str(exc.value) and "daemon.layouts" in str(exc.value)
     finally:
         cleanup(None, root)
+
+
+def test_a_closed_layouts_disk_data_counts_in_max_size_and_gives_way_first() -> None:
+    root = short_tmpdir()
+    d = None
+    try:
+        d = start_daemon(_config(root, daemon={"max_layouts": 1}, disk={"max_size": "1MiB"}))
+        small = _tier(d, SMALL)
+        assert all(_put(small, SMALL, keys_for(100, seed=1)))
+        small.flush()
+        small.client.close()
+        large = _tier(d, LARGE)  # the one layout's place: SMALL is flushed and closed, its directory stays
+        stats = large.client.stats()["daemon"]
+        assert stats["layouts_dormant"] == 1 and stats["dormant_disk_bytes"] > 0
+        small_dir = root / "lmdb" / "layouts" / layout_dirname(SMALL)
+        assert small_dir.is_dir()
+        for i in range(0, 240, 8):  # 960 KiB of LARGE blocks: more than the budget leaves beside SMALL's file
+            _put(large, LARGE, keys_for(240, seed=2)[i:i + 8])
+        large.flush()  # every acknowledged block made durable: room came from the dormant directory first
+        assert not small_dir.exists()
+        assert f"layout {layout_label(SMALL)} had no client: its" in d.log.read_text()
+        assert large.client.stats()["daemon"]["layouts_dormant"] == 0
+        large.client.close()
+        assert d.stop() == 0
+    finally:
+        cleanup(d, root)

@@ -70,7 +70,7 @@ def test_remote_counters_and_memory_are_rendered_for_prometheus(tmp_path: Path) 
         server.stop()
     counters = {k: 0 for k in ("host_hits", "host_misses", "disk_hits", "disk_misses", "prefix_query_tokens",
                                "prefix_hit_tokens", "bytes_out", "bytes_in", "no_room", "flush_failures",
-                               "owner_releases")}
+                               "owner_releases", "share_refused")}
     snapshot = {"counters": counters, "host": TierStats().as_dict(), "remote": remote, "holds": 0,
                 "holds_expired": 0, "pending_writes": 0, "write_failures": 0, "not_durable": 0}
     lines = render_prometheus(DaemonMetrics(), snapshot, {"version": "test"}).splitlines()

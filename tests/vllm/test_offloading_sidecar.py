@@ -85,7 +85,7 @@ def test_a_daemon_for_another_layout_is_refused_naming_the_model_section_it_need
         section = _layout_section(model, root)
         daemon = start_daemon(write_config(root))  # the daemon tests' own tiny layout
         # The refusal names each differing field, then prints the model section this engine needs.
-        needs = r"(?s)differs from the daemon's.*model\.num_layers.*needs this model section.*model_id: "
+        needs = r"(?s)serves one model's KV layout.*daemon\.layouts: any.*model\.num_layers.*needs this model section.*model_id: "
         with pytest.raises(DaemonError, match=needs + re.escape(section["model_id"])):
             engine(model, _sidecar_config(root, daemon.socket_path))
     finally:

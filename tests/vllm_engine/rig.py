@@ -74,12 +74,13 @@ class Site:
     @classmethod
     def start(cls, model: Path, events: dict[str, Any] | None = None, remote: dict[str, Any] | None = None,
               any_layout: bool = False, before: str | None = None, engine: dict[str, Any] | None = None,
-              **daemon_model_args: Any) -> Site:
+              shipped: str = "sidecar.yaml", **daemon_model_args: Any) -> Site:
         """A daemon for ``model``'s vLLM blocks; ``events``: its ``daemon.events`` section (KV events for a router);
         ``remote``: its ``remote`` section (a remote tier below host and disk, as on a host of a fleet);
         ``any_layout``: the README's recommended daemon, ``configs/sidecar.yaml`` as shipped (``daemon.layouts:
         any``: no model section, every engine's layout served) with only its paths and port moved into the
         test's directory, instead of the model section ``connectors.vllm.daemon_model`` prints for ``model``;
+        ``shipped``: with ``any_layout``, which shipped config (``default.yaml``: ``make run``'s daemon);
         ``before``: code every start of the daemon runs first; ``engine``: sections added to the engines' config."""
         root = short_tmpdir()
         section = daemon_model(model, **daemon_model_args)
@@ -87,12 +88,12 @@ class Site:
         if remote is not None:
             over.update(tiers=["host", "lmdb", "remote"], remote=remote)
         if any_layout:
-            shipped = yaml.safe_load((REPO / "configs" / "sidecar.yaml").read_text())
-            shipped["disk"]["path"] = str(root / "lmdb")
-            shipped["daemon"]["socket_path"] = str(root / "d.sock")
-            shipped["metrics"]["port"] = 0
-            daemon_config = root / "sidecar.yaml"
-            daemon_config.write_text(yaml.safe_dump(shipped))
+            data = yaml.safe_load((REPO / "configs" / shipped).read_text())
+            data.setdefault("disk", {})["path"] = str(root / "lmdb")
+            data.setdefault("daemon", {})["socket_path"] = str(root / "d.sock")
+            data.setdefault("metrics", {})["port"] = 0
+            daemon_config = root / shipped
+            daemon_config.write_text(yaml.safe_dump(data))
         else:
             daemon_config = write_config(root, model=section, host={"capacity": "256MiB"},
                                          disk={"max_size": "512MiB"}, **over)

@@ -1,6 +1,7 @@
 """One daemon for every model on the host (``daemon.layouts: any``): real vLLM engines of two KV layouts.
 
-An ``fp8_e4m3`` engine and an ``fp8_e5m2`` engine (the same weights; vLLM keeps both formats in ``uint8``, so
+The daemon is ``make run``'s, ``configs/default.yaml`` as shipped (only its paths moved): the README's first
+command starts a daemon vLLM loads from, with no other daemon and no model section to write. An ``fp8_e4m3`` engine and an ``fp8_e5m2`` engine (the same weights; vLLM keeps both formats in ``uint8``, so
 only the layout's identity tells them apart) use one daemon with no model section. Neither is refused; the
 second finds none of the first's blocks; a new ``fp8_e4m3`` process loads its own layout's blocks and decodes
 as the first did; the daemon reports the two layouts apart.
@@ -19,7 +20,7 @@ BS = rig.BLOCK_SIZE
 
 
 def test_two_layouts_share_one_daemon_each_finding_only_its_own_blocks(model: Path, prompts: Prompts) -> None:
-    site = rig.Site.start(model, any_layout=True)
+    site = rig.Site.start(model, any_layout=True, shipped="default.yaml")  # make run's daemon
     try:
         job = [{"prompts": [prompts.long], "max_tokens": 12}]
         first = rig.run_engine(model, job, site.connector(), kv_cache_dtype="fp8_e4m3")

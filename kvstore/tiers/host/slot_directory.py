@@ -111,7 +111,7 @@ class DirectoryWriter:
         self._max_probe = min(MAX_PROBE, self.num_buckets)
         self._seq, self._keys, self._buckets = _arrays(buf, num_slots, self.num_buckets)
         self._own_seq = np.ones(num_slots, dtype=np.uint64)  # every slot starts unpublished (odd)
-        self._own_buckets = [0] * self.num_buckets
+        self._own_buckets = np.zeros(self.num_buckets, dtype=np.int32)  # 4 bytes a bucket, not a list's 8
         self._bucket_of: dict[int, int] = {}  # listed slot -> its bucket
         self._home: dict[int, int] = {}  # listed slot -> its key's home bucket
         self._seq[:] = self._own_seq
@@ -172,7 +172,7 @@ class DirectoryWriter:
         j = hole
         while True:
             j = (j + 1) & mask
-            entry = buckets[j]
+            entry = int(buckets[j])
             if entry == 0:
                 break
             home = self._home[entry - 1]
@@ -196,10 +196,10 @@ class DirectoryWriter:
         for key, slot in published.items():
             if bytes(self._keys[slot]) != key:
                 return f"slot {slot} records another key"
-        listed = {e - 1 for e in self._own_buckets if e}
+        listed = {int(e) - 1 for e in self._own_buckets if e}
         if listed != set(self._bucket_of) or not listed <= even or len(listed) + len(self._unlisted) != len(published):
             return "buckets and listed slots disagree"
-        if list(self._buckets) != self._own_buckets:
+        if not np.array_equal(self._buckets, self._own_buckets):
             return "shared buckets differ from the writer's"
         return None
 

@@ -35,6 +35,7 @@ from kvstore.tiers.host.arena import HostArena, PinMode, SlotCopy, copy_split, r
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
 from kvstore.policy.order import EvictionOrder, order_for
 from kvstore.policy.exclude import KeyFilter
+from kvstore.tiers.host.free_slots import FreeSlots
 from kvstore.tiers.host.slot_directory import DirectoryWriter, directory_bytes
 
 
@@ -68,8 +69,13 @@ class HostTier(Tier):
         order: EvictionOrder | None = None,
         prefault: bool = True,
         shared_capacity: SharedCapacity | None = None,
+        max_slots: int | None = None,
     ) -> None:
-        """Allocate ``capacity_bytes // bytes_per_block`` slots now.
+        """Allocate ``capacity_bytes // bytes_per_block`` slots now, at most ``max_slots``.
+
+        ``max_slots``: bounds the slots (and so the bookkeeping) of a layout a client chose (a daemon's
+        ``daemon.max_layout_slots``); the memory a slot costs before it is used is the slot directory's, a few
+        dozen bytes, and nothing else (:class:`~kvstore.tiers.host.free_slots.FreeSlots`).
 
         ``shared_capacity``: the bytes of slots in use are counted against a budget several tiers share (one per
         KV layout of a daemon, :mod:`kvstore.tiers.shared_capacity`); the arena's pages are then given back
@@ -89,6 +95,8 @@ class HostTier(Tier):
         super().__init__(layout)
         self.bpb = layout.bytes_per_block
         num_slots = capacity_bytes // self.bpb
+        if max_slots is not None:
+            num_slots = min(num_slots, max_slots)
         self.arena = HostArena.allocate(
             num_slots, self.bpb, pin=resolve_pin(pin_memory), label=label, shared=shared_memory,
             tail_bytes=directory_bytes(num_slots) if shared_memory and num_slots > 0 else 0,
@@ -113,7 +121,7 @@ class HostTier(Tier):
         self._reserved: dict[bytes, int] = {}
         self._refs: dict[int, int] = {}  # slot -> reference count, only while > 0
         self._pinned = _Pinned(self._slots, self._refs)  # what victims skip (reads the two maps above)
-        self._free: list[int] = list(range(self.arena.num_slots - 1, -1, -1))  # pop() gives slot 0 first
+        self._free = FreeSlots(self.arena.num_slots)  # pop() gives slot 0 first
         # Big batches are copied on two threads (the arena's memmove releases the GIL), as a machine's memcpy would.
         self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-host-copy")
         if shared_capacity is not None:
@@ -372,20 +380,22 @@ class HostTier(Tier):
             self._to_free(freed)
             return len(freed)
 
-    def shed(self, nbytes: int) -> int:
-        """Evict unpinned blocks worth at least ``nbytes`` for another tier sharing the budget, unless this tier
-        is busy right now (never waits: see :mod:`kvstore.tiers.shared_capacity`); bytes freed."""
+    def shed(self, nbytes: int, wait_s: float = 0.0) -> int:
+        """Evict unpinned blocks worth at least ``nbytes`` for another tier sharing the budget, waiting up to
+        ``wait_s`` seconds for the owner's :attr:`shed_guard` and this tier's lock (``0``: a busy tier sheds
+        nothing; see :mod:`kvstore.tiers.shared_capacity` for why a wait cannot deadlock); bytes freed."""
+        deadline = time.monotonic() + wait_s
         guard = self.shed_guard
-        if guard is not None and not guard.acquire(blocking=False):
+        if guard is not None and not guard.acquire(timeout=wait_s):
             return 0
         try:
-            return self._shed(nbytes)
+            return self._shed(nbytes, max(0.0, deadline - time.monotonic()))
         finally:
             if guard is not None:
                 guard.release()
 
-    def _shed(self, nbytes: int) -> int:
-        if not self._lock.acquire(blocking=False):
+    def _shed(self, nbytes: int, wait_s: float) -> int:
+        if not self._lock.acquire(timeout=wait_s):
             return 0
         try:
             if self.arena.tensor is None:
@@ -434,7 +444,7 @@ class HostTier(Tier):
     def check_integrity(self) -> None:
         """Raise :class:`IntegrityError` unless free + published + reserved slots partition the arena."""
         with self._lock:
-            used = list(self._slots.values()) + list(self._reserved.values()) + self._free
+            used = list(self._slots.values()) + list(self._reserved.values()) + list(self._free)
             if sorted(used) != list(range(self.num_slots)):
                 raise IntegrityError(f"host slots do not partition the arena: {len(used)} entries for {self.num_slots}")
             if self._keys != {slot: key for key, slot in self._slots.items()} or set(self._order) != set(self._slots):
@@ -480,7 +490,8 @@ class HostTier(Tier):
 
     def _reserve_shared(self, keys: Sequence[bytes]) -> list[int | None]:
         """:meth:`_reserve_many` under a shared budget: granted bytes first, then this tier's own victims (their
-        slots change hands, the budget does not), then what the other tiers shed. Hold the lock."""
+        slots change hands, the budget does not), then what the other tiers shed (waiting up to the budget's
+        ``wait_s`` for a busy one: a flooded layout must not starve this one's puts). Hold the lock."""
         assert self.capacity is not None
         n, bpb = len(keys), self.bpb
         now = time.monotonic()
@@ -494,8 +505,15 @@ class HostTier(Tier):
             self._stats.evictions += len(victims)
             self._emit_many("evicted", victims)
             granted += len(victims)
-        if granted < n and self.auto_evict and self.capacity.reclaim((n - granted) * bpb, self):
-            granted += self.capacity.take(n - granted, bpb)
+        if granted < n and self.auto_evict:  # from any other layout, waiting a bounded time for a busy one
+            capacity = self.capacity
+
+            def lacking() -> int:
+                nonlocal granted
+                granted += capacity.take(n - granted, bpb)
+                return (n - granted) * bpb
+
+            capacity.reclaim_waiting(lacking, self)
         if granted > len(self._free):  # never the case while the arenas hold the whole budget; kept exact anyway
             self.capacity.give(granted - len(self._free), bpb)
             granted = len(self._free)

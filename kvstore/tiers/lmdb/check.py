@@ -22,7 +22,7 @@ import os
 import stat
 import struct
 
-from kvstore.errors import TierError
+from kvstore.errors import DamagedData, TierError
 
 META_MAGIC = 0xBEEFC0DE
 _META = struct.Struct("<II")  # magic, version at offset 16 of a meta page
@@ -43,10 +43,10 @@ def repair_hint(path: str) -> str:
             f"{path}.damaged-<time>; add --salvage to copy the blocks that still verify into the new environment)")
 
 
-def damaged(path: str, what: str, hint: str | None = None) -> TierError:
-    """:class:`TierError` saying ``what`` is wrong with the environment at ``path``, with ``hint`` (default: the
+def damaged(path: str, what: str, hint: str | None = None) -> DamagedData:
+    """:class:`~kvstore.errors.DamagedData` saying ``what`` is wrong with the environment at ``path``, with ``hint`` (default: the
     ``kvstore repair`` hint of the LMDB tier)."""
-    return TierError(f"LMDB environment {os.path.join(path, DATA_FILE)} {what}; {hint or repair_hint(path)}")
+    return DamagedData(f"LMDB environment {os.path.join(path, DATA_FILE)} {what}; {hint or repair_hint(path)}")
 
 
 def expected_size(data_file: str, hint: str | None = None) -> int | None:

@@ -438,27 +438,32 @@ class DiskTier(PooledTier):
     def _budget(self, need: int) -> int:
         """What this environment's blocks may occupy for a write of ``need`` bytes: its own budget, or under a
         shared capacity what the others leave of it, after asking them to shed when that is short of
-        ``need`` beyond what this tier holds (write lock held)."""
+        ``need`` beyond what this tier holds (write lock held). When even all of its own blocks leave too
+        little, it waits a bounded time for busy layouts to shed (:meth:`SharedCapacity.reclaim_waiting`):
+        a write-behind of acknowledged blocks must not fail because another layout is being flooded."""
         own = self._lmdb.budget
-        if self.capacity is None:
+        capacity = self.capacity
+        if capacity is None:
             return own
         now = time.monotonic()
         before, self.last_use = self.last_use or now, now  # a tier new to the capacity: anyone idler than now
-        left = self.capacity.limit - self.capacity.others_used(self)
+        left = capacity.limit - capacity.others_used(self)
         if left - self._lru.used < need:  # room from layouts idler than this one, before its own blocks go
-            self.capacity.reclaim(need - (left - self._lru.used), self, idler_than=before)
-            left = self.capacity.limit - self.capacity.others_used(self)
+            capacity.reclaim(need - (left - self._lru.used), self, idler_than=before)
+            left = capacity.limit - capacity.others_used(self)
         if left < need:  # not even all of its own blocks make room: from any other layout
-            self.capacity.reclaim(need - left, self)
-            left = self.capacity.limit - self.capacity.others_used(self)
+            left = need - capacity.reclaim_waiting(lambda: need - (capacity.limit - capacity.others_used(self)), self)
         return max(0, min(own, left))
 
-    def shed(self, nbytes: int) -> int:
-        """Evict the oldest blocks worth at least ``nbytes`` for another tier sharing the capacity, unless this
-        tier is writing right now (never waits: see :mod:`kvstore.tiers.shared_capacity`); bytes freed."""
-        if self._closing or not self._write_lock.acquire(blocking=False):
+    def shed(self, nbytes: int, wait_s: float = 0.0) -> int:
+        """Evict the oldest blocks worth at least ``nbytes`` for another tier sharing the capacity, waiting up to
+        ``wait_s`` seconds for the write lock (``0``: a tier writing right now sheds nothing; see
+        :mod:`kvstore.tiers.shared_capacity` for why a wait cannot deadlock); bytes freed."""
+        if self._closing or not self._write_lock.acquire(timeout=wait_s):
             return 0
         try:
+            if self._closing:  # closed while this waited
+                return 0
             doomed = self._lru.victims(0, max(0, self._lru.used - nbytes))  # in eviction order, until nbytes are free
             freed = sum(self._lru.size_of(k) or 0 for k in doomed)
             if not doomed:
