@@ -111,6 +111,7 @@ class SoakPlan:
             "host": {"capacity": self.host_slots * bpb},
             "disk": {"path": str(data / "lmdb"), "max_size": f"{self.disk_mib}MiB", "sync": "interval"},
             "daemon": {"socket_path": str(root / "d.sock"), "hold_timeout_s": self.hold_timeout_s,
+                       "layouts": "model",  # one layout: its host slots and holds are the ones checked
                        "tenant_salts": {tenant_token(k): tenant_salt(k) for k in range(1, self.tenants + 1)}},
             "metrics": {"enabled": False},
             "logging": {"level": "WARNING"},

@@ -8,8 +8,9 @@ import sys
 from typing import Any
 
 
-def format_stats(s: dict[str, Any]) -> str:
-    """Human-readable summary of a STATS reply."""
+def format_stats(s: dict[str, Any], verbose: bool = False) -> str:
+    """Human-readable summary of a STATS reply; ``verbose``: every field of each layout under its line (its
+    label names only the model, dtype, block size and fingerprint start)."""
     from kvstore.config.units import format_size
     d, c = s["daemon"], s.get("counters")
     layouts = s.get("layouts", {})
@@ -22,6 +23,9 @@ def format_stats(s: dict[str, Any]) -> str:
         f"listening: unix {d['socket_path']}, tcp {d['tcp'] or 'off'}, metrics {d['metrics_url'] or 'off'}",
         f"clients: {d['clients']} connected, {d['connections']} since start",
     ]
+    if d.get("layouts_dormant"):
+        lines.append(f"{d['layouts_dormant']} layouts closed with disk data ({format_size(d['dormant_disk_bytes'])}, "
+                     "counted in disk.max_size): each opens when its next client logs in")
     if c is None:
         lines.append("no layout open yet: a layout's tiers open when its first client logs in")
         return "\n".join(lines)
@@ -31,6 +35,8 @@ def format_stats(s: dict[str, Any]) -> str:
             lines.append(f"layout {label}: {lay['bytes_per_block']} bytes/block, host {lay['host']['num_blocks']} blocks"
                          + (f", disk {lay['disk']['num_blocks']} blocks" if lay.get("disk") else "")
                          + f", {lc['host_hits'] + lc['disk_hits']} hits, {lc['host_misses']} host misses")
+            if verbose:
+                lines.append("  " + ", ".join(f"{k}={v}" for k, v in sorted(lay["layout"].items())))
     lines += [
         f"{'tier':<6}{'blocks':>10}{'used':>12}{'capacity':>12}{'occupancy':>11}{'hits':>10}{'misses':>10}"
         f"{'hit rate':>10}{'evicted':>9}{'corrupt':>9}",
@@ -87,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     finally:
         client.close()
-    print(json.dumps(stats, indent=2, sort_keys=True) if args.json else format_stats(stats))
+    print(json.dumps(stats, indent=2, sort_keys=True) if args.json else format_stats(stats, args.verbose))
     return 0
 
 
@@ -103,6 +109,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="config whose daemon.socket_path (and token) to use (default: $KVSTORE_CONFIG, else built-in defaults)")
     parser.add_argument("--socket", default=None, metavar="PATH", help="daemon socket path (overrides --config)")
     parser.add_argument("--json", action="store_true", help="print the raw statistics as JSON")
+    parser.add_argument("--verbose", action="store_true",
+                        help="every field of each layout (model id, layers, KV heads, head size, block size, dtype)")
     parser.add_argument("--wait", type=float, default=0.0, metavar="S",
                         help="keep retrying for up to S seconds while the daemon is not answering yet")
     parser.set_defaults(func=_run)

@@ -14,8 +14,8 @@ Any client may bring a layout, so what layouts take is bounded and given back:
 - a shelf opens on the daemon's executor, never the event loop (opening an LMDB environment walks it for
   damage: seconds for a big one), and clients of one layout arriving together wait for one open;
 - ``daemon.max_layouts`` counts the shelves open (and opening); a layout beyond it takes the place of the
-  least recently used shelf with no client (flushed and closed; its disk data stays, and it reopens on
-  demand), and is refused, naming the layouts served, only when every shelf has a client;
+  least recently used shelf with no client (flushed and closed; its disk data stays, counted in
+  ``disk.max_size`` and the first to give way, :mod:`kvstore.daemon.dormant`, and it reopens on demand), and is refused, naming the layouts served, only when every shelf has a client;
 - a tenant (``daemon.tenant_salts``) has clients on at most ``daemon.max_layouts_per_tenant`` layouts;
 - a shelf whose last client leaves with nothing stored is closed and its directory removed (a login that
   stores nothing leaves nothing behind, not even for the next start);

@@ -315,3 +315,13 @@ def test_a_damaged_layout_is_walked_once_not_for_every_retried_hello() -> None:
         assert d.stop() == 0
     finally:
         cleanup(d, root)
+
+
+def test_a_layout_label_names_the_engine_model_dtype_and_block_size_not_every_byte_format_field() -> None:
+    from connectors.engine_keys import engine_layout
+
+    vllm = engine_layout("vllm-blocks", "weights@09c7838fbdf7985a", "torch.bfloat16", 32, 737280,
+                         "layers=30|FullAttentionSpec|kv=auto|tensor=bfloat16|skip=|weights_quant=None")
+    fp8 = engine_layout("vllm-blocks", "HuggingFaceTB/SmolLM2-135M-Instruct@main", "fp8_e4m3", 16, 368640, "x")
+    assert layout_label(vllm) == f"vllm:weights@09c7838f|bfloat16|32t@{vllm.fingerprint.hex()[:8]}"
+    assert layout_label(fp8) == f"vllm:SmolLM2-135M-Instruct@main|fp8_e4m3|16t@{fp8.fingerprint.hex()[:8]}"

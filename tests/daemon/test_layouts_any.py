@@ -83,6 +83,9 @@ def test_two_layouts_through_one_daemon_each_served_its_own_blocks_and_reported_
         text = format_stats(stats)  # `kvstore stats`: a line per layout, then the summed tiers
         assert "any layout, 2 of at most 8 open" in text
         assert f"layout {layout_label(SMALL)}: 512 bytes/block, host 20 blocks" in text
+        assert layout_label(SMALL) == f"small|float16|4t@{SMALL.fingerprint.hex()[:8]}"  # model, dtype, block size
+        verbose = format_stats(stats, verbose=True)  # `kvstore stats --verbose`: every field under each layout
+        assert "block_size=4, dtype=float16, head_dim=8, model_id=small, num_kv_heads=2, num_layers=2" in verbose
         assert stats["host"]["used_bytes"] == 20 * SMALL.bytes_per_block + 6 * LARGE.bytes_per_block
         # each layout's disk data in a directory of its own
         assert {p.name for p in (root / "lmdb" / "layouts").iterdir()} == {layout_dirname(SMALL), layout_dirname(LARGE)}
