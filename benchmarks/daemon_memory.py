@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "daemon"))
-from daemonlib import start_daemon  # type: ignore[import-not-found]  # noqa: E402  # the tests' daemon starter
+from daemonlib import shipped_config, start_daemon  # type: ignore[import-not-found]  # noqa: E402  # the tests' daemon starter
 
 from kvstore.daemon.client import DaemonClient  # noqa: E402
 from kvstore.daemon.tier import DaemonTier  # noqa: E402
@@ -68,13 +67,7 @@ def measure(name: str, blocks: int) -> dict[str, Any]:
     """The three figures for ``configs/<name>``."""
     with tempfile.TemporaryDirectory(prefix="kvmem", dir="/tmp") as tmp:
         root = Path(tmp)
-        data = yaml.safe_load((REPO / "configs" / name).read_text())
-        data.setdefault("disk", {})["path"] = str(root / "lmdb")
-        data.setdefault("daemon", {})["socket_path"] = str(root / "d.sock")
-        data.setdefault("metrics", {})["port"] = 0
-        config = root / name
-        config.write_text(yaml.safe_dump(data))
-        d = start_daemon(config)
+        d = start_daemon(shipped_config(name, root))
         try:
             time.sleep(1.0)
             row: dict[str, Any] = {"config": name, "idle": _memory(d.proc.pid)}

@@ -243,3 +243,51 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def rss(pid: int) -> int:
+    """Resident bytes of process ``pid``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def shipped_config(name: str, root: Path) -> Path:
+    """``configs/<name>`` as shipped, with only its data path, socket and metrics port moved into ``root``."""
+    data = yaml.safe_load((REPO / "configs" / name).read_text())
+    data.setdefault("disk", {})["path"] = str(root / "lmdb")
+    data.setdefault("daemon", {})["socket_path"] = str(root / "d.sock")
+    data.setdefault("metrics", {})["port"] = 0
+    path = root / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def layout_tier(d: Daemon, layout: KVLayout, name: str = "test", **client: Any) -> DaemonTier:
+    """A connected :class:`DaemonTier` for ``layout`` (a daemon serving any layout; ``client``: to the client)."""
+    c = DaemonClient(layout, socket_path=d.socket_path, client_name=name, **client)
+    c.connect(10)
+    return DaemonTier(layout, c)
+
+
+def layout_block(layout: KVLayout, key: bytes) -> torch.Tensor:
+    """``key``'s block of ``layout``: bytes derived from both, so one layout's block never passes for another's."""
+    seed = hashlib.blake2b(key + layout.fingerprint, digest_size=8).digest()
+    n = layout.bytes_per_block
+    return torch.frombuffer(bytearray((seed * (n // 8 + 1))[:n]), dtype=torch.uint8).clone()
+
+
+def put_layout(tier: DaemonTier, layout: KVLayout, keys: list[bytes]) -> list[bool]:
+    """Store ``keys``' blocks of ``layout`` (:func:`layout_block`)."""
+    return tier.put(keys, [layout_block(layout, k) for k in keys])
+
+
+def read_layout(tier: DaemonTier, layout: KVLayout, keys: list[bytes]) -> list[bool]:
+    """Which of ``keys`` are served, each checked bit for bit against :func:`layout_block`."""
+    dests = [torch.empty(layout.bytes_per_block, dtype=torch.uint8) for _ in keys]
+    found = tier.get(keys, dests)
+    for key, ok, dest in zip(keys, found, dests):
+        if ok:
+            assert torch.equal(dest, layout_block(layout, key)), f"{layout.model_id}: wrong bytes for {key.hex()[:8]}"
+    return found

@@ -13,11 +13,10 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
-from daemonlib import Daemon, cleanup, keys_for, raw_login, raw_stats, read_reply, short_tmpdir, start_daemon, write_config
+from daemonlib import Daemon, cleanup, keys_for, raw_login, raw_stats, read_reply, rss, short_tmpdir, start_daemon, write_config
 
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient
@@ -31,14 +30,6 @@ LAYOUT = KVLayout(**MODEL)
 BPB = LAYOUT.bytes_per_block  # 64 KiB
 BUDGET = 128 << 20
 STORED = 640  # 40 MiB of blocks: one GET_INLINE of all of them is a 40 MiB reply
-
-
-def rss(pid: int) -> int:
-    """Resident bytes of process ``pid``."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 class Peak:

@@ -14,7 +14,6 @@ its place back:
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from pathlib import Path
@@ -22,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from daemonlib import cleanup, free_port, keys_for, short_tmpdir, start_daemon, write_config
+from daemonlib import (cleanup, free_port, keys_for, layout_tier, put_layout, read_layout, rss, short_tmpdir,
+                       start_daemon, write_config)
 from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.frames import DaemonError, ErrorCode
 from kvstore.daemon.layout_dirs import DIRNAME_CHARS, layout_dirname, layout_label
@@ -41,36 +41,7 @@ def _config(root: Path, host: int | str = 64 * 1024, **over: dict) -> Path:
     return write_config(root, daemon=daemon, host={"capacity": host, "prefault": False}, **over)
 
 
-def _tier(d, layout: KVLayout, name: str = "test", **client) -> DaemonTier:  # noqa: ANN001
-    c = DaemonClient(layout, socket_path=d.socket_path, client_name=name, **client)
-    c.connect(10)
-    return DaemonTier(layout, c)
-
-
-def _block(layout: KVLayout, key: bytes) -> torch.Tensor:
-    seed = hashlib.blake2b(key + layout.fingerprint, digest_size=4).digest()
-    return torch.frombuffer(bytearray(seed * (layout.bytes_per_block // 4)), dtype=torch.uint8).clone()
-
-
-def _put(tier: DaemonTier, layout: KVLayout, keys: list[bytes]) -> list[bool]:
-    return tier.put(keys, [_block(layout, k) for k in keys])
-
-
-def _read(tier: DaemonTier, layout: KVLayout, keys: list[bytes]) -> list[bool]:
-    dests = [torch.empty(layout.bytes_per_block, dtype=torch.uint8) for _ in keys]
-    found = tier.get(keys, dests)
-    for key, ok, dest in zip(keys, found, dests):
-        if ok:
-            assert torch.equal(dest, _block(layout, key)), f"{layout.model_id}: wrong bytes for {key.hex()[:8]}"
-    return found
-
-
-def _rss(pid: int) -> int:
-    """Resident bytes of process ``pid``."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+_tier, _put, _read = layout_tier, put_layout, read_layout
 
 
 class _Watch:
@@ -109,13 +80,13 @@ def test_a_four_byte_block_layout_costs_a_bounded_amount_and_stalls_nobody() -> 
         d = start_daemon(_config(root, host="64MiB"))
         small = _tier(d, SMALL, "real engine")
         assert all(_put(small, SMALL, keys_for(4)))
-        before = _rss(d.proc.pid)
+        before = rss(d.proc.pid)
         with _Watch(small, SMALL) as watch:
             t0 = time.monotonic()
             tiny = _tier(d, TINY, "hostile")
             hello_s = time.monotonic() - t0
             time.sleep(0.3)
-        grown = _rss(d.proc.pid) - before
+        grown = rss(d.proc.pid) - before
         assert hello_s < 3, f"the 4-byte layout's HELLO took {hello_s:.1f} s"
         assert grown < 96 << 20, f"a 4-byte-block layout grew the daemon by {grown >> 20} MiB"
         assert watch.ops and watch.slowest < 1.0, f"another client waited {watch.slowest:.2f} s"

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from daemonlib import REPO, cleanup, short_tmpdir, start_daemon
+from daemonlib import cleanup, rss, shipped_config, short_tmpdir, start_daemon
 from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.tier import DaemonTier
 from kvstore.layout import KVLayout
@@ -24,31 +24,12 @@ IDLE_LIMIT = 200 << 20
 SMALL = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4, dtype="float16", model_id="small")
 
 
-def rss(pid: int) -> int:
-    """Resident bytes of process ``pid``."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-def shipped(name: str, root: Path) -> Path:
-    """``configs/<name>`` as shipped, with only its paths and port moved into ``root``."""
-    data = yaml.safe_load((REPO / "configs" / name).read_text())
-    data.setdefault("disk", {})["path"] = str(root / "lmdb")
-    data.setdefault("daemon", {})["socket_path"] = str(root / "d.sock")
-    data.setdefault("metrics", {})["port"] = 0
-    path = root / name
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 @pytest.mark.parametrize("name", ["default.yaml", "sidecar.yaml"])
 def test_an_idle_daemon_on_a_shipped_config_holds_at_most_200_mb(name: str) -> None:
     root = short_tmpdir()
     d = None
     try:
-        d = start_daemon(shipped(name, root))
+        d = start_daemon(shipped_config(name, root))
         idle = rss(d.proc.pid)
         assert idle <= IDLE_LIMIT, f"an idle daemon on configs/{name} holds {idle >> 20} MiB"
         assert "torch" not in Path(f"/proc/{d.proc.pid}/maps").read_text()  # nothing opened: torch not loaded

@@ -7,7 +7,6 @@ daemon finds a layout's blocks again; and a layout it cannot store is refused na
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 import urllib.request
@@ -17,7 +16,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemonlib import cleanup, keys_for, short_tmpdir, start_daemon, write_config
+from daemonlib import cleanup, keys_for, layout_tier, put_layout, read_layout, short_tmpdir, start_daemon, write_config
 from kvstore.cli.stats_cmd import format_stats
 from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.frames import DaemonError, ErrorCode
@@ -37,28 +36,10 @@ def _config(root: Path, **over: dict) -> Path:
 
 
 def _tier(d, layout: KVLayout, name: str = "test") -> DaemonTier:  # noqa: ANN001
-    client = DaemonClient(layout, socket_path=d.socket_path, client_name=name)
-    client.connect(5)
-    return DaemonTier(layout, client)
+    return layout_tier(d, layout, name)
 
 
-def _block(layout: KVLayout, key: bytes) -> torch.Tensor:
-    seed = hashlib.blake2b(key + layout.fingerprint, digest_size=8).digest()
-    return torch.frombuffer(bytearray(seed * (layout.bytes_per_block // 8)), dtype=torch.uint8).clone()
-
-
-def _put(tier: DaemonTier, layout: KVLayout, keys: list[bytes]) -> list[bool]:
-    return tier.put(keys, [_block(layout, k) for k in keys])
-
-
-def _read(tier: DaemonTier, layout: KVLayout, keys: list[bytes]) -> list[bool]:
-    """Which keys are served, each checked bit for bit."""
-    dests = [torch.empty(layout.bytes_per_block, dtype=torch.uint8) for _ in keys]
-    found = tier.get(keys, dests)
-    for key, ok, dest in zip(keys, found, dests):
-        if ok:
-            assert torch.equal(dest, _block(layout, key)), f"{layout.model_id}: wrong bytes for {key.hex()[:8]}"
-    return found
+_put, _read = put_layout, read_layout
 
 
 def test_two_layouts_through_one_daemon_each_served_its_own_blocks_and_reported_apart() -> None:

@@ -33,7 +33,7 @@ from benchmarks.vllm_driver import CPU_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "daemon"))
-from daemonlib import Daemon, cleanup, free_port, short_tmpdir, start_daemon, write_config  # noqa: E402,F401
+from daemonlib import Daemon, cleanup, free_port, shipped_config, short_tmpdir, start_daemon, write_config  # noqa: E402,F401
 
 BLOCK_SIZE = 32  # vLLM's CPU attention takes multiples of 32 only
 MAX_MODEL_LEN = 2048
@@ -88,12 +88,7 @@ class Site:
         if remote is not None:
             over.update(tiers=["host", "lmdb", "remote"], remote=remote)
         if any_layout:
-            data = yaml.safe_load((REPO / "configs" / shipped).read_text())
-            data.setdefault("disk", {})["path"] = str(root / "lmdb")
-            data.setdefault("daemon", {})["socket_path"] = str(root / "d.sock")
-            data.setdefault("metrics", {})["port"] = 0
-            daemon_config = root / shipped
-            daemon_config.write_text(yaml.safe_dump(data))
+            daemon_config = shipped_config(shipped, root)
         else:
             daemon_config = write_config(root, model=section, host={"capacity": "256MiB"},
                                          disk={"max_size": "512MiB"}, **over)
