@@ -44,7 +44,7 @@ def write_kvstore_config(root: Path, name: str = "kvstore.yaml", **over: Any) ->
         "model": dict(MODEL),
         "host": {"capacity": 32 * 2 * 2 * PAGE * 2 * 8 * 2},
         "disk": {"path": str(root / "lmdb"), "max_size": "16MiB", "sync": "interval"},
-        "daemon": {"socket_path": str(root / "d.sock"), "hold_timeout_s": 2.0},
+        "daemon": {"socket_path": str(root / "d.sock"), "hold_timeout_s": 2.0, "layouts": "model"},  # its disk at root/lmdb
         "metrics": {"port": 0},
         "logging": {"level": "INFO"},
     }
