@@ -204,7 +204,12 @@ def _daemon(root: Path, model: Path) -> tuple[subprocess.Popen[str], Path, str]:
 
 def _tier_hits(metrics_url: str) -> dict[str, float]:
     text = urllib.request.urlopen(metrics_url + "/metrics", timeout=10).read().decode()
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r'^kvstore_hits_total\{tier="(\w+)"\} (\S+)$', text, re.M)}
+    out: dict[str, float] = {}  # per tier, summed over the layouts (a daemon serving any layout labels each)
+    for m in re.finditer(r'^kvstore_hits_total\{([^}]*)\} (\S+)$', text, re.M):
+        tier = re.search(r'tier="(\w+)"', m.group(1))
+        if tier is not None:
+            out[tier.group(1)] = out.get(tier.group(1), 0.0) + float(m.group(2))
+    return out
 
 
 def run(options: SuiteOptions, progress: Progress) -> Results:
