@@ -46,12 +46,15 @@ class LoadClock:
                 self.measured += 1
 
     def record_missed(self, nbytes: int, seconds: float) -> None:
-        """A load of ``nbytes`` was given up at its deadline after ``seconds``: the tier is at most that fast
-        now, whatever the average said (a stalled tier is believed at once, not averaged in)."""
+        """A load of ``nbytes`` was given up at its deadline after ``seconds``: the tier is slower than that
+        now, whatever the average said (a stalled tier is believed at once, not averaged in), and each further
+        miss halves the estimate. Only ``nbytes / seconds`` would leave the estimate at the very deadline that
+        missed: a load given up at its worth (twice the compute) would measure the tier at exactly that worth,
+        and the next decision would be a coin toss between loading and recomputing, for ever."""
         if seconds <= 0 or nbytes <= 0:
             return
         with self._lock:
-            self.bandwidth = min(self.bandwidth, nbytes / seconds)
+            self.bandwidth = min(self.bandwidth / 2, nbytes / seconds)
             self.measured += 1
 
     def record(self, nbytes: int, seconds: float) -> None:

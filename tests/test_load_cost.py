@@ -63,5 +63,7 @@ def test_a_load_given_up_at_its_deadline_caps_the_bandwidth_at_once() -> None:
     clock.record(64 << 20, 0.1)  # 640 MiB/s measured
     clock.record_missed(32 << 20, 2.0)  # then a load of 32 MiB given up after 2 s: at most 16 MiB/s now
     assert clock.bandwidth == (32 << 20) / 2.0
-    clock.record_missed(32 << 20, 0.5)  # a faster bound does not raise it
-    assert clock.bandwidth == (32 << 20) / 2.0
+    clock.record_missed(32 << 20, 0.5)  # a faster bound does not raise it: each further miss halves it
+    assert clock.bandwidth == (32 << 20) / 4.0
+    clock.record_missed(32 << 20, 4.0)  # missed at the deadline the estimate predicts: still lower, never equal
+    assert clock.bandwidth == (32 << 20) / 8.0 < (32 << 20) / 4.0
