@@ -291,3 +291,12 @@ def read_layout(tier: DaemonTier, layout: KVLayout, keys: list[bytes]) -> list[b
         if ok:
             assert torch.equal(dest, layout_block(layout, key)), f"{layout.model_id}: wrong bytes for {key.hex()[:8]}"
     return found
+
+
+def observer_stats(d: Daemon) -> dict[str, Any]:
+    """The daemon's STATS, asked by an observer connection (no layout, no shared memory)."""
+    watcher = DaemonClient(None, socket_path=d.socket_path, use_shm=False)
+    try:
+        return watcher.stats()
+    finally:
+        watcher.close()

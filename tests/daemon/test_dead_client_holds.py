@@ -15,10 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from daemonlib import LAYOUT, REPO, Daemon, block_for, cleanup, keys_for, short_tmpdir, start_daemon, write_config
+from daemonlib import observer_stats, LAYOUT, REPO, Daemon, block_for, cleanup, keys_for, short_tmpdir, start_daemon, write_config
 from kvstore.daemon import messages as m
 from kvstore.daemon.admission import peer_of
-from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.frames import HEADER_SIZE, Op, encode_frame
 from kvstore.daemon.peer import PeerProcess
 
@@ -60,14 +59,6 @@ def _holder(daemon: Daemon, close: bool) -> subprocess.Popen[str]:
     return proc
 
 
-def _stats(daemon: Daemon) -> dict[str, object]:
-    watcher = DaemonClient(None, socket_path=daemon.socket_path, use_shm=False)
-    try:
-        return watcher.stats()
-    finally:
-        watcher.close()
-
-
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
     root = short_tmpdir()
@@ -86,7 +77,7 @@ def _put_until_stored(daemon: Daemon, seed: int, within_s: float) -> float:
     t0 = time.monotonic()
     try:
         while not all(tier.put(keys, [block_for(k) for k in keys])):
-            assert time.monotonic() - t0 < within_s, f"put still refused after {within_s} s: {_stats(daemon)}"
+            assert time.monotonic() - t0 < within_s, f"put still refused after {within_s} s: {observer_stats(daemon)}"
             time.sleep(0.05)
         return time.monotonic() - t0
     finally:
@@ -95,18 +86,18 @@ def _put_until_stored(daemon: Daemon, seed: int, within_s: float) -> float:
 
 def test_kill9_of_a_client_frees_its_slots_at_once(daemon: Daemon) -> None:
     holder = None
-    base = _stats(daemon)["counters"]["owner_releases"]
+    base = observer_stats(daemon)["counters"]["owner_releases"]
     try:
         holder = _holder(daemon, close=False)
-        assert _stats(daemon)["holds"] == SHARE
+        assert observer_stats(daemon)["holds"] == SHARE
         holder.kill()
         holder.wait()
         deadline = time.monotonic() + 10.0  # the holds' deadline was 60 s away
-        while _stats(daemon)["holds"]:
-            assert time.monotonic() < deadline, f"holds of a killed client kept: {_stats(daemon)}"
+        while observer_stats(daemon)["holds"]:
+            assert time.monotonic() < deadline, f"holds of a killed client kept: {observer_stats(daemon)}"
             time.sleep(0.05)
         assert _put_until_stored(daemon, seed=7, within_s=10.0) < 10.0
-        stats = _stats(daemon)
+        stats = observer_stats(daemon)
         assert stats["holds_expired"] == 0 and stats["counters"]["owner_releases"] - base == SHARE
     finally:
         if holder is not None and holder.poll() is None:
@@ -115,12 +106,12 @@ def test_kill9_of_a_client_frees_its_slots_at_once(daemon: Daemon) -> None:
 
 def test_a_live_client_keeps_its_holds_until_it_exits(daemon: Daemon) -> None:
     holder = None
-    base = _stats(daemon)["counters"]["owner_releases"]
+    base = observer_stats(daemon)["counters"]["owner_releases"]
     try:
         holder = _holder(daemon, close=True)  # connection closed, process alive: it may still copy
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
-            stats = _stats(daemon)
+            stats = observer_stats(daemon)
             assert stats["holds"] + stats["quarantined_slots"] == SHARE, "slots of a live writer were reused"
             time.sleep(0.1)
         assert holder.stdin is not None
@@ -128,11 +119,11 @@ def test_a_live_client_keeps_its_holds_until_it_exits(daemon: Daemon) -> None:
         holder.stdin.flush()
         holder.wait(10)
         deadline = time.monotonic() + 10.0
-        while _stats(daemon)["counters"]["owner_releases"] - base < SHARE:
-            assert time.monotonic() < deadline, f"slots of an exited client kept: {_stats(daemon)}"
+        while observer_stats(daemon)["counters"]["owner_releases"] - base < SHARE:
+            assert time.monotonic() < deadline, f"slots of an exited client kept: {observer_stats(daemon)}"
             time.sleep(0.05)
         assert _put_until_stored(daemon, seed=17, within_s=10.0) < 10.0
-        assert _stats(daemon)["counters"]["owner_releases"] - base == SHARE
+        assert observer_stats(daemon)["counters"]["owner_releases"] - base == SHARE
     finally:
         if holder is not None and holder.poll() is None:
             holder.kill()

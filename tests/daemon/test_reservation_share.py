@@ -20,11 +20,11 @@ from collections.abc import Iterator
 import pytest
 
 from daemonlib import (
+    observer_stats,
     Daemon, block_for, cleanup, empty_blocks, keys_for, raw_login, raw_unix, read_reply, short_tmpdir, start_daemon,
     write_config,
 )
 from kvstore.daemon import messages as m
-from kvstore.daemon.client import DaemonClient
 from kvstore.daemon.frames import REPLY_BIT, Op, encode_frame
 from kvstore.daemon.tier import DaemonTier
 
@@ -55,16 +55,8 @@ class RawWriter:
         self.sock.close()
 
 
-def _stats(daemon: Daemon) -> dict[str, object]:
-    watcher = DaemonClient(None, socket_path=daemon.socket_path, use_shm=False)
-    try:
-        return watcher.stats()
-    finally:
-        watcher.close()
-
-
 def _counter(daemon: Daemon, name: str) -> int:
-    counters = _stats(daemon)["counters"]
+    counters = observer_stats(daemon)["counters"]
     assert isinstance(counters, dict)
     return int(counters[name])
 
@@ -146,8 +138,8 @@ def test_an_owner_with_quarantined_slots_gets_busy_while_another_owner_reserves(
         mine = keys_for(8, seed=500)
         assert stale.reserve(mine) == [m.PutState.RESERVED] * 8
         deadline = time.monotonic() + 10
-        while _stats(d)["quarantined_slots"] != 8:  # expired, reaped, kept from reuse: the writer may still copy
-            assert time.monotonic() < deadline, _stats(d)
+        while observer_stats(d)["quarantined_slots"] != 8:  # expired, reaped, kept from reuse: the writer may still copy
+            assert time.monotonic() < deadline, observer_stats(d)
             time.sleep(0.1)
         assert stale.reserve(keys_for(4, seed=501)) == [m.PutState.BUSY] * 4  # far below its share, yet quarantined
         theirs = keys_for(4, seed=502)
