@@ -304,3 +304,14 @@ def test_events_report_interval_is_bounded_and_named_with_its_file() -> None:
         parse_config({}, "f.yaml", {"KVSTORE_EVENTS__REPORT_INTERVAL_S": "soon"})
 
 
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("max_layout_slots", 10, "greater than or equal to 1024"),
+    ("max_layouts_per_tenant", 0, "greater than or equal to 1"),
+    ("layouts", "some", "'model' or 'any'"),
+])
+def test_the_any_layout_limits_refuse_a_bad_value_naming_field_and_file(field: str, value: object, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"daemon": {field: value}}, "daemon.yaml")
+    assert f"daemon.{field}" in str(info.value) and "daemon.yaml" in str(info.value) and says in str(info.value)
