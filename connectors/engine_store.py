@@ -5,11 +5,14 @@ storage backend) keeps its own GPU and host caches and needs from kvstore
 only a key-addressed block store below them. :class:`EngineBlockStore` is
 that store for one :func:`~connectors.engine_keys.engine_layout`, built from
 a kvstore config: ``connector: embedded`` opens the tiers the config names
-in this process (the host tier in front of the disk tier, written through
-to both), ``connector: sidecar`` talks to the daemon at
-``daemon.socket_path`` (whose own host and disk tiers do the same). Disk
-blocks are checksummed: a corrupt block is deleted, counted and reported as
-missing, never served.
+in this process (:class:`~kvstore.lower.local.LocalTier`: the host tier in
+front of the disk tier, written behind to it, run by the daemon's own code;
+a lone disk tier when ``tiers`` names no host), ``connector: sidecar`` talks
+to the daemon at ``daemon.socket_path`` (whose own host and disk tiers do the
+same). Either way the tiers are built by
+:func:`kvstore.lower.build.build_lower_tiers` with the placement policy's
+orders. Disk blocks are checksummed: a corrupt block is deleted, counted and
+reported as missing, never served.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from kvstore.breaker import MissReason
 from kvstore.daemon.tier import DaemonTier, PutOutcome
 from kvstore.hashing import Salt
 from kvstore.layout import KVLayout
-from kvstore.tiers import build_tier
+from kvstore.lower.build import HostPlan, build_lower_tiers
+from kvstore.lower.local import LocalTier
 from kvstore.tiers.base import Buffer, Tier
 
 log = logging.getLogger(__name__)
@@ -63,7 +67,8 @@ class EngineBlockStore:
         :data:`CONNECT_WAIT_S`; a daemon started for another layout refuses
         with a :class:`~kvstore.daemon.frames.DaemonError` whose message
         includes the ``model:`` section its config needs). Otherwise build
-        ``cfg.tiers`` here (``host`` evicting on its own).
+        ``cfg.tiers`` here: with ``host``, one :class:`~kvstore.lower.local.LocalTier` (host, disk and
+        remote composed as in the daemon); without, the disk tier alone.
         """
         if cfg.connector == "sidecar":
             try:
@@ -73,8 +78,13 @@ class EngineBlockStore:
                                             f"config:\n{daemon_model_section(layout)}") from None
             assert tier.client.hello is not None  # connected
             return cls(layout, [tier], forced_salt=tier.client.hello.salt, deadlines=cfg.deadlines)
-        sections = {"host": cfg.host, "lmdb": cfg.disk, "file": cfg.file}
-        return cls(layout, [build_tier(name, sections[name], layout) for name in cfg.tiers], deadlines=cfg.deadlines)
+        if "host" in cfg.tiers:
+            return cls(layout, [LocalTier.from_config(cfg, layout)], deadlines=cfg.deadlines)
+        if "remote" in cfg.tiers:
+            raise ValueError(f"tiers {cfg.tiers}: the remote tier is fed through the host tier in this process; "
+                             "add host to tiers, or run a daemon (connector: sidecar)")
+        tiers = build_lower_tiers(cfg, layout, HostPlan(auto_evict=True))
+        return cls(layout, [t for t in (tiers.disk,) if t is not None], deadlines=cfg.deadlines)
 
     def salt(self, requested: Salt) -> Salt:
         """The salt keys are made with: the daemon's tenant salt when it assigned one (the trusted side decides), else ``requested``."""

@@ -95,7 +95,7 @@ class TieredStore:
 
         Unset data paths get the embedded store's defaults (:meth:`KVStoreConfig.for_role`), never a daemon's.
         """
-        from kvstore.tiers.build import build_lower_tiers
+        from kvstore.lower.build import build_lower_tiers
 
         cfg = cfg.for_role("embedded")
         layout = pool.layout if pool is not None else cfg.model.layout()

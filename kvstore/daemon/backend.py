@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from kvstore.daemon.events import DaemonEvents
 from kvstore.daemon.holds import HOLDS_PER_SLOT, HoldTable
@@ -84,6 +85,8 @@ class BackendCounters:
     disk_misses: int = 0
     no_room: int = 0
     """Keys a get or put could not serve because every host slot was pinned or reserved."""
+    written_through: int = 0
+    """Blocks of inline puts written straight to disk because the host tier had no room for them."""
     bytes_out: int = 0
     """Block bytes handed to clients (held slots and inline replies)."""
     bytes_in: int = 0
@@ -243,15 +246,35 @@ class DaemonBackend:
         into host like :meth:`hold_for_read`."""
         slots = self._lock_found(keys)
         try:
-            found = [s for s in slots if s is not None]
+            around = self._read_around([k for k, s in zip(keys, slots) if s is None])
+            hit = [s is not None or k in around for k, s in zip(keys, slots)]
             bpb = self.layout.bytes_per_block
-            data = bytearray(len(found) * bpb)
+            data = bytearray(sum(hit) * bpb)
             view = np.frombuffer(data, dtype=np.uint8)
-            for i, slot in enumerate(found):
-                view[i * bpb : (i + 1) * bpb] = self.host.slot_view(slot).numpy()
-            return [s is not None for s in slots], data
+            at = 0
+            for key, slot, ok in zip(keys, slots, hit):
+                if ok:
+                    view[at : at + bpb] = self.host.slot_view(slot).numpy() if slot is not None else around[key]
+                    at += bpb
+            return hit, data
         finally:
             self._unpin([k for k, s in zip(keys, slots) if s is not None])
+
+    def _read_around(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
+        """Disk blocks of ``keys`` (which found no host slot to load into: every one pinned or reserved, as
+        when one read asks for more blocks than the host tier holds) read straight into private buffers, so
+        a full host tier slows an inline read, it does not fail it. Counted as disk hits."""
+        if self.disk is None or not keys:
+            return {}
+        todo = list(dict.fromkeys(keys))
+        bufs = [torch.empty(self.layout.bytes_per_block, dtype=torch.uint8) for _ in todo]
+        got = {k: b.numpy() for k, b, ok in zip(todo, bufs, self.disk.get(todo, bufs)) if ok}
+        n = sum(k in got for k in keys)
+        with self._mu:
+            self.counters.disk_hits += n
+            self.counters.disk_misses -= n
+            self.counters.bytes_out += n * self.layout.bytes_per_block
+        return got
 
     # --------------------------------------------------------------- writes
     def reserve(self, owner: int, keys: Sequence[bytes]) -> list[tuple[PutState, int | None]]:
@@ -286,7 +309,31 @@ class DaemonBackend:
                 self.host.abort([k for k, _, _ in mine])
             raise
         failed = self._publish([k for k, _, _ in mine])
-        return [st == PutState.PRESENT or (st == PutState.RESERVED and k not in failed) for k, (st, _) in zip(keys, states)]
+        through = self._write_through([(k, b) for k, b, (st, _) in zip(keys, blocks, states) if st == PutState.NO_ROOM])
+        return [st == PutState.PRESENT or (st == PutState.RESERVED and k not in failed) or k in through
+                for k, (st, _) in zip(keys, states)]
+
+    def _write_through(self, items: Sequence[tuple[bytes, memoryview]]) -> set[bytes]:
+        """Write blocks the host tier had no room for (every slot pinned, waiting for its disk write, or
+        held by readers) straight to the disk tier, and return the keys stored: a full host tier is a
+        slower put, not a refused one (an engine that gets "not stored" keeps no lower copy of that prefix).
+        Without a disk tier, nothing is stored."""
+        if self.disk is None or not items:
+            return set()
+        keys = list(dict.fromkeys(k for k, _ in items))
+        first = dict(reversed(items))
+        ok = self.disk.put(keys, [torch.frombuffer(bytearray(first[k]), dtype=torch.uint8) for k in keys])
+        stored = [k for k, f in zip(keys, ok) if f]
+        if stored and self.durable_puts:
+            self.disk.flush()
+        with self._mu:
+            self.counters.written_through += len(stored)
+            self.counters.bytes_in += len(stored) * self.layout.bytes_per_block
+        if self.events is not None and stored:
+            self.events.stored(stored, "disk")
+        if self.link is not None and stored:
+            self.link.on_committed(stored)
+        return set(stored)
 
     def release(self, owner: int, keys: Sequence[bytes]) -> int:
         """End ``owner``'s holds on ``keys``: unpin read holds, abort write reservations. Returns how many ended."""

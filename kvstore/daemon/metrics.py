@@ -161,6 +161,9 @@ def _storage_families(family: Callable[[str, Kind, str, list[tuple[dict[str, str
                [({}, remote["groups_stored"])])
     add("kvstore_no_room_total", "counter", "Keys not served because every host slot was locked or reserved.",
            [({}, c["no_room"])])
+    add("kvstore_written_through_total", "counter", "Blocks of inline puts written straight to disk because every "
+           "host slot was locked or reserved (a full host tier slows a put, it does not refuse it).",
+           [({}, c["written_through"])])
     add("kvstore_reserve_share_refused_total", "counter",
            "Keys a reserve answered BUSY because the connection already held half of the host slots the other "
            "connections leave (reserved or quarantined), or had quarantined slots it did not release.",

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvstore.config.schema import DISK_TIERS, DiskConfig, FileConfig, KVStoreConfig, SlabConfig
+from kvstore.config.schema import KVStoreConfig
 from kvstore.daemon.admission import ConnectionLimits, LoginThrottle, Transport, peer_of
 from kvstore.daemon.frames import ErrorCode, Op, encode_frame
 from kvstore.daemon.messages import encode_error
@@ -55,9 +55,8 @@ if TYPE_CHECKING:  # the storage modules bring torch: imported when the first la
     from kvstore.daemon.backend import DaemonBackend
     from kvstore.daemon.events import DaemonEvents
     from kvstore.daemon.remote_link import RemoteLink
-    from kvstore.policy.order import EvictionOrder
     from kvstore.route.publisher import EventPublisher
-    from kvstore.tiers.base import Tier
+    from kvstore.tiers.chain import ChainTier
 
 log = logging.getLogger(__name__)
 DRAIN_TIMEOUT_S = 10.0
@@ -237,7 +236,8 @@ class DaemonServer:
         store, ``DaemonStartError``/``TierError`` when a tier cannot open."""
         from kvstore.daemon.backend import DaemonBackend
         from kvstore.daemon.holds import HoldTable
-        from kvstore.tiers.host.tier import HostTier
+        from kvstore.lower.build import HostPlan, build_lower_tiers, disk_section, disk_tier_name
+        from kvstore.tiers.lmdb.check import check_walkable_databases
 
         cfg, d = self.cfg, self.cfg.daemon
         capacity = int(cfg.host.capacity)
@@ -250,32 +250,36 @@ class DaemonServer:
         label = self._arena_label
         if label is not None and self.layout is None:
             label = f"{label}-{layout.fingerprint.hex()[:8]}"
-        # policy.placement: the host and disk orders (one duel for both under adaptive; the daemon always has a host tier)
-        orders = cfg.policy.placement_policy().orders(both_tiers=any(name in DISK_TIERS for name in cfg.tiers))
         # Shared capacity: sparse arenas, never pinned (pinning maps every page: each layout would hold it all).
         pin = cfg.host.pin_memory if self._capacity is None else "never"
         most = d.max_layout_slots if self.layout is None else None  # a client chose this layout: bound its cost
-        host = HostTier(layout, capacity, pin_memory=pin, shared_memory=label is not None,
-                        label=label or "kvstore-host", auto_evict=True, order=orders.host, prefault=cfg.host.prefault,
-                        shared_capacity=self._capacity, max_slots=most)
+        plan = HostPlan(auto_evict=True, always=True, shared_memory=label is not None, label=label or "kvstore-host",
+                        pin_memory=pin, shared_capacity=self._capacity, max_slots=most)
+        self._dormant.wake(layout)  # its directory's bytes: counted by its own tier from here on
+        mine = self._layout_config(layout)
+        section = disk_section(mine)
+        if disk_tier_name(mine) == "lmdb" and section is not None and os.path.isdir(section.directory()):
+            # LMDB aborts the process on some damaged pages: walk them in a child first, refuse with a message
+            check_walkable_databases(section.directory())
+        # refused if another process holds its data directory
+        tiers = build_lower_tiers(mine, layout, plan, disk_capacity=self._disk_capacity)
+        host, lower = tiers.host, tiers.disk
+        assert host is not None  # plan.always
         if most is not None and host.num_slots == most:
             log.warning("layout %s: %d-byte blocks would make %d host slots; it gets daemon.max_layout_slots = %d "
                         "(%d bytes of host.capacity)", layout_label(layout), layout.bytes_per_block,
                         capacity // layout.bytes_per_block, most, most * layout.bytes_per_block)
-        self._dormant.wake(layout)  # its directory's bytes: counted by its own tier from here on
-        try:
-            lower = self._lower_tier(layout, orders.disk)  # refused if another process holds its data directory
-        except BaseException:
-            host.close()  # free the arena now, not at interpreter exit
-            raise
+        if section is not None and self._disk_capacity is not None:
+            write_layout_file(section.directory(), layout)  # whose blocks these are: for kvstore repair --salvage
         durable = lower is not None and ((lower.name == "lmdb" and cfg.disk.sync == "always")
                                          or (lower.name == "slab" and cfg.slab.sync == "always"))
         backend = DaemonBackend(layout, host, lower, HoldTable(d.hold_timeout_s), durable_puts=durable,
                                 publish_events=d.events.enabled)
-        if "remote" in cfg.tiers:
+        if tiers.remote is not None:
             try:
-                backend.link = self._remote_link(backend, layout)
+                backend.link = self._remote_link(backend, tiers.remote)
             except BaseException:
+                tiers.remote.close()
                 backend.close()
                 raise
         return Shelf(layout, backend, label, self._layout_directory(layout))
@@ -302,43 +306,23 @@ class DaemonServer:
                  publisher.endpoint, publisher.replay_endpoint or "off")
         return publisher
 
-    def _lower_tier(self, layout: KVLayout, order: EvictionOrder | None) -> Tier | None:
-        """The disk tier ``cfg.tiers`` names (``lmdb``, ``file`` or ``slab``), if any, for ``layout``, evicting
-        through ``order`` when given; under ``layouts: any`` in the layout's own directory under the configured
-        one. The host tier always exists: its shared-memory arena is the daemon's data plane."""
-        from kvstore.tiers import build_tier
-        from kvstore.tiers.lmdb.check import check_walkable_databases
+    def _layout_config(self, layout: KVLayout) -> KVStoreConfig:
+        """The config ``layout``'s tiers are built from: this daemon's, with the disk tier's directory moved to
+        the layout's own under the configured one when ``daemon.layouts: any`` (one LMDB environment per layout)."""
+        if self.layout is not None:
+            return self.cfg
+        name = layout_dirname(layout)
+        return self.cfg.model_copy(update={section: layout_section(getattr(self.cfg, section), name)
+                                           for section in ("disk", "file", "slab")})
 
-        sections: dict[str, DiskConfig | FileConfig | SlabConfig] = {
-            "lmdb": self.cfg.disk, "file": self.cfg.file, "slab": self.cfg.slab}
-        names = [t for t in self.cfg.tiers if t in sections]
-        if not names:
-            return None
-        section = sections[names[0]]
-        if self.layout is None:
-            section = layout_section(section, layout_dirname(layout))
-        if names[0] == "lmdb" and os.path.isdir(section.directory()):
-            # LMDB aborts the process on some damaged pages: walk them in a child first, refuse with a message
-            check_walkable_databases(section.directory())
-        if self._disk_capacity is None:
-            return build_tier(names[0], section, layout, order=order)
-        tier = build_tier(names[0], section, layout, order=order, shared_capacity=self._disk_capacity)
-        write_layout_file(section.directory(), layout)  # whose blocks these are: for kvstore repair --salvage
-        return tier
-
-    def _remote_link(self, backend: DaemonBackend, layout: KVLayout) -> RemoteLink:
-        """The remote tier (``remote``: Redis or Valkey, a server or a cluster; connected lazily, so a server down
-        at start is a miss, not an error) and the link that places the clients' blocks in its groups."""
+    def _remote_link(self, backend: DaemonBackend, remote: ChainTier) -> RemoteLink:
+        """The link that places the clients' blocks in ``remote``'s groups (Redis or Valkey, a server or a
+        cluster; connected lazily, so a server down at start is a miss, not an error)."""
         from kvstore.daemon.remote_link import link_for
-        from kvstore.tiers import build_tier
-        from kvstore.tiers.chain import ChainTier
 
-        remote = build_tier("remote", self.cfg.remote, layout)
-        assert isinstance(remote, ChainTier)
         try:
             link = link_for(backend, remote, self.cfg)
         except ValueError as exc:
-            remote.close()
             raise DaemonStartError(str(exc)) from None
         assert link is not None
         log.info("remote tier %s: groups of %d blocks, write %s", self.cfg.remote.url.split("@")[-1],

@@ -10,7 +10,7 @@ import pytest
 
 from kvstore.config import parse_config
 from kvstore.layout import KVLayout
-from kvstore.tiers.build import build_lower_tiers
+from kvstore.lower.build import build_lower_tiers
 from kvstore.tiers.lmdb.tier import DiskTier
 from kvstore.policy.duel import MARGIN, SHARED_MARGIN, DuelIndex, DuelReferee, shared_duel
 from kvstore.policy.order import make_order, order_for

@@ -1,0 +1,8 @@
+"""The lower-tier stack: the tiers below the GPU (host, disk, remote) built from config and composed.
+
+- :mod:`kvstore.lower.build`: the one place that builds tiers from a config, each with the eviction order
+  the placement policy (``policy.placement``) gives it. The embedded store, the daemon and every connector
+  build theirs here.
+- :mod:`kvstore.lower.local`: the host tier in front of the disk tier (and the remote tier) in one process,
+  run by the same code that runs them inside the daemon, for the engine adapters' embedded mode.
+"""
