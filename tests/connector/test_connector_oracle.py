@@ -75,13 +75,14 @@ def test_prefix_from_disk(tmp_path: Path, reference, codec: str) -> None:  # noq
     _assert_same(second, logits, reference)
 
 
-def test_prefix_from_disk_after_restart(tmp_path: Path, reference) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("write", ["write_through", "write_back"])  # write_back: the default, blocks on the GPU at flush
+def test_prefix_from_disk_after_restart(tmp_path: Path, reference, write: str) -> None:  # noqa: ANN001
     here = Path(__file__).parent
     script = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(here)!r})
         from pathlib import Path
         from connlib import GREEDY, make_llm, prompt
-        llm = make_llm(Path({str(tmp_path)!r}), codec="zstd")
+        llm = make_llm(Path({str(tmp_path)!r}), codec="zstd", write={write!r})
         out = llm.generate([prompt(1, 45)], GREEDY)[0]
         llm.connector.flush()
         print(out.token_ids)
