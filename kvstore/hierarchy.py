@@ -70,8 +70,8 @@ class Hierarchy:
         exclusive: bool = False,
     ) -> None:
         """``carry_uses``: seed the lower tiers' use counts from the index entries; ``use_memory``: where the
-        counts of dropped entries are remembered; ``exclusive``: each block lives in one of GPU, host and disk
-        (all three from the placement policy, ``policy.placement``, :mod:`kvstore.policy.named`)."""
+        counts of dropped entries are remembered; ``exclusive``: host and disk hold distinct blocks, and host
+        none the GPU holds (all three from the placement policy, ``policy.placement``, :mod:`kvstore.policy.named`)."""
         if pool.layout != layout:
             raise ValueError("the GPU pool's layout differs from the store's")
         self.layout = layout
@@ -86,7 +86,8 @@ class Hierarchy:
         self.use_memory = use_memory
         """Counts of blocks that left every tier, restored when they are indexed again (``None``: forgotten)."""
         self.exclusive = exclusive
-        """Whether a block loaded into the GPU leaves host and disk (GPU victims go to host, host victims to disk)."""
+        """Whether a block loaded into the GPU leaves host and a disk load is not copied into host (its disk copy
+        stays; GPU victims go to host unless the disk has them, host victims to disk)."""
         self.has_lower_tiers = host is not None or disk is not None or remote is not None
         """Whether any tier lies below the GPU (a lookup hashes the tail past its match only to probe them)."""
         self.disk_reports_evictions = disk is None or disk.reports_evictions

@@ -371,22 +371,19 @@ class Placement:
         self.lost(key, "host")
         return True
 
-    def leave_lower_tiers(self, key: bytes) -> bool:
-        """The GPU now holds ``key`` (exclusive tiers): drop its host copy and its disk record.
+    def leave_host(self, key: bytes) -> None:
+        """The GPU now holds ``key`` (exclusive tiers): drop its host copy, so host holds no block the GPU or the
+        disk holds.
 
-        The host copy goes at once unless a reader pins it (then it stays, a copy as under inclusive
-        tiers). Returns whether the disk tier holds a copy, which the caller deletes outside the lock:
-        the index stops reporting it now, so no load is planned from it meanwhile.
+        The host copy goes at once unless a reader pins it (then it stays, a copy as under inclusive tiers). A
+        disk copy stays: it may have been acknowledged as durable (a flush, ``sync: always``), and a block that
+        leaves the GPU with a disk copy is freed, never copied into host, so the tiers stay distinct.
         """
         entry = self.h.index.get(key)
         if entry is None or entry.gpu_block is None:
-            return False
+            return
         if entry.host_slot is not None or (self.h.host is not None and self.h.host.contains(key)):
             self.evict_host(key)
-        if not entry.on_disk:
-            return False
-        self.lost(key, "disk")
-        return True
 
     # ------------------------------------------------------------------ disk
     def mark_on_disk(self, key: bytes) -> None:

@@ -384,10 +384,8 @@ class Prefetcher:
     def _register_loaded(self, lease: StoreLease, loaded: list[BlockPlan]) -> None:
         """Record the new GPU copies in the index (the index takes its own reference) and unpin their host slots.
 
-        With exclusive tiers (``policy.placement``) the loaded blocks then leave host and disk (the disk deletes run here,
-        outside the lock, before the lease can be released)."""
+        With exclusive tiers (``policy.placement``) the loaded blocks then leave host (their disk copies stay)."""
         h = self.h
-        leaving: list[bytes] = []
         with h.lock:
             keys = list(lease.keys[: lease.resolved_blocks])
             # A block held without its data is indexed as where the lookup found it: on disk (so a disk hit
@@ -409,10 +407,8 @@ class Prefetcher:
                 h.events.put("loaded", p.key, "gpu")
                 self.release_host(p)
             if self.h.exclusive:
-                leaving = [p.key for p in loaded if h.placement.leave_lower_tiers(p.key)]
-        if leaving:
-            assert h.disk is not None
-            h.disk.delete(leaving)
+                for p in loaded:
+                    h.placement.leave_host(p.key)
 
     def close(self) -> None:
         """Stop the workers after the running loads finish."""

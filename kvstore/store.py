@@ -39,6 +39,7 @@ from kvstore.tiers.host.tier import HostTier
 from kvstore.transfer import CopyStreams
 from kvstore.policy.named import PlacementPolicy
 from kvstore.policy.use_memory import use_memory_for
+from kvstore.durable import write_all_down
 
 log = logging.getLogger("kvstore.store")
 
@@ -501,15 +502,23 @@ class TieredStore:
         return self.h.events.drain()
 
     def flush(self) -> None:
-        """Wait for scheduled write-downs (remote ones too) and make the disk tier durable."""
+        """Make every block committed before the call durable: wait for scheduled write-downs (remote ones
+        too), write the blocks the disk tier lacks down to it (under ``write_back`` and
+        ``write_through_selective``, those only the GPU or the host holds: :func:`~kvstore.durable.write_all_down`),
+        then flush the disk tier. Changes where blocks live only by adding disk copies."""
         self.spiller.wait()
+        if self.policy.write != "write_through":
+            write_all_down(self.h)
         if self.remote_writer is not None:
             self.remote_writer.wait()
         for _, tier in self.h.lower_tiers():
             tier.flush()
 
     def close(self) -> None:
-        """Flush, stop the workers and close the tiers."""
+        """Flush (every committed block reaches the disk tier), stop the workers and close the tiers."""
+        self.spiller.wait()
+        if self.policy.write != "write_through":
+            write_all_down(self.h)
         self.spiller.close()
         if self.remote_writer is not None:
             self.remote_writer.close()

@@ -7,9 +7,10 @@ The model follows the store's request flow (``write_back``):
 2. lookup continues down the hash chain in the host tier, then the disk
    tier (the store's batched ``contains_prefix`` probe); those hits are
    promoted: a disk hit is copied into host (inclusive tiers) and every hit
-   is loaded into GPU blocks; with ``exclusive`` (exclusive tiers)
+   is loaded into GPU blocks; with ``exclusive`` (host and disk hold distinct blocks)
    a disk hit is not copied into host, the host hits stay pinned while GPU
-   room is made, and every hit that got a GPU block then leaves host and disk;
+   room is made, and every host hit that got a GPU block then leaves host (a disk
+   copy stays: it may have been acknowledged as durable);
 3. the request's path is locked, room is made on the GPU by evicting the
    least recently used unlocked radix leaf (a whole node, as SGLang does),
    and the prompt's full blocks are inserted;
@@ -154,7 +155,7 @@ class TieredCacheSim:
         the bench can replay variants no named policy stands for (:meth:`for_policy` builds a named one):
         ``disk_policy`` / ``host_policy``: each tier's order (``lru``, ``s3fifo``, ``gdsf``, ``duel`` or an order
         object); ``carry_uses``: seed a tier's order with a block's use count when the block enters it;
-        ``exclusive``: a loaded block leaves host and disk; ``use_memory``: remember the counts of dropped
+        ``exclusive``: a block loaded from host leaves host, one on disk is not copied into host; ``use_memory``: remember the counts of dropped
         blocks, this many x (host + disk) of them (needs ``carry_uses``); ``duel_scope``: ``below_gpu`` makes
         host and disk one shared duel (both policies must be ``duel``); ``gdsf_weight``: the count weight of
         the GDSF orders (``linear`` or ``damped``)."""
@@ -233,9 +234,10 @@ class TieredCacheSim:
         self.index.pin(match.node)
         room = self._make_room(len(ids) - g)
         self.index.unpin(match.node)
-        if self.exclusive:  # the loaded blocks leave host and disk (those that found no GPU block stay)
+        if self.exclusive:  # the loaded blocks leave host (those that found no GPU block stay); disk keeps its copies
             for block, on_host in hits[:room]:
-                (self.host if on_host else self.disk).order.remove(block)
+                if on_host:
+                    self.host.order.remove(block)
             self._pinned_host = set()
         if room:
             res = self.index.insert(keys[: g + room], gpu_blocks=[None] * g + [self.free_gpu.pop() for _ in range(room)])

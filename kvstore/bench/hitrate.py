@@ -7,8 +7,11 @@ largest request), these caches replay the same requests:
 - ``lru`` / ``s3fifo`` / ``gdsf`` / ``adaptive``: the store with ``G`` GPU, ``2G`` host and ``4G`` disk blocks
   under that named policy (:meth:`~kvstore.bench.cache_sim.TieredCacheSim.for_policy`: the policy's own
   orders and switches), ``write_back`` (so ``adaptive``'s tiers are exclusive);
-- ``adaptive_inclusive``: ``adaptive`` as it runs under ``write_through``, the default write policy, whose
-  tiers hold copies of each other's blocks (replayed with write_back's flow, inclusive);
+- ``default``: the default configuration as shipped (``policy.placement`` and ``policy.write`` as
+  :class:`~kvstore.config.schema.PolicyConfig` declares them: ``adaptive`` under ``write_back``, host and disk
+  holding distinct blocks);
+- ``adaptive_inclusive``: ``adaptive`` as it runs under ``write_through``, whose tiers hold copies of each
+  other's blocks (replayed with write_back's flow, inclusive);
 - ``pooled_lru`` / ``pooled_s3fifo`` / ``pooled_gdsf``: one flat cache of ``7G`` blocks, no tiers
   (:class:`~kvstore.bench.cache_sim.PooledCacheSim`): what an online cache of the same total size keeps;
 - ``gpu_lru``: the same ``G`` GPU blocks and no lower tiers (SGLang's radix cache);
@@ -44,6 +47,7 @@ from kvstore.bench.harness import Progress, Results, SuiteOptions
 from kvstore.bench.mooncake import load_mooncake
 from kvstore.bench.plots import grid, save
 from kvstore.bench.workloads import GENERATORS, HELD_OUT_PLACEMENT, OTHER_SEED_FAMILIES, Trace, synthetic
+from kvstore.config.schema import PolicyConfig
 from kvstore.policy.named import DEFAULT_PLACEMENT, POLICIES
 from kvstore.policy.order import make_order
 from kvstore.policy.s3fifo import S3FIFOIndex
@@ -54,6 +58,8 @@ FULL_FRACTIONS = (0.01, 0.02, 0.05, 0.1)
 QUICK_FRACTIONS = (0.05, 0.2)
 QUICK_TRACE_REQUESTS = 300
 TARGET_OF_BELADY = 0.9
+DEFAULT_OF_BELADY = 0.55
+"""Issue 43's floor for the default configuration as shipped (and never below ``lru``)."""
 PAPER_GHOST = 0.9
 """The paper's ghost: as many keys as the main queue (1 - small fraction of the budget)."""
 POOLED_ORDERS = ("lru", "s3fifo", "gdsf")
@@ -64,6 +70,7 @@ TieredFactory = Callable[[int, int, int], TieredCacheSim]
 NAMED: dict[str, TieredFactory] = {
     **{name: (lambda p: lambda g, h, d: TieredCacheSim.for_policy(p, g, h, d, "write_back"))(policy)
        for name, policy in POLICIES.items()},
+    "default": lambda g, h, d: TieredCacheSim.for_policy(POLICIES[PolicyConfig().placement], g, h, d, PolicyConfig().write),
     "adaptive_inclusive": lambda g, h, d: TieredCacheSim.for_policy(POLICIES["adaptive"], g, h, d, "write_through"),
 }
 """The named policies by result name -> a new simulator of ``(gpu, host, disk)`` blocks for one replay."""
@@ -111,6 +118,8 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
     fractions = QUICK_FRACTIONS if options.quick else FULL_FRACTIONS
     tiered = dict(NAMED)
     described = {name: POLICIES[name].summary for name in POLICIES}
+    shipped = PolicyConfig()
+    described["default"] = f"the default configuration as shipped: {shipped.placement} under {shipped.write}"
     described["adaptive_inclusive"] = "adaptive under write_through: tiers hold copies (inclusive)"
     if options.research:
         for name, (factory, what) in RESEARCH.items():
@@ -118,7 +127,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
             described[name] = what
     results = Results("hitrate", options, {
         "fractions_of_footprint": list(fractions), "host_blocks_per_gpu_block": HOST_PER_GPU,
-        "disk_blocks_per_gpu_block": DISK_PER_GPU, "write_policy": "write_back",
+        "disk_blocks_per_gpu_block": DISK_PER_GPU, "write_policy": "write_back (default: as shipped)",
         "gpu_eviction": "radix LRU leaf (whole node)", "policies": described, "default": DEFAULT_PLACEMENT,
         "pooled": f"one flat cache of 7G blocks under {', '.join(POOLED_ORDERS)}; pooled_best: the best of them",
         "belady": "block-level MIN with bypass over GPU+host+disk blocks, prefix-closed by (next use, depth) order",
@@ -164,7 +173,8 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
                     share = _rate(trace, [getattr(c, tier) for c in counts])
                     results.add(f"hit_rate.{name}.{tier}", share, "fraction of prompt tokens", **p)
                 results.add(f"replay_time.{name}", elapsed / len(trace.requests) * 1e6, "us/request", **p)
-                results.ratio(f"{name}/belady", rates[name], opt, TARGET_OF_BELADY, **p)
+                results.ratio(f"{name}/belady", rates[name], opt,
+                              DEFAULT_OF_BELADY if name == "default" else TARGET_OF_BELADY, **p)
                 results.ratio(f"{name}/pooled_best", rates[name], best_pooled, **p)
                 results.add(f"points_over_lru.{name}", 100 * (rates[name] - rates["lru"]), "points", **p)
             progress.step(f"{w} gpu={frac:g}")
@@ -236,7 +246,7 @@ def plot(results: Results, path: Path) -> None:
     workloads = list(dict.fromkeys(f.params["workload"] for f in results.figures if f.name == "hit_rate.lru"))
     fig, axes = grid(max(1, len(workloads)), "Prefix hit rate: kvstore's named placement policies (G GPU + 2G host "
                      "+ 4G disk) vs pooled online caches (7G), GPU-only LRU (G) and Belady (7G)")
-    series = (("lru", "o-"), ("s3fifo", "D-"), ("gdsf", "v-"), ("adaptive", "*-"), ("adaptive_inclusive", "*:"),
+    series = (("lru", "o-"), ("s3fifo", "D-"), ("gdsf", "v-"), ("default", "X-"), ("adaptive_inclusive", "*:"),
               ("pooled_best", "P--"), ("gpu_lru", "s--"), ("belady", "^:"))
     for ax, w in zip(axes, workloads):
         for name, style in series:

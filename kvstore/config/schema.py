@@ -207,8 +207,13 @@ class SlabConfig(Section):
 class PolicyConfig(Section):
     """Placement, write and prefetch policies."""
 
-    write: WritePolicy = "write_through"
-    """When committed blocks are copied down: at once, after ``selective_hits`` hits, or only on eviction."""
+    write: WritePolicy = "write_back"
+    """When committed blocks are copied down: at once (``write_through``), after ``selective_hits`` hits, or only
+    when they leave the tier above (``write_back``, the default: under ``placement: adaptive`` host and disk then
+    hold distinct blocks, so the tiers add capacity; measured in docs/BENCHMARKS.md "hitrate"). Under every
+    policy a flush (``TieredStore.flush``, a connector's ``flush`` and ``close``) first writes every committed
+    block the disk tier lacks down to it, and a block on disk stays there until the disk's own capacity
+    evicts it, so what a flush acknowledged survives a crash."""
     selective_hits: int = Field(SELECTIVE_HITS_DEFAULT, ge=1, le=1_000_000)
     """Hits before a block is written down under ``write_through_selective``."""
     prefetch: Literal["best_effort", "wait_complete", "timeout"] = "wait_complete"
@@ -224,7 +229,7 @@ class PolicyConfig(Section):
     (:mod:`kvstore.policy.named`; measured in docs/BENCHMARKS.md "hitrate"). ``adaptive`` (the default): GDSF
     with damped counts or S3-FIFO, chosen online for host and disk together by which one hits more on a
     sample, counts carried between tiers and remembered for blocks that left, and under ``write: write_back``
-    each block in one tier only. ``lru``: least recently used first. ``s3fifo``: scan-resistant FIFO queues.
+    (the default) host and disk holding distinct blocks. ``lru``: least recently used first. ``s3fifo``: scan-resistant FIFO queues.
     ``gdsf``: lowest ``L + use count`` first, counts carried."""
 
     def placement_policy(self) -> PlacementPolicy:

@@ -45,9 +45,10 @@ class PlacementPolicy:
     """A block's use count (its insert plus the lookups that matched it) follows it into the tier it enters,
     so a frequency-aware order there starts it at its uses so far instead of 1."""
     exclusive_when_write_back: bool = False
-    """Under ``policy.write: write_back`` each block lives in one of GPU, host and disk (the lower tiers add
-    capacity instead of holding copies of the GPU's blocks). Other write policies copy blocks down before they
-    leave the GPU, so the tiers are inclusive there."""
+    """Under ``policy.write: write_back`` (the default) host and disk hold distinct blocks and host none the GPU
+    holds (the lower tiers add capacity instead of holding copies of each other's blocks); a disk copy stays
+    while the GPU holds the block, as it may have been acknowledged as durable. Other write policies copy
+    blocks down before they leave the GPU, so the tiers are inclusive there."""
     use_memory: float = 0.0
     """Remember the counts of blocks that left every tier, for this multiple of the host + disk capacity in
     blocks, so a block that comes back resumes its count (0: off)."""
@@ -82,7 +83,7 @@ POLICIES: dict[str, PlacementPolicy] = {p.name: p for p in (
                     shared_duel=True, weight=DAMPED,
                     summary="GDSF (damped counts) or S3-FIFO, chosen online by which one's miniature on a hash "
                     "sample hits more, one choice for host and disk; counts carried and remembered for 4x the "
-                    "capacity; exclusive tiers under write_back"),
+                    "capacity; host and disk hold distinct blocks under write_back"),
 )}
 """Every named placement policy (``policy.placement``)."""
 

@@ -17,7 +17,7 @@ def toks(start: int, nblocks: int) -> list[int]:
 
 
 def _where(s, t):  # noqa: ANN001, ANN202
-    s.flush()
+    s.spiller.wait()  # the scheduled write-downs only: a flush writes every block down under every policy
     with s.lock:
         return [(e.gpu_block is not None, e.host_slot is not None, e.on_disk) for e in s.index.match_keys(s.keys(t), count_hits=False).entries]
 
@@ -48,6 +48,9 @@ def test_write_back_copies_down_only_on_eviction() -> None:
     prefill(s, toks(300, 2))  # evicts toks(100) to host, which pushes toks(0) to disk
     assert _where(s, toks(0, 2)) == [(False, False, True)] * 2
     assert len(disk.data) == 2
+    s.flush()  # what only the GPU (toks 200, 300) or host (toks 100) holds goes straight to disk, not through host
+    assert [_where(s, toks(t, 2)) for t in (100, 200, 300)] == [[(False, True, True)] * 2] + [[(True, False, True)] * 2] * 2
+    assert len(disk.data) == 8
 
 
 def test_write_through_selective_after_n_hits() -> None:
@@ -130,7 +133,7 @@ def test_host_full_of_locked_blocks_loads_fewer_without_deadlock() -> None:
     writer = make_store(disk=disk, write="write_through")
     prefill(writer, toks(0, 4), seed=3)
     writer.flush()
-    s = make_store(gpu_blocks=16, host_blocks=2, disk=disk)
+    s = make_store(gpu_blocks=16, host_blocks=2, disk=disk, write="write_through")
     prefill(s, toks(500, 2), seed=4)  # fill the host tier (write_through) ...
     s.flush()
     assert s.h.host is not None
