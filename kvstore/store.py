@@ -73,6 +73,10 @@ class TieredStore:
         evict through its orders (:meth:`PlacementPolicy.orders`). ``deadlines``: how long a load may take
         before the engine recomputes instead (``deadlines.load_*``)."""
         self.policy = policy or PolicyConfig()
+        if disk is not None and disk.shared and self.policy.write == "write_back":
+            # A daemon exists to share: a block reaching it only when it leaves this GPU is one no other engine finds.
+            log.info("policy.write: write_back: the %s tier is shared, so blocks are written through to it", disk.name)
+            self.policy = self.policy.model_copy(update={"write": "write_through"})
         placement = placement or self.policy.placement_policy()
         self.h = Hierarchy(layout, pool, host, disk, remote, carry_uses=placement.carry_uses,
                            use_memory=use_memory_for(placement.use_memory, layout, host, disk),

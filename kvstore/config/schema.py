@@ -213,7 +213,8 @@ class PolicyConfig(Section):
     hold distinct blocks, so the tiers add capacity; measured in docs/BENCHMARKS.md "hitrate"). Under every
     policy a flush (``TieredStore.flush``, a connector's ``flush`` and ``close``) first writes every committed
     block the disk tier lacks down to it, and a block on disk stays there until the disk's own capacity
-    evicts it, so what a flush acknowledged survives a crash."""
+    evicts it, so what a flush acknowledged survives a crash. A daemon below the GPU (``connector: sidecar``) is
+    written through under ``write_back`` too: other engines read it, so a block reaches it when committed."""
     selective_hits: int = Field(SELECTIVE_HITS_DEFAULT, ge=1, le=1_000_000)
     """Hits before a block is written down under ``write_through_selective``."""
     prefetch: Literal["best_effort", "wait_complete", "timeout"] = "wait_complete"

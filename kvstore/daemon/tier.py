@@ -78,6 +78,7 @@ class DaemonTier(Tier):
     """Blocks kept by the daemon the ``client`` talks to."""
 
     name = "daemon"
+    shared = True  # every engine on the host reads it
     reports_evictions = False  # the daemon evicts on its own and sends no events: ask it at lookup
     probes_by_chain = True  # its remote tier (if any) places blocks by chain position
 

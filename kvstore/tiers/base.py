@@ -95,6 +95,9 @@ class Tier(ABC):
     (a remote daemon) sets ``False``, and the tiered store asks it at lookup instead of mirroring it."""
     takes_victim_hook: bool = False
     """Whether :meth:`set_victim_hook` is supported (the tiers that evict inside their ``put``: LMDB, file, slab)."""
+    shared: bool = False
+    """Whether other processes read what this tier holds (a daemon): a store writes its blocks through to such
+    a tier under every write policy, so another engine finds a prefix as soon as it is committed."""
     probes_by_chain: bool = False
     """Whether a lookup must ask :meth:`probe` with the chain from position 0 rather than :meth:`contains_prefix`
     with the keys past its own hit: a tier that places blocks by chain position (the remote tier's groups,
