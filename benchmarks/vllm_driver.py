@@ -28,7 +28,9 @@ Per round the output has each prompt's ``token_ids``, ``text``,
 the time to first token when ``max_tokens`` is 1), and the round's deltas of
 vLLM's counters: ``prefix_cache_hits`` (tokens from vLLM's own cache),
 ``external_prefix_cache_hits`` (tokens vLLM loaded through the KV connector),
-``external_prefix_cache_queries`` and ``num_preemptions``.
+``external_prefix_cache_queries`` and ``num_preemptions``; with kvstore's connector also
+``load_probe_s``, ``load_read_s`` and ``load_write_s`` (seconds its loads spent asking kvstore, copying
+out of kvstore's tiers, copying into vLLM's KV cache: ``vllm:kvstore_load_step_seconds``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ COUNTERS = {
     "generation_tokens": "vllm:generation_tokens",
 }
 
+#: kvstore's connector's seconds per load step (a counter labelled ``step``), read as ``load_<step>_s``.
+STEP_COUNTER = "vllm:kvstore_load_step_seconds"
+STEPS = ("probe", "read", "write")
+
 #: Environment a CPU vLLM needs (see the README's vLLM section): KV cache space in GiB (without it vLLM
 #: asks for most of the node's memory), and no OpenMP thread binding, so an engine with a KV connector
 #: (vLLM then reserves a core for itself) runs the same threads as one without and computes the same floats.
@@ -62,6 +68,8 @@ def _counters(llm: Any) -> dict[str, float]:
     wanted = {v: k for k, v in COUNTERS.items()}
     for metric in llm.get_metrics():
         name = wanted.get(metric.name)
+        if metric.name == STEP_COUNTER and getattr(metric, "labels", {}).get("step") in STEPS:
+            name = f"load_{metric.labels['step']}_s"
         if name is not None and hasattr(metric, "value"):
             values[name] = values.get(name, 0.0) + float(metric.value)
     return values
@@ -111,7 +119,7 @@ def run_round(llm: Any, rnd: dict[str, Any]) -> dict[str, Any]:
     end = _counters(llm)
     out["outputs"] = [{"token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text,
                        "num_cached_tokens": o.num_cached_tokens, "seconds": s} for o, s in results]
-    out.update({k: end.get(k, 0.0) - start.get(k, 0.0) for k in COUNTERS})
+    out.update({k: end.get(k, 0.0) - start.get(k, 0.0) for k in [*COUNTERS, *(f"load_{s}_s" for s in STEPS)]})
     return out
 
 

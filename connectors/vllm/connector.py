@@ -165,13 +165,15 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
             self.connector_scheduler = KVStoreConnectorScheduler(store, layout, loads=tc.is_kv_consumer,
                                                                  saves=tc.is_kv_producer, shards=all_shards(tp),
                                                                  groups=len(kv_cache_config.kv_cache_groups))
-            self._health = HealthReport("scheduler", store, cost=self.connector_scheduler.cost)
+            self._health = HealthReport("scheduler", store, cost=self.connector_scheduler.cost,
+                                        steps=self.connector_scheduler.load_steps)
         else:
             rank = _tp_rank(tp)
             self.connector_worker = KVStoreConnectorWorker(store, layout, blocks.layers, kv_cache_config.num_blocks,
                                                            blocks.page, Shard(rank, tp), blocks.groups)
             self._health = HealthReport(f"worker {rank}", store, self.connector_worker.save_queue,
-                                        forward=self.connector_worker.forward_time)
+                                        forward=self.connector_worker.forward_time,
+                                        steps=self.connector_worker.load_steps)
 
     @property
     def requires_kv_delivery(self) -> bool:

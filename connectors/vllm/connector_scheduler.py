@@ -108,6 +108,8 @@ class KVStoreConnectorScheduler:
         """Whether this engine saves to kvstore (``False`` for a ``kv_consumer``)."""
         self.groups = groups
         self.async_loads = groups > 1
+        self.load_steps: dict[str, float] = {"probe": 0.0}
+        """Seconds spent in each step of a load on this side: ``probe`` (asking the store what it holds)."""
         """Loads are vLLM's asynchronous kind (see the module docstring)."""
         self._requests: dict[str, _RequestState] = {}
         self._kv_cache_manager: KVCacheManager | None = None
@@ -192,7 +194,11 @@ class KVStoreConnectorScheduler:
     def _probe(self, chain: list[bytes], first: int) -> int:
         """Blocks of ``chain`` from position 0 every rank's shard has, given the engine holds the first ``first``
         (the whole chain: a daemon's remote tier groups by position; per rank: the least of the ranks')."""
-        return min(self.store.probe(shard.keys(chain), first) for shard in self.shards)
+        t0 = time.perf_counter()
+        try:
+            return min(self.store.probe(shard.keys(chain), first) for shard in self.shards)
+        finally:
+            self.load_steps["probe"] += time.perf_counter() - t0
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Plan the load of the ``num_external_tokens`` matched tokens into the blocks vLLM allocated for them."""

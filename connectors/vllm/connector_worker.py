@@ -186,6 +186,9 @@ class KVStoreConnectorWorker:
         """Tokens computed and seconds taken by this worker's forwards that loaded nothing from kvstore (start of
         :meth:`forward_begins` to ``wait_for_save``): the engine's prefill rate, for the scheduler's decisions."""
         self._forward: tuple[float, int] | None = None
+        self.load_steps: dict[str, float] = {"read": 0.0, "write": 0.0}
+        """Seconds spent in each step of this worker's loads: ``read`` (the store's copy out of its tiers, the
+        daemon's arena or disk, into a staging buffer) and ``write`` (the staging buffer into vLLM's KV cache)."""
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Attach vLLM's paged KV tensors (checked: one block axis, ``page_bytes`` per block per layer)."""
@@ -244,7 +247,10 @@ class KVStoreConnectorWorker:
             groups = len(transfers[0].block_ids)
             block_ids = [[b for t in transfers for b in t.block_ids[g]] for g in range(groups)]
             staging = torch.empty((len(keys), self.layout.bytes_per_block), dtype=torch.uint8)
+            t0 = time.perf_counter()
             found = self.store.get(self.shard.keys(keys), list(staging), load.read_deadline_s)
+            t1 = time.perf_counter()
+            self.load_steps["read"] += t1 - t0
             with load.lock:
                 if load.abandoned:
                     return
@@ -262,6 +268,7 @@ class KVStoreConnectorWorker:
                         cache.write(layer, [block_ids[group][i] for i in ok], per_layer[ok, layer])
                         cache.fence()  # the forward may read the layer as soon as the event is set
                 load.layer_done[layer].set()
+            self.load_steps["write"] += time.perf_counter() - t1
         except BaseException:
             with load.lock:
                 load.failed_block_ids = {b for t in transfers for b in t.block_ids[0]}

@@ -17,6 +17,9 @@ Series (labels after vLLM's per-engine ones):
 - ``vllm:kvstore_missed_blocks_total{op,reason}``: blocks not loaded or not saved, ``save``'s ``queue_full`` included.
 - ``vllm:kvstore_load_decisions_total{decision}``: matches loaded (``load``) or left to vLLM to compute
   (``recompute``: expected to arrive later than vLLM computes them, :mod:`kvstore.load_cost`).
+- ``vllm:kvstore_load_step_seconds_total{step}``: time loads spent in each step: ``probe`` (the scheduler
+  asking kvstore what it holds), ``read`` (copying the blocks out of kvstore's tiers: the daemon's arena or
+  disk), ``write`` (into vLLM's KV cache).
 - ``vllm:kvstore_load_bandwidth_bytes_per_second``, ``vllm:kvstore_load_latency_seconds``,
   ``vllm:kvstore_prefill_tokens_per_second`` (gauges): the inputs of those decisions, as measured.
 
@@ -54,7 +57,8 @@ class KVStoreConnectorStats(KVConnectorStats):
         self.data = {"misses": {}, "breakers": {}}
 
     def is_empty(self) -> bool:
-        return not any(self.data.get(k) for k in ("misses", "breakers", "decisions", "clock", "prefill", "forward"))
+        return not any(self.data.get(k) for k in ("misses", "breakers", "decisions", "clock", "prefill", "forward",
+                                                  "steps"))
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for key, (calls, blocks) in other.data.get("misses", {}).items():
@@ -67,6 +71,9 @@ class KVStoreConnectorStats(KVConnectorStats):
         for decision, n in other.data.get("decisions", {}).items():
             mine = self.data.setdefault("decisions", {})
             mine[decision] = mine.get(decision, 0) + n
+        for step, seconds in other.data.get("steps", {}).items():
+            steps = self.data.setdefault("steps", {})
+            steps[step] = steps.get(step, 0.0) + seconds
         if other.data.get("clock"):
             mine_clock = self.data.get("clock")
             theirs = other.data["clock"]
@@ -89,6 +96,8 @@ class KVStoreConnectorStats(KVConnectorStats):
             out[f"breaker_{side}_opened"] = opened
         for decision, n in sorted(self.data.get("decisions", {}).items()):
             out[f"decided_{decision}"] = n
+        for step, seconds in sorted(self.data.get("steps", {}).items()):
+            out[f"load_{step}_ms"] = round(seconds * 1e3, 2)
         if self.data.get("clock"):
             out["load_bandwidth_MBps"] = round(self.data["clock"][0] / 1e6, 1)
             out["load_latency_ms"] = round(self.data["clock"][1] * 1e3, 2)
@@ -113,8 +122,10 @@ class HealthReport:
     """What one side of the connector (``side``: ``scheduler`` or ``worker N``) reports to vLLM, as deltas."""
 
     def __init__(self, side: str, store: EngineBlockStore, save_queue: SaveQueue | None = None,
-                 cost: LoadCost | None = None, forward: list[Any] | None = None) -> None:
-        """``forward``: a worker's ``[tokens, seconds]`` of forwards, reported as they grow (``forward``)."""
+                 cost: LoadCost | None = None, forward: list[Any] | None = None,
+                 steps: dict[str, float] | None = None) -> None:
+        """``forward``: a worker's ``[tokens, seconds]`` of forwards, reported as they grow (``forward``).
+        ``steps``: seconds this side's loads spent per step, reported as they grow (``steps``)."""
         self.side = side
         self.store = store
         self.save_queue = save_queue
@@ -127,6 +138,8 @@ class HealthReport:
         self._seen_prefill: float | None = None
         self.forward = forward
         self._seen_forward = [0, 0.0]
+        self.steps = steps
+        self._seen_steps: dict[str, float] = {}
 
     def take(self) -> KVStoreConnectorStats | None:
         """The figures that changed since the last call (``None``: nothing did)."""
@@ -142,6 +155,11 @@ class HealthReport:
         if self.forward is not None and self.forward[0] != self._seen_forward[0]:
             extra["forward"] = [self.forward[0] - self._seen_forward[0], self.forward[1] - self._seen_forward[1]]
             self._seen_forward = list(self.forward)
+        if self.steps is not None:
+            grown = {k: v - self._seen_steps.get(k, 0.0) for k, v in self.steps.items()}
+            if any(grown.values()):
+                extra["steps"] = {k: v for k, v in grown.items() if v}
+                self._seen_steps = dict(self.steps)
         if self.cost is not None:  # the scheduler: its decisions and the prefill rate from the workers
             decisions = dict(self.cost.decisions)
             delta = {k: n - self._seen_decisions.get(k, 0) for k, n in decisions.items()}
@@ -207,6 +225,10 @@ class KVStorePromMetrics(KVConnectorPromMetrics):
         self._latency = self._gauge_cls(name="vllm:kvstore_load_latency_seconds", documentation="kvstore's "
                                         "per-load latency as measured (an input of the load decisions).",
                                         labelnames=labelnames, multiprocess_mode="mostrecent")
+        self._steps = self._counter_cls(name="vllm:kvstore_load_step_seconds", documentation="Seconds kvstore's "
+                                        "loads spent per step: probe (asking what kvstore holds), read (out of "
+                                        "kvstore's tiers), write (into vLLM's KV cache).",
+                                        labelnames=labelnames + ["step"])
         self._prefill = self._gauge_cls(name="vllm:kvstore_prefill_tokens_per_second", documentation="vLLM's "
                                         "prefill rate as kvstore measured it (an input of the load decisions).",
                                         labelnames=labelnames, multiprocess_mode="mostrecent")
@@ -222,6 +244,8 @@ class KVStorePromMetrics(KVConnectorPromMetrics):
             self._opened.labels(*labels, side).inc(opened)
         for decision, n in transfer_stats_data.get("decisions", {}).items():
             self._decisions.labels(*labels, decision).inc(n)
+        for step, seconds in transfer_stats_data.get("steps", {}).items():
+            self._steps.labels(*labels, step).inc(seconds)
         if transfer_stats_data.get("clock"):
             self._bandwidth.labels(*labels).set(transfer_stats_data["clock"][0])
             self._latency.labels(*labels).set(transfer_stats_data["clock"][1])

@@ -36,7 +36,7 @@ def test_bench_vllm_quick_writes_results_and_plot(tmp_path: Path) -> None:
     assert (out / "vllm.png").read_bytes()[:8] == PNG_MAGIC
     assert "lmcache" in doc["skipped"]
     n = doc["config"]["requests"]
-    for setup in ("vllm", "kvstore", "recompute"):
+    for setup in ("vllm", "kvstore", "recompute", "floor"):
         assert value(doc, "ttft_p50", setup=setup) > 0
         assert value(doc, "ttft_p90", setup=setup) >= value(doc, "ttft_p50", setup=setup)
     assert value(doc, "tokens_from_kvstore", setup="vllm") == 0
@@ -47,6 +47,10 @@ def test_bench_vllm_quick_writes_results_and_plot(tmp_path: Path) -> None:
     names = {r["name"]: r for r in doc["ratios"]}
     assert names["ttft_p50_vllm_over_kvstore"]["target"] == 3.0
     assert names["decode_kvstore_over_vllm"]["target"] == 0.95
+    assert names["ttft_p50_floor_over_kvstore"]["target"] == round(1 / 1.3, 3)
+    assert value(doc, "tokens_from_kvstore", setup="floor") == 0
+    steps = {f["params"]["step"]: f["value"] for f in doc["figures"] if f["name"] == "load_step_s"}
+    assert set(steps) == {"probe", "read", "write"} and all(v > 0 for v in steps.values())  # kvstore loaded
     for setup in ("vllm", "kvstore"):  # the fault phase: TTFT while the daemon is paused, both set-ups
         assert value(doc, "pause_ttft_p99", setup=setup) >= value(doc, "pause_ttft_p50", setup=setup) > 0
     assert names["pause_ttft_p50_vllm_over_kvstore"]["target"] == round(1 / 1.1, 3)
