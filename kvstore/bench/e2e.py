@@ -97,11 +97,14 @@ def _builtin_arch(quick: bool) -> ModelArch:
 
 
 def _tiered_config(scratch: Path) -> KVStoreConfig:
-    """The cached engine's store: host RAM and LMDB under ``scratch``, both far larger than the run needs."""
-    from kvstore.config.schema import DiskConfig, HostConfig, KVStoreConfig
+    """The cached engine's store: host RAM and LMDB under ``scratch``, both far larger than the run needs, written
+    through (each tier keeps its copy, so moving the prefix down with ``offload`` leaves it in the tier measured;
+    under ``write_back`` a flushed block the disk holds is freed from the GPU, not copied into host)."""
+    from kvstore.config.schema import DiskConfig, HostConfig, KVStoreConfig, PolicyConfig
 
     return KVStoreConfig(tiers=["host", "lmdb"], host=HostConfig(capacity=HOST_BYTES),
-                         disk=DiskConfig(path=str(scratch / "lmdb"), max_size=DISK_BYTES))
+                         disk=DiskConfig(path=str(scratch / "lmdb"), max_size=DISK_BYTES),
+                         policy=PolicyConfig(write="write_through"))
 
 
 def _engines(p: E2EPlan, scratch: Path) -> tuple[LLM, LLM]:

@@ -135,10 +135,10 @@ def test_exclusive_tiers_hold_each_block_once() -> None:
     for r in (r12, r34, r56):  # [1,2] to host, then on to disk under [3,4]
         assert sim.request(r) == HitCounts(0, 0, 0)
     assert _ids(sim.host) == [4, 3] and _ids(sim.disk) == [2, 1]
-    assert sim.request(r12) == HitCounts(0, 0, 2)  # loaded from disk, not copied into host, gone from disk
-    assert _ids(sim.host) == [6, 5] and _ids(sim.disk) == [4, 3]  # [5,6] demoted to host pushed [3,4] down
-    assert sim.request(r56) == HitCounts(0, 2, 0)  # host sources stay pinned while [1,2] leaves the GPU:
-    assert _ids(sim.host) == [] and _ids(sim.disk) == [4, 3, 2, 1]  # the full host sends [1,2] to disk
+    assert sim.request(r12) == HitCounts(0, 0, 2)  # loaded from disk, not copied into host; its disk copy stays
+    assert _ids(sim.host) == [6, 5] and _ids(sim.disk) == [2, 1, 4, 3]  # [5,6] demoted to host pushed [3,4] down
+    assert sim.request(r56) == HitCounts(0, 2, 0)  # [5,6] leave host for the GPU; [1,2] leave the GPU and are
+    assert _ids(sim.host) == [] and _ids(sim.disk) == [2, 1, 4, 3]  # freed, not copied: the disk holds them
     sim.index.check_integrity()
 
 

@@ -27,12 +27,17 @@ def reference() -> tuple[list[int], torch.Tensor]:
     return out.token_ids, logits[out.request_id]
 
 
-def _second_run(llm, offload: tuple[str, ...] = ()):  # noqa: ANN001, ANN202
+def _second_run(llm, offload: tuple[str, ...] = (), flush_first: bool = False):  # noqa: ANN001, ANN202
+    """Run PROMPT, move its blocks down through ``offload``, flush, and run it again. ``flush_first``: flush before
+    the offloads too (every block then on disk: under write_back a GPU victim the disk holds is freed)."""
     first = llm.generate([PROMPT], GREEDY)[0]
     conn = embedded(llm)
-    conn.flush()
+    if flush_first:
+        conn.flush()
+    conn.store.spiller.wait()  # the write policy's copies are made; a flush now would put every block on disk
     for tier in offload:
         conn.offload(tier)
+    conn.flush()  # durable where it now is (under write_back a block on disk would never be moved up to host)
     store = conn.store  # internals, only to check them
     store.check_integrity()
     logits = capture_logits(llm)
@@ -119,7 +124,7 @@ def test_prefix_from_exclusive_tiers(tmp_path: Path, reference, offload: tuple[s
     freed, not copied into host; the output from disk equals the recompute oracle, and the loaded prefix is in
     no host slot while its acknowledged disk copy stays."""
     llm = make_llm(tmp_path, host={"capacity": 64 * 2048}, policy={"write": "write_back", "placement": "adaptive"})
-    _, second, logits = _second_run(llm, offload=offload)
+    _, second, logits = _second_run(llm, offload=offload, flush_first=True)
     assert second.metrics.cached_tokens_by_tier == {"gpu": 0, "host": 0, "disk": 0, tier: 44}
     _assert_same(second, logits, reference)
     store = embedded(llm).store

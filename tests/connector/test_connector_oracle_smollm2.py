@@ -67,9 +67,10 @@ def _cached_from(llm: LLM, prompt: list[int], salt: str, offload: tuple[str, ...
     first, _ = _run(llm, prompt, salt)
     assert first.metrics.num_cached_tokens == 0  # the salt is new: computed from scratch
     conn = embedded(llm)
-    conn.flush()
+    conn.store.spiller.wait()  # the write policy's copies are made; a flush now would put every block on disk
     for tier in offload:
         conn.offload(tier)
+    conn.flush()  # durable where it now is (under write_back a block on disk would never be moved up to host)
     second = _run(llm, prompt, salt)
     conn.store.check_integrity()
     return second

@@ -32,10 +32,12 @@ def new_prefix(kind: str) -> str:
 
 def policy_store(url: str, prefix: str, write: RemoteWrite, *, host: bool, hits: int = 2, gpu_blocks: int = 32,
                  disk: Tier | None = None, local: PolicyConfig | None = None) -> TieredStore:
-    """A CPU store with remote groups of :data:`G` under ``prefix``; ``local``: the local tiers' policy."""
+    """A CPU store with remote groups of :data:`G` under ``prefix``; ``local``: the local tiers' policy (by default
+    ``write_through``, what these tests were written against: every block on the local tiers from its commit)."""
     pool = GPUBlockPool(LAYOUT, gpu_blocks, device="cpu")
     host_tier = HostTier(LAYOUT, 32 * LAYOUT.bytes_per_block, auto_evict=False) if host else None
     remote = remote_tier(LAYOUT, url, group_blocks=G, key_prefix=prefix, listen_evictions=False)
+    local = local or PolicyConfig(write="write_through")
     return TieredStore(LAYOUT, pool, host_tier, disk, local, remote=remote, remote_write=write,
                        remote_selective_hits=hits)
 

@@ -3,12 +3,15 @@ primaries), its counters, and their Prometheus families."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from pathlib import Path
 
 from remotelib import remote_tier
 from tiers_testlib import LAYOUTS, make_blocks, make_keys
 
 from benchmarks.redis_servers import RedisClusterProcs, start_server
+from kvstore.daemon.backend import BackendCounters
 from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
 from kvstore.tiers.base import TierStats
 
@@ -68,9 +71,7 @@ def test_remote_counters_and_memory_are_rendered_for_prometheus(tmp_path: Path) 
     finally:
         tier.close()
         server.stop()
-    counters = {k: 0 for k in ("host_hits", "host_misses", "disk_hits", "disk_misses", "prefix_query_tokens",
-                               "prefix_hit_tokens", "bytes_out", "bytes_in", "no_room", "flush_failures",
-                               "owner_releases", "share_refused")}
+    counters = asdict(BackendCounters())  # every counter the daemon renders, at 0
     snapshot = {"counters": counters, "host": TierStats().as_dict(), "remote": remote, "holds": 0,
                 "holds_expired": 0, "pending_writes": 0, "write_failures": 0, "not_durable": 0}
     lines = render_prometheus(DaemonMetrics(), snapshot, {"version": "test"}).splitlines()

@@ -25,6 +25,9 @@ _prefixes = itertools.count()
 
 
 def _store(url: str, prefix: str, *, disk: bool = False, host: bool = True, write: bool = True, **policy: Any) -> TieredStore:
+    """A CPU store over the remote tier (``write``: the remote is written through, else read only); the local
+    tiers ``write_through`` unless ``policy`` says (inclusive: a promoted block is on the GPU and in host)."""
+    policy.setdefault("write", "write_through")
     pool = GPUBlockPool(LAYOUT, 32, device="cpu")
     host_tier = HostTier(LAYOUT, 32 * LAYOUT.bytes_per_block, auto_evict=False) if host else None
     remote = remote_tier(LAYOUT, url, group_blocks=G, key_prefix=prefix, listen_evictions=False)
