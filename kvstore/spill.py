@@ -21,8 +21,9 @@ reuses it mid-copy, and stays in the index, so lookups keep finding it.
 Write policies decide when committed blocks are copied down before any
 eviction: ``write_through`` at commit, ``write_through_selective`` once a
 block was hit ``selective_hits`` times, ``write_back`` only on eviction.
-Write-downs run on a worker thread. Copies to disk go in batches, one put each (:data:`PUT_BYTES`), and a
-write-down batch takes the hierarchy lock a fixed number of times, not a few times per block.
+Write-downs run on a worker thread. An eviction round's copies to disk, and a write-down batch's, go in one put
+where the disk tier takes batches (:data:`PUT_BYTES`), and a write-down batch takes the hierarchy lock a fixed
+number of times, not a few times per block.
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ from kvstore.transfer import copy_bytes, staging_blocks
 log = logging.getLogger("kvstore.spill")
 
 PUT_BYTES = 64 << 20
-"""Most bytes of blocks one put to the disk tier carries. Blocks go down in batches, not one put each: a put is
-one transaction of the tier (for the daemon tier a reserve and a commit round trip per batch of its own, so a
-put per block cost two round trips per block), and a batch's GPU sources are staged through one host buffer,
-which this bounds."""
+"""Most bytes of blocks one put to the disk tier carries (fewer where the tier bounds its batches:
+:attr:`Tier.max_put_blocks`). Blocks go down in batches, not one put each, where the tier takes them: a put to
+the daemon tier costs a reserve and a commit round trip per batch of its own, so a put per block cost two round
+trips per block. A batch's GPU sources are staged through one host buffer, which this bounds."""
 
 
 @dataclass
@@ -235,11 +236,12 @@ class Spiller:
     def _put_down(self, keys: list[bytes], srcs: list[torch.Tensor], uses: list[int | None], *, pin: bool) -> list[bool]:
         """Copy blocks to the disk tier (outside the lock), :data:`PUT_BYTES` per put, GPU sources staged through
         one host buffer per put (pinned when ``pin``); then bring each stored block's use count (``uses[i]``,
-        ``None``: not carried) to the disk's order. ``result[i]``: the disk holds ``keys[i]``. Raises what the
-        tier raises."""
+        ``None``: not carried) to the disk's order; fewer per put where the tier says so (:attr:`Tier.max_put_blocks`).
+        ``result[i]``: the disk holds ``keys[i]``. Raises what the tier raises."""
         disk = self.h.disk
         assert disk is not None
         step = max(1, PUT_BYTES // self.h.layout.bytes_per_block)
+        step = step if disk.max_put_blocks is None else min(step, disk.max_put_blocks)
         stored: list[bool] = []
         for i in range(0, len(keys), step):
             stored += disk.put(keys[i : i + step], _on_host(self.h, srcs[i : i + step], pin))

@@ -80,6 +80,7 @@ class DaemonTier(Tier):
     name = "daemon"
     reports_evictions = False  # the daemon evicts on its own and sends no events: ask it at lookup
     probes_by_chain = True  # its remote tier (if any) places blocks by chain position
+    max_put_blocks = None  # a put goes in requests of at most a quarter of the daemon's slots (_batch)
 
     def __init__(self, layout: KVLayout, client: DaemonClient, deadlines: DeadlinesConfig | None = None) -> None:
         super().__init__(layout)

@@ -95,6 +95,11 @@ class Tier(ABC):
     (a remote daemon) sets ``False``, and the tiered store asks it at lookup instead of mirroring it."""
     takes_victim_hook: bool = False
     """Whether :meth:`set_victim_hook` is supported (the tiers that evict inside their ``put``: LMDB, file, slab)."""
+    max_put_blocks: int | None = 1
+    """Most blocks the spiller hands one :meth:`put` (``None``: any number; the tier cuts a batch to what it takes).
+    A put evicts older blocks to make room but never blocks of its own batch, so a batch near a tier's capacity
+    would be refused in part, or overshoot it, where block after block each put evicted the ones before: a tier
+    that does not bound its batches below its capacity keeps one block per put."""
     probes_by_chain: bool = False
     """Whether a lookup must ask :meth:`probe` with the chain from position 0 rather than :meth:`contains_prefix`
     with the keys past its own hit: a tier that places blocks by chain position (the remote tier's groups,
