@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvstore.errors import BlockStateError
-from kvstore.remote_writer import RemoteWrite
+from kvstore.remote_writer import SENT_MEMORY, RemoteWrite
 from kvstore.tiers.base import BlockReader, Buffer, VictimSend
 from kvstore.tiers.chain import ChainTier
 
@@ -48,8 +48,6 @@ log = logging.getLogger(__name__)
 GROUP_MEMORY = 1 << 18
 """Most member keys whose group a link remembers (least recently probed forgotten first): about 50 MB of
 bookkeeping for 4M tokens of chains at 16 tokens a block."""
-SENT_MEMORY = 1 << 16
-"""Last keys of the groups a link remembers having sent (or counted hits for), least recent forgotten first."""
 LOAD_WAIT_FACTOR = 2.0
 """A GET waits for a key being loaded at most this many ``remote.timeout_s`` (a load is a few round trips)."""
 
