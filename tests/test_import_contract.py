@@ -6,6 +6,9 @@
   (``kvstore/demo.py``) build engines and connectors, so they may.
 - ``kvstore/tiers`` does not import ``kvstore.daemon``: tiers are the storage
   the daemon is built from; the daemon as a tier lives in ``kvstore/daemon/tier.py``.
+- ``kvstore/config`` does not import ``kvstore.daemon``: the config is read by everything, the daemon included; a
+  bound both check (the largest frame before login) lives below both, in ``kvstore/frame_bounds.py``.
+- The ``kvstore`` package's import graph has no cycle, even counting imports under ``if TYPE_CHECKING:``.
 - Nothing installed (``kvstore``, ``engine``, ``connectors``) imports ``benchmarks``: the
   checkout's harnesses that drive other projects' environments are not part of
   the product, and a wheel does not carry them.
@@ -72,6 +75,12 @@ def test_tiers_do_not_import_the_daemon() -> None:
     tiers = _sources("kvstore/tiers")
     assert tiers
     assert _violations(tiers, ("kvstore.daemon",)) == []
+
+
+def test_the_config_does_not_import_the_daemon() -> None:
+    config = _sources("kvstore/config")
+    assert config
+    assert _violations(config, ("kvstore.daemon",)) == []
 
 
 def test_the_walk_sees_lazy_relative_and_from_imports() -> None:
