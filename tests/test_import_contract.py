@@ -94,8 +94,8 @@ def _eager_imports(path: Path, modules: set[str]) -> set[str]:
 
     That is every import at module level, in a class body, or under any ``if`` (``if TYPE_CHECKING:`` included) or
     ``try``; imports inside a function are left out: they run on first call, lazy by design (the daemon must not load
-    torch while idle, ``kvstore --help`` must not pay for importing it). ``from a import b`` names ``a.b`` when that is a
-    module, else ``a``.
+    torch while idle, ``kvstore --help`` must not pay for importing it). ``from a import b`` names ``a.b`` when that
+    is a module, else ``a``.
     """
     package = path.relative_to(REPO).with_suffix("").parts[:-1]
     names: set[str] = set()
