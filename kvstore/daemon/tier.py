@@ -52,8 +52,9 @@ from kvstore.config.deadlines import DeadlinesConfig
 from kvstore.config.schema import KVStoreConfig
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient, DaemonUnavailable
-from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, Op
+from kvstore.daemon.frames import MAX_KEYS, Op
 from kvstore.errors import TierError
+from kvstore.hashing import KEY_BYTES
 from kvstore.layout import KVLayout
 from kvstore.load_clock import LoadClock
 from kvstore.ratelog import RateLimitedLog
