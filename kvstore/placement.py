@@ -26,10 +26,10 @@ handles.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -40,17 +40,44 @@ from kvstore.host_slot import HostSlot
 from kvstore.radix import BlockEntry, InsertResult, RadixNode
 
 if TYPE_CHECKING:
-    from kvstore.hierarchy import Hierarchy
+    from kvstore.events import EventQueue
+    from kvstore.gpu_pool import GPUBlockPool
+    from kvstore.policy.use_memory import UseMemory
+    from kvstore.radix import RadixIndex
+    from kvstore.tiers.base import Tier
+    from kvstore.tiers.host.tier import HostTier
 
 _GPU_BLOCK = attrgetter("gpu_block")
 LEFT_DISK_MEMORY = 65536
 """Most keys :class:`Placement` remembers as lost by the disk before their publish (oldest forgotten first)."""
 
 
+class _DropCounter(Protocol):
+    dropped_blocks: int
+
+
+class Shared(Protocol):
+    """What :class:`Placement` reads of the :class:`~kvstore.hierarchy.Hierarchy` it serves, read there on every use
+    (``hand_down`` is set after the placement is built). Declared here so that placement does not import hierarchy,
+    which builds the placement."""
+
+    index: RadixIndex
+    pool: GPUBlockPool
+    host: HostTier | None
+    disk: Tier | None
+    events: EventQueue
+    carry_uses: bool
+    use_memory: UseMemory | None
+    hand_down: Callable[[BlockEntry], None] | None
+
+    @property
+    def counters(self) -> _DropCounter: ...
+
+
 class Placement:
     """Changes where blocks live, for one :class:`~kvstore.hierarchy.Hierarchy` (call with its lock held)."""
 
-    def __init__(self, h: Hierarchy) -> None:
+    def __init__(self, h: Shared) -> None:
         self.h = h
         self.gpu_lru = GpuLru()
         self._by_block: list[BlockEntry | RadixNode | None] = [None] * h.pool.num_blocks

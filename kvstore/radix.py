@@ -478,4 +478,4 @@ class RadixIndex:
     # ------------------------------------------------------------- integrity
     def check_integrity(self) -> None:
         """Raise :class:`IntegrityError` if any invariant of the index is broken (:func:`.radix_check.check_index`)."""
-        check_index(self, self._by_key)
+        check_index(self.root, self.layout.block_size, self._by_key)

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from kvstore.errors import IntegrityError
 from kvstore.radix_node import BlockEntry, RadixNode
 
-if TYPE_CHECKING:
-    from kvstore.radix import RadixIndex
 
+def check_index(root: RadixNode, block_size: int, by_key: Mapping[bytes, BlockEntry | RadixNode]) -> None:
+    """Raise :class:`IntegrityError` if any invariant of the index under ``root`` is broken; ``by_key`` is its key map.
 
-def check_index(index: RadixIndex, by_key: Mapping[bytes, BlockEntry | RadixNode]) -> None:
-    """Raise :class:`IntegrityError` if any invariant of ``index`` is broken; ``by_key`` is its key map.
+    Takes the index's parts, not the index, so that :mod:`kvstore.radix` imports this module and not the reverse.
 
     Tree shape and pin counts, token registration, every entry indexed under its key and living in a tier
     (unless its node is pinned), no GPU block or host slot recorded twice. Changes nothing (but makes the
@@ -22,9 +20,9 @@ def check_index(index: RadixIndex, by_key: Mapping[bytes, BlockEntry | RadixNode
     seen_gpu: dict[int, bytes] = {}
     seen_host: dict[int, bytes] = {}
     count = 0
-    if index.root.entries or index.root.parent is not None:
+    if root.entries or root.parent is not None:
         raise IntegrityError("root must have no entries and no parent")
-    for node in index.nodes():
+    for node in root.subtree()[1:]:
         if not node.entries:
             raise IntegrityError("empty non-root node")
         if node.parent is None or node.parent.children.get(node.entries[0].key) is not node:
@@ -34,7 +32,7 @@ def check_index(index: RadixIndex, by_key: Mapping[bytes, BlockEntry | RadixNode
         if node.pin_count < 0:
             raise IntegrityError("negative pin count")
         if node.tokens is not None:
-            if len(node.tokens) != len(node.entries) * index.layout.block_size:
+            if len(node.tokens) != len(node.entries) * block_size:
                 raise IntegrityError("a node's tokens do not cover its blocks")
             if node.parent.tok_children.get(node.tok_key) is not node:  # type: ignore[arg-type]
                 raise IntegrityError("node with tokens not registered for token walks")

@@ -50,8 +50,9 @@ log = logging.getLogger("kvstore.remote_writer")
 RemoteWrite = WritePolicy | Literal["read_only"]
 """The remote tier's write policies (``remote.write``)."""
 
-SENT_MEMORY = 65536
-"""Last keys of the groups a writer remembers having sent (least recently sent forgotten first)."""
+SENT_MEMORY = 1 << 16
+"""Last keys of the groups a writer remembers having sent (least recently sent forgotten first); the daemon's
+remote link (:mod:`kvstore.daemon.remote_link`) keeps as many, for groups sent or whose hits it counted."""
 
 MAX_QUEUED_BYTES = 256 << 20
 """Default bound on the bytes of ``write_back`` copies waiting for (or in) a send; a group beyond it is shed

@@ -21,7 +21,9 @@ reuses it mid-copy, and stays in the index, so lookups keep finding it.
 Write policies decide when committed blocks are copied down before any
 eviction: ``write_through`` at commit, ``write_through_selective`` once a
 block was hit ``selective_hits`` times, ``write_back`` only on eviction.
-Write-downs run on a worker thread.
+Write-downs run on a worker thread. An eviction round's copies to disk, and a write-down batch's, go in one put
+where the disk tier takes batches (:data:`PUT_BYTES`), and a write-down batch takes the hierarchy lock a fixed
+number of times, not a few times per block.
 """
 
 from __future__ import annotations
@@ -38,9 +40,15 @@ from kvstore.errors import BlockStateError
 from kvstore.hierarchy import Hierarchy
 from kvstore.host_slot import HostSlot
 from kvstore.radix import BlockEntry
-from kvstore.transfer import copy_bytes, staging_buffer
+from kvstore.transfer import copy_bytes, staging_blocks
 
 log = logging.getLogger("kvstore.spill")
+
+PUT_BYTES = 64 << 20
+"""Most bytes of blocks one put to the disk tier carries (fewer where the tier bounds its batches:
+:attr:`Tier.max_put_blocks`). Blocks go down in batches, not one put each, where the tier takes them: a put to
+the daemon tier costs a reserve and a commit round trip per batch of its own, so a put per block cost two round
+trips per block. A batch's GPU sources are staged through one host buffer, which this bounds."""
 
 
 @dataclass
@@ -58,6 +66,20 @@ class _Move:
     ok: bool = False
     uses: int | None = None
     """The block's use count when the move was planned (:meth:`Placement.uses_of`), if counts are carried."""
+
+
+@dataclass
+class _Down:
+    """One block of a write-down batch: from its GPU block to host (if the host lacks it), then to disk."""
+
+    entry: BlockEntry
+    block: int
+    """Its GPU block (the write-down holds a reference on it)."""
+    host: HostSlot | None = None
+    """Its host copy: reserved when this batch writes it, pinned (published) when the disk copy may read it."""
+    to_disk: bool = False
+    uses: int | None = None
+    """Its use count when planned (:meth:`Placement.uses_of`), if counts are carried and it goes to disk."""
 
 
 class Spiller:
@@ -180,34 +202,53 @@ class Spiller:
 
     # -------------------------------------------------------- copy, publish
     def _copy(self, moves: list[_Move]) -> None:
-        """Do the planned copies (outside the lock); each move records whether it worked."""
+        """Do the planned copies (outside the lock): into host slots one by one, to disk in one put for the round
+        (:meth:`_put_down`); each move records whether it worked."""
         h, pl = self.h, self.h.placement
+        down: list[_Move] = []
+        srcs: list[torch.Tensor] = []
         for mv in moves:
             try:
-                if mv.host_src is not None:
-                    assert h.disk is not None
-                    mv.ok = h.disk.put([mv.key], [pl.view(mv.host_src)])[0]
-                    self._seed_disk(mv)
+                if mv.host_src is not None:  # a host victim
+                    srcs.append(pl.view(mv.host_src))
+                    down.append(mv)
                     continue
                 assert mv.gpu_block is not None
                 src = h.pool.block_bytes(mv.gpu_block)
-                if mv.host_dst is not None:
-                    copy_bytes(pl.view(mv.host_dst), src)
-                    mv.ok = True
-                else:
-                    assert h.disk is not None
-                    data = src if src.device.type == "cpu" else copy_bytes(staging_buffer(h.layout, pin=False), src)
-                    mv.ok = h.disk.put([mv.key], [data])[0]
-                    self._seed_disk(mv)
+                if mv.host_dst is None:  # a GPU victim straight to disk
+                    srcs.append(src)
+                    down.append(mv)
+                    continue
+                copy_bytes(pl.view(mv.host_dst), src)
+                mv.ok = True
             except Exception:  # noqa: BLE001 - the move is published as failed; the block is not lost silently
                 log.exception("copying block %s down failed", mv.key.hex()[:16])
-                mv.ok = False
+        if not down:
+            return
+        try:
+            stored = self._put_down([mv.key for mv in down], srcs, [mv.uses for mv in down], pin=False)
+        except Exception:  # noqa: BLE001 - the moves are published as failed, as above
+            log.exception("copying %d blocks to the disk tier failed", len(down))
+            return
+        for mv, ok in zip(down, stored):
+            mv.ok = ok
 
-    def _seed_disk(self, mv: _Move) -> None:
-        """After a copy to disk (outside the lock), bring the block's use count to the disk's order."""
-        if mv.ok and mv.uses is not None:
-            assert self.h.disk is not None
-            self.h.disk.seed_uses([mv.key], [mv.uses])
+    def _put_down(self, keys: list[bytes], srcs: list[torch.Tensor], uses: list[int | None], *, pin: bool) -> list[bool]:
+        """Copy blocks to the disk tier (outside the lock), :data:`PUT_BYTES` per put, GPU sources staged through
+        one host buffer per put (pinned when ``pin``); then bring each stored block's use count (``uses[i]``,
+        ``None``: not carried) to the disk's order; fewer per put where the tier says so (:attr:`Tier.max_put_blocks`).
+        ``result[i]``: the disk holds ``keys[i]``. Raises what the tier raises."""
+        disk = self.h.disk
+        assert disk is not None
+        step = max(1, PUT_BYTES // self.h.layout.bytes_per_block)
+        step = step if disk.max_put_blocks is None else min(step, disk.max_put_blocks)
+        stored: list[bool] = []
+        for i in range(0, len(keys), step):
+            stored += disk.put(keys[i : i + step], _on_host(self.h, srcs[i : i + step], pin))
+        seeded = [(k, u) for k, u, ok in zip(keys, uses, stored) if ok and u is not None]
+        if seeded:
+            disk.seed_uses([k for k, _ in seeded], [u for _, u in seeded])
+        return stored
 
     def _publish(self, moves: list[_Move]) -> int:
         """Record the copies and free what they replaced (under the lock); returns host slots freed."""
@@ -222,10 +263,12 @@ class Spiller:
                 continue
             b, entry = mv.gpu_block, mv.entry
             assert b is not None and entry is not None
-            if mv.host_dst is not None:
+            if mv.host_dst is not None and mv.ok:
                 pl.publish(mv.host_dst)
                 pl.release(mv.host_dst)
                 self._count_spill(mv.key, "host", "spilled")
+            elif mv.host_dst is not None:
+                pl.abort(mv.host_dst)  # the copy failed: nothing to publish
             elif mv.ok:
                 self._count_spill(mv.key, "disk", "spilled")
             if entry.gpu_block == b and h.pool.ref_count(b) == 2:  # the index and this round only
@@ -280,63 +323,110 @@ class Spiller:
             fut.add_done_callback(self._pending.discard)
 
     def _write_down_job(self, todo: list[tuple[BlockEntry, int]]) -> None:
-        for entry, block in todo:
-            try:
-                self._write_down_one(entry, block)
-            finally:
-                with self.h.lock:
-                    self.h.placement.unref([block])
+        """Copy ``todo`` down in batches (:meth:`_write_down_batch`). Every block's reference is dropped, also when a
+        batch fails; the error ends the job (:meth:`wait` raises it)."""
+        step = self._write_down_blocks()
+        start = 0
+        try:
+            for start in range(0, len(todo), step):
+                self._write_down_batch(todo[start : start + step])
+        except BaseException:
+            with self.h.lock:
+                self.h.placement.unref([b for _, b in todo[start + step :]])  # the failed batch dropped its own
+            raise
 
-    def _write_down_one(self, entry: BlockEntry, block: int) -> None:
-        """Copy one block to the host tier (if it lacks it), then to disk from there. Locks only to choose and publish."""
+    def _write_down_blocks(self) -> int:
+        """Blocks per write-down batch: :data:`PUT_BYTES` of them, and with a host tier at most a quarter of its
+        slots. A batch holds a host slot per block until its disk copy is done, and a reservation makes room only
+        by dropping blocks already on disk: a batch larger than the host can place would send its rest to disk
+        straight from the GPU, where block after block each found a slot (the previous ones, on disk by then)."""
+        n = max(1, PUT_BYTES // self.h.layout.bytes_per_block)
+        host = self.h.host
+        return n if host is None else max(1, min(n, host.num_slots // 4))
+
+    def _write_down_batch(self, todo: list[tuple[BlockEntry, int]]) -> None:
+        """Copy GPU blocks to host where it lacks them, then those the disk lacks to disk in one put (from the host
+        copy where there is one). Takes the lock three times whatever the batch's size (plan, publish the host
+        copies, record the disk copies and let go), twice without host copies to publish; drops the batch's
+        GPU references."""
         h, pl = self.h, self.h.placement
-        src = h.pool.block_bytes(block)
-        held: HostSlot | None = None
-        dst: HostSlot | None = None
-        with h.lock:
-            if entry.node is None:
-                return  # left the index meanwhile
+        plan: list[_Down] = []
+        stored: list[_Down] = []
+        try:
+            with h.lock:
+                self._plan_down(todo, plan)
+            self._fill_host(plan)
+            stored = self._disk_down(plan)
+        finally:
+            with h.lock:
+                for d in stored:
+                    self._count_spill(d.entry.key, "disk", "stored")
+                for d in plan:
+                    if d.host is not None and d.host.state == "pinned":
+                        pl.release(d.host)
+                    elif d.host is not None and d.host.state == "reserved":
+                        pl.abort(d.host)  # planned, never filled: the batch failed before
+                pl.unref([b for _, b in todo])
+
+    def _plan_down(self, todo: list[tuple[BlockEntry, int]], plan: list[_Down]) -> None:
+        """Under the lock: per block still indexed (a key named twice counts once), pin its host copy for the disk
+        copy to read, or reserve a host slot to write it into; note whether the disk lacks it. Appends to ``plan``
+        as it goes, so the caller gives back what was taken before an error."""
+        h, pl = self.h, self.h.placement
+        seen: set[bytes] = set()
+        for entry, block in todo:
+            if entry.node is None or entry.key in seen:
+                continue  # left the index meanwhile, or already in this batch
+            seen.add(entry.key)
+            d = _Down(entry, block)
+            plan.append(d)
             if h.host is not None:
                 pl.adopt_host_copy(entry)
                 if entry.host_slot is not None:
-                    held = pl.pin_host(entry.key, use=False)  # the disk copy below reads it (not a use)
+                    d.host = pl.pin_host(entry.key, use=False)  # the disk copy below reads it (not a use)
                 else:
                     try:
-                        dst = pl.reserve_host(entry.key)
+                        d.host = pl.reserve_host(entry.key)
                     except BlockStateError:
-                        dst = None  # another load is writing it
-            need_disk = h.disk is not None and not entry.on_disk
-        if dst is not None:
-            try:
-                copy_bytes(pl.view(dst), src)
-            except BaseException:
-                with h.lock:
-                    pl.abort(dst)
-                raise
-            with h.lock:
-                pl.publish(dst)
-                self._count_spill(entry.key, "host", "stored")
-            held = dst
-        elif h.host is not None and held is None:
-            log.debug("write-down of %s: no host slot free", entry.key.hex()[:16])
+                        pass  # another load is writing it
+                    if d.host is None:
+                        log.debug("write-down of %s: no host slot free", entry.key.hex()[:16])
+            d.to_disk = h.disk is not None and not entry.on_disk
+            d.uses = pl.uses_of(entry.key) if d.to_disk else None
+
+    def _fill_host(self, plan: list[_Down]) -> None:
+        """Copy the blocks whose host slots were reserved from the GPU (outside the lock), then publish them under
+        one lock. A copy that fails aborts its reservation and those not yet copied, and raises."""
+        h, pl = self.h, self.h.placement
+        fills = [d for d in plan if d.host is not None and d.host.state == "reserved"]
+        if not fills:
+            return
+        copied = 0
         try:
-            if need_disk:
-                assert h.disk is not None
-                data: torch.Tensor
-                if held is not None:
-                    data = pl.view(held)
-                else:
-                    data = src if src.device.type == "cpu" else copy_bytes(staging_buffer(h.layout, pin=True), src)
-                if h.disk.put([entry.key], [data])[0]:
-                    with h.lock:
-                        self._count_spill(entry.key, "disk", "stored")
-                        uses = pl.uses_of(entry.key)
-                    if uses is not None:
-                        h.disk.seed_uses([entry.key], [uses])
+            for d in fills:
+                assert d.host is not None
+                copy_bytes(pl.view(d.host), h.pool.block_bytes(d.block))
+                copied += 1
         finally:
-            if held is not None:
-                with h.lock:
-                    pl.release(held)
+            with h.lock:
+                for i, d in enumerate(fills):
+                    assert d.host is not None
+                    if i < copied:
+                        pl.publish(d.host)  # pinned now, for the disk copy; released with the batch
+                        self._count_spill(d.entry.key, "host", "stored")
+                    else:
+                        pl.abort(d.host)
+                        d.host = None
+
+    def _disk_down(self, plan: list[_Down]) -> list[_Down]:
+        """Copy the planned blocks the disk lacks to it (outside the lock), in one put; returns those it stored."""
+        down = [d for d in plan if d.to_disk]
+        if not down:
+            return []
+        h, pl = self.h, self.h.placement
+        srcs = [pl.view(d.host) if d.host is not None else h.pool.block_bytes(d.block) for d in down]
+        stored = self._put_down([d.entry.key for d in down], srcs, [d.uses for d in down], pin=True)
+        return [d for d, ok in zip(down, stored) if ok]
 
     def pending(self) -> bool:
         """Whether write-downs are scheduled or running."""
@@ -351,3 +441,16 @@ class Spiller:
         """Finish pending write-downs and stop the worker."""
         self.wait()
         self._writer.shutdown(wait=True)
+
+
+def _on_host(h: Hierarchy, srcs: list[torch.Tensor], pin: bool) -> list[torch.Tensor]:
+    """``srcs`` readable by the CPU: those on the GPU copied into one staging buffer (pinned when ``pin``), the
+    others as they are."""
+    on_gpu = [i for i, s in enumerate(srcs) if s.device.type != "cpu"]
+    if not on_gpu:
+        return srcs
+    buf = staging_blocks(h.layout, len(on_gpu), pin)
+    out = list(srcs)
+    for row, i in enumerate(on_gpu):
+        out[i] = copy_bytes(buf[row], srcs[i])
+    return out

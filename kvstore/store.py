@@ -498,7 +498,7 @@ class TieredStore:
     # ------------------------------------------------------ stats and upkeep
     def stats(self) -> dict[str, Any]:
         """Per-tier counters and occupancy (a snapshot; changes nothing): :func:`~kvstore.store_stats.store_stats`."""
-        return store_stats(self)
+        return store_stats(self.h, self.prefetcher.budget, self.remote_writer)
 
     def drain_events(self) -> list[StoreEvent]:
         """Return and clear the store's event queue."""

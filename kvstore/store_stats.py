@@ -5,12 +5,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvstore.store import TieredStore
+    from kvstore.budget import ByteBudget
+    from kvstore.hierarchy import Hierarchy
+    from kvstore.remote_writer import RemoteWriter
 
 
-def store_stats(store: TieredStore) -> dict[str, Any]:
-    """Per-tier counters and occupancy of ``store`` (a snapshot; changes nothing but applying pending tier events)."""
-    h = store.h
+def store_stats(h: Hierarchy, prefetch_budget: ByteBudget, remote_writer: RemoteWriter | None) -> dict[str, Any]:
+    """Per-tier counters and occupancy of a store's parts (a snapshot; changes nothing but applying pending events).
+
+    Takes the parts, not the :class:`~kvstore.store.TieredStore`, so that the store imports this module and not the
+    reverse.
+    """
     h.sync_tier_events()
     tier_stats = {name: tier.stats().as_dict() for name, tier in h.lower_tiers()}  # outside the lock: the remote tier asks its server
     with h.lock:
@@ -29,14 +34,14 @@ def store_stats(store: TieredStore) -> dict[str, Any]:
             "index_blocks": len(h.index),
             "dropped_blocks": c.dropped_blocks,
             "load_failures": c.load_failures,
-            "prefetch_backpressure_waits": store.prefetcher.budget.waits,
+            "prefetch_backpressure_waits": prefetch_budget.waits,
         }
         for name, d in tier_stats.items():
             d["hit_tokens"] = c.hit_tokens[name]
             d["loaded_blocks"] = c.loaded_blocks[name]
             d["spilled_blocks"] = c.spilled_blocks[name]
-            if name == "remote" and store.remote_writer is not None:
-                d["skipped_groups"] = store.remote_writer.skipped_groups
-                d["shed_groups"] = store.remote_writer.shed_groups
+            if name == "remote" and remote_writer is not None:
+                d["skipped_groups"] = remote_writer.skipped_groups
+                d["shed_groups"] = remote_writer.shed_groups
             out[name] = d
     return out

@@ -65,7 +65,13 @@ def copy_blocks(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> N
 
 def staging_buffer(layout: KVLayout, pin: bool) -> torch.Tensor:
     """A host buffer of one block, pinned when ``pin`` and CUDA is available."""
-    buf = torch.empty(layout.bytes_per_block, dtype=torch.uint8)
+    return staging_blocks(layout, 1, pin)[0]
+
+
+def staging_blocks(layout: KVLayout, n: int, pin: bool) -> torch.Tensor:
+    """Host buffers of ``n`` blocks, ``[n, bytes_per_block]`` (row ``i`` is one block), in one allocation
+    pinned when ``pin`` and CUDA is available: a batch pays one ``cudaHostAlloc``, not one per block."""
+    buf = torch.empty((n, layout.bytes_per_block), dtype=torch.uint8)
     if pin and torch.cuda.is_available():
         buf = buf.pin_memory()
     return buf

@@ -6,6 +6,9 @@
   (``kvstore/demo.py``) build engines and connectors, so they may.
 - ``kvstore/tiers`` does not import ``kvstore.daemon``: tiers are the storage
   the daemon is built from; the daemon as a tier lives in ``kvstore/daemon/tier.py``.
+- ``kvstore/config`` does not import ``kvstore.daemon``: the config is read by everything, the daemon included; a
+  bound both check (the largest frame before login) lives below both, in ``kvstore/frame_bounds.py``.
+- The ``kvstore`` package's import graph has no cycle, even counting imports under ``if TYPE_CHECKING:``.
 - Nothing installed (``kvstore``, ``engine``, ``connectors``) imports ``benchmarks``: the
   checkout's harnesses that drive other projects' environments are not part of
   the product, and a wheel does not carry them.
@@ -74,7 +77,92 @@ def test_tiers_do_not_import_the_daemon() -> None:
     assert _violations(tiers, ("kvstore.daemon",)) == []
 
 
+def test_the_config_does_not_import_the_daemon() -> None:
+    config = _sources("kvstore/config")
+    assert config
+    assert _violations(config, ("kvstore.daemon",)) == []
+
+
 def test_the_walk_sees_lazy_relative_and_from_imports() -> None:
     source = "def f():\n    from ..daemon import client\n    import engine.llm\n\nfrom kvstore import daemon\n"
     found = _imported_by(source, ("kvstore", "tiers"), "probe.py")
     assert found == {"kvstore.daemon", "kvstore.daemon.client", "engine.llm", "kvstore"}
+
+
+def _eager_imports(path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports when it is loaded or type-checked.
+
+    That is every import at module level, in a class body, or under any ``if`` (``if TYPE_CHECKING:`` included) or
+    ``try``; imports inside a function are left out: they run on first call, lazy by design (the daemon must not load
+    torch while idle, ``kvstore --help`` must not pay for importing it). ``from a import b`` names ``a.b`` when that
+    is a module, else ``a``.
+    """
+    package = path.relative_to(REPO).with_suffix("").parts[:-1]
+    names: set[str] = set()
+    stack: list[ast.AST] = [ast.parse(path.read_text(), filename=str(path))]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package[: len(package) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            names.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+        stack.extend(ast.iter_child_nodes(node))
+    return names & modules
+
+
+def _import_graph(folder: str) -> dict[str, set[str]]:
+    """Each module of the package in ``folder`` to the modules of that package it imports (:func:`_eager_imports`)."""
+    paths = {}
+    for path in _sources(folder):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return {name: _eager_imports(path, set(paths)) - {name} for name, path in paths.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per back edge of a depth-first walk of ``graph``: empty if and only if ``graph`` has no cycle."""
+    done: set[str] = set()
+    path: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        path.append(v)
+        for w in sorted(graph[v]):
+            if w in path:
+                cycles.append([*path[path.index(w) :], w])
+            elif w not in done:
+                visit(w)
+        path.pop()
+        done.add(v)
+
+    for v in sorted(graph):
+        if v not in done:
+            visit(v)
+    return cycles
+
+
+def test_the_kvstore_package_has_no_import_cycle_even_under_type_checking() -> None:
+    """No module of ``kvstore`` imports, through any chain, a module that imports it back.
+
+    Imports under ``if TYPE_CHECKING:`` count: a cycle that only the type checker sees is still two modules that cannot
+    be understood, tested or moved apart; what one needs from the other belongs to one owner (a Protocol declared by the
+    module that uses it, or the fact moved to where both can import it). Imports inside functions do not count: they
+    are lazy by design (see :func:`_eager_imports`) and run after both modules are loaded.
+    """
+    graph = _import_graph("kvstore")
+    assert len(graph) > 20 and graph["kvstore"]  # the walk found the package and its imports
+    cycles = _cycles(graph)
+    for cycle in cycles:
+        print(" -> ".join(cycle))
+    assert cycles == []
+
+
+def test_the_cycle_walk_finds_a_cycle_and_only_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []

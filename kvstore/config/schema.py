@@ -18,7 +18,7 @@ from kvstore.config.remote import RemoteConfig
 from kvstore.config.section import Section
 from kvstore.config.units import PositiveSize, Size
 from kvstore.config.write_policy import SELECTIVE_HITS_DEFAULT, WritePolicy
-from kvstore.daemon.frames import KEY_BYTES, PRELOGIN_FRAME_BYTES
+from kvstore.frame_bounds import least_max_frame_bytes
 from kvstore.layout import DTypeName, KVLayout, auto_dtype
 from kvstore.policy.named import DEFAULT_PLACEMENT, PlacementPolicy, placement_policy
 
@@ -333,7 +333,7 @@ class DaemonConfig(Section):
     def min_frame_bytes(self, layout: KVLayout) -> int:
         """Smallest ``max_frame_bytes`` that keeps the daemon usable for ``layout``: one inline block
         with its key and count, and never less than a login frame."""
-        return max(PRELOGIN_FRAME_BYTES, 4 + KEY_BYTES + layout.bytes_per_block + 64)
+        return least_max_frame_bytes(layout.bytes_per_block)
 
 
 class MetricsConfig(Section):

@@ -124,6 +124,10 @@ class DaemonClient:
         """The daemon's slot directory in the shared segment (``None``: none offered, not wanted, or a machine
         whose memory order does not make its seqlock read sound)."""
         self.generation = 0
+        self.round_trips = 0
+        """Request/reply exchanges sent on any connection so far (login included; frames that get no reply, such
+        as RELEASE_QUIET, are not counted): what a caller's batching saves is measured in these, each one a wake-up
+        of the daemon's loop and of this thread."""
         self._sock: socket.socket | None = None
         self._next_id = 0
         self._backoff = backoff_initial_s
@@ -581,6 +585,7 @@ class DaemonClient:
         if self._quiet or self._touched:  # deferred releases and uses go first, in the same send
             frame = b"".join([*self._deferred_frames(), frame])
         self._sock.settimeout(self._remaining(op.name))
+        self.round_trips += 1  # under the lock: every caller of _roundtrip holds it
         self._sock.sendall(frame)
         header, body = self._read_reply(rid, op)
         if header.op == Op.ERROR:

@@ -39,12 +39,10 @@ ARENA_BYTE = b"A"
 HEADER = struct.Struct("<4sHHII")
 HEADER_SIZE = HEADER.size
 REPLY_BIT = 0x8000
-KEY_BYTES = 32
+# A block key is kvstore.hashing.KEY_BYTES long; the frame bound before login is kvstore.frame_bounds's (the config
+# checks it too).
 MAX_KEYS = 16384
 """Most keys in one request (512 KiB of keys); larger batches are split by the client."""
-PRELOGIN_FRAME_BYTES = 4096
-"""Largest frame accepted before login (a HELLO needs far less): an unauthenticated peer
-cannot make the daemon buffer more than this per connection."""
 MAX_NAME_BYTES = 256
 OBSERVER_FINGERPRINT = bytes(16)
 """HELLO fingerprint of a client that only reads STATS (``kvstore stats``) and so needs no layout."""

@@ -40,9 +40,10 @@ from collections.abc import Sequence
 from typing import Any, Union
 
 from kvstore.daemon.auth import NONCE_BYTES, PROOF_BYTES
-from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, MAX_NAME_BYTES, ErrorCode, Op, ProtocolError
+from kvstore.daemon.frames import MAX_KEYS, MAX_NAME_BYTES, ErrorCode, Op, ProtocolError
 from kvstore.daemon.layout_check import layout_fields, layout_from_fields
 from kvstore.errors import NotDurable
+from kvstore.hashing import KEY_BYTES
 from kvstore.layout import KVLayout
 
 _U32 = struct.Struct("<I")

@@ -31,27 +31,44 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from kvstore.errors import BlockStateError
-from kvstore.remote_writer import RemoteWrite
-from kvstore.tiers.base import BlockReader, Buffer, VictimSend
+from kvstore.remote_writer import SENT_MEMORY, RemoteWrite
+from kvstore.tiers.base import BlockReader, Buffer, Tier, VictimSend
 from kvstore.tiers.chain import ChainTier
 
 if TYPE_CHECKING:
-    from kvstore.daemon.backend import DaemonBackend
+    from kvstore.layout import KVLayout
+    from kvstore.tiers.host.tier import HostTier
 
 log = logging.getLogger(__name__)
 
 GROUP_MEMORY = 1 << 18
 """Most member keys whose group a link remembers (least recently probed forgotten first): about 50 MB of
 bookkeeping for 4M tokens of chains at 16 tokens a block."""
-SENT_MEMORY = 1 << 16
-"""Last keys of the groups a link remembers having sent (or counted hits for), least recent forgotten first."""
 LOAD_WAIT_FACTOR = 2.0
 """A GET waits for a key being loaded at most this many ``remote.timeout_s`` (a load is a few round trips)."""
+
+
+class LinkBackend(Protocol):
+    """What a link uses of the :class:`~kvstore.daemon.backend.DaemonBackend` it serves: its tiers and layout, its
+    mutex, and its locking, publishing and unpinning of host slots (a loaded block is published like a client's
+    put). Declared here so that this module does not import the backend, which holds the link."""
+
+    @property
+    def layout(self) -> KVLayout: ...
+    @property
+    def host(self) -> HostTier: ...
+    @property
+    def disk(self) -> Tier | None: ...
+    @property
+    def _mu(self) -> threading.Lock: ...
+    def _lock_found(self, keys: Sequence[bytes], count: bool = True) -> list[int | None]: ...
+    def _publish(self, keys: list[bytes], from_remote: bool = False) -> set[bytes]: ...
+    def _unpin(self, keys: list[bytes]) -> None: ...
 
 
 @dataclass
@@ -81,7 +98,7 @@ class LinkCounters:
 class RemoteLink:
     """The remote tier as one daemon uses it (see the module docstring). Thread-safe."""
 
-    def __init__(self, backend: DaemonBackend, remote: ChainTier, write: RemoteWrite, selective_hits: int,
+    def __init__(self, backend: LinkBackend, remote: ChainTier, write: RemoteWrite, selective_hits: int,
                  max_queued_bytes: int, wait_s: float) -> None:
         self.b, self.remote, self.write = backend, remote, write
         self.selective_hits, self.max_queued_bytes, self.wait_s = selective_hits, max_queued_bytes, wait_s
@@ -369,7 +386,7 @@ class RemoteLink:
             self._sent.popitem(last=False)
 
 
-def link_for(backend: DaemonBackend, remote: ChainTier | None, cfg: Any) -> RemoteLink | None:
+def link_for(backend: LinkBackend, remote: ChainTier | None, cfg: Any) -> RemoteLink | None:
     """The link a daemon with ``remote`` (built from ``cfg.remote``) uses, or ``None`` without one."""
     if remote is None:
         return None

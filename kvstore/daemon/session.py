@@ -39,13 +39,14 @@ from kvstore.daemon.auth import new_nonce, token_for_proof
 from kvstore.daemon.holds import HOLDS_PER_SLOT
 from kvstore.daemon.inflight import InflightBudget
 from kvstore.daemon.frames import (
-    ARENA_BYTE, HEADER, HEADER_SIZE, MAGIC, OBSERVER_FINGERPRINT, PRELOGIN_FRAME_BYTES, PROTOCOL_VERSION, REPLY_BIT, ErrorCode,
+    ARENA_BYTE, HEADER, HEADER_SIZE, MAGIC, OBSERVER_FINGERPRINT, PROTOCOL_VERSION, REPLY_BIT, ErrorCode,
     FrameHeader, Op, ProtocolError, decode_header, encode_frame,
 )
 from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.shelves import Shelf, Shelves
 from kvstore.daemon.tenancy import Tenant, TenantCounters
 from kvstore.errors import KVStoreError, NotDurable
+from kvstore.frame_bounds import PRELOGIN_FRAME_BYTES
 from kvstore.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:  # the storage brings torch: imported when the first layout opens (kvstore.tiers)

@@ -52,8 +52,9 @@ from kvstore.config.deadlines import DeadlinesConfig
 from kvstore.config.schema import KVStoreConfig
 from kvstore.daemon import messages as m
 from kvstore.daemon.client import DaemonClient, DaemonUnavailable
-from kvstore.daemon.frames import KEY_BYTES, MAX_KEYS, Op
+from kvstore.daemon.frames import MAX_KEYS, Op
 from kvstore.errors import TierError
+from kvstore.hashing import KEY_BYTES
 from kvstore.layout import KVLayout
 from kvstore.load_clock import LoadClock
 from kvstore.ratelog import RateLimitedLog
@@ -81,6 +82,7 @@ class DaemonTier(Tier):
     shared = True  # every engine on the host reads it
     reports_evictions = False  # the daemon evicts on its own and sends no events: ask it at lookup
     probes_by_chain = True  # its remote tier (if any) places blocks by chain position
+    max_put_blocks = None  # a put goes in requests of at most a quarter of the daemon's slots (_batch)
 
     def __init__(self, layout: KVLayout, client: DaemonClient, deadlines: DeadlinesConfig | None = None) -> None:
         super().__init__(layout)
@@ -118,8 +120,8 @@ class DaemonTier(Tier):
         return self.clock.deadline_s(nbytes)
 
     def health(self) -> dict[str, object]:
-        """The breaker's snapshot (state, transitions), the misses by operation and reason (calls and blocks)
-        and the measured load bandwidth."""
+        """The breaker's snapshot (state, transitions), the misses by operation and reason (calls and blocks),
+        the measured load bandwidth and the request/reply exchanges made so far (:attr:`DaemonClient.round_trips`)."""
         out: dict[str, object] = dict(self.client.breaker.snapshot()) if self.client.breaker is not None else {
             "endpoint": self.client.address, "state": "none"}
         with self._miss_lock:
@@ -128,6 +130,7 @@ class DaemonTier(Tier):
         out["load_bandwidth_bytes_per_s"] = round(self.clock.bandwidth)
         out["load_latency_s"] = self.clock.latency
         out["measured_loads"] = self.clock.measured
+        out["round_trips"] = self.client.round_trips
         return out
 
     def count_miss(self, op: str, reason: MissReason, blocks: int = 0) -> None:

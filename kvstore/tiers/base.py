@@ -98,6 +98,11 @@ class Tier(ABC):
     shared: bool = False
     """Whether other processes read what this tier holds (a daemon): a store writes its blocks through to such
     a tier under every write policy, so another engine finds a prefix as soon as it is committed."""
+    max_put_blocks: int | None = 1
+    """Most blocks the spiller hands one :meth:`put` (``None``: any number; the tier cuts a batch to what it takes).
+    A put evicts older blocks to make room but never blocks of its own batch, so a batch near a tier's capacity
+    would be refused in part, or overshoot it, where block after block each put evicted the ones before: a tier
+    that does not bound its batches below its capacity keeps one block per put."""
     probes_by_chain: bool = False
     """Whether a lookup must ask :meth:`probe` with the chain from position 0 rather than :meth:`contains_prefix`
     with the keys past its own hit: a tier that places blocks by chain position (the remote tier's groups,
