@@ -200,21 +200,26 @@ class DaemonBackend:
             self.counters.prefix_hit_tokens += found * self.layout.block_size
 
     def _local_prefix(self, keys: Sequence[bytes]) -> Runs:
-        """The leading blocks of ``keys`` the host or disk tier holds, as runs by tier. Changes nothing."""
+        """The leading blocks of ``keys`` the host or disk tier holds, as runs by the faster tier holding each (the
+        disk keeps a copy of most host blocks: a block in both is a host block). Changes nothing."""
         runs: list[tuple[str, int]] = []
-        i, n = 0, len(keys)
+        i, n, on_disk = 0, len(keys), 0  # keys[i:on_disk] are known to be on disk
         while i < n:
             step = self.host.contains_prefix(keys[i:])
             if step:
                 runs.append(("host", step))
                 i += step
-            if i >= n or self.disk is None:
-                break
-            step = self.disk.contains_prefix(keys[i:])
-            if step == 0:
-                break
-            runs.append(("disk", step))
-            i += step
+                continue
+            if on_disk <= i:
+                step = self.disk.contains_prefix(keys[i:]) if self.disk is not None else 0
+                if step == 0:
+                    break
+                on_disk = i + step
+            j = i + 1  # keys[i] is on disk only; so are the keys after it up to the next one host holds
+            while j < on_disk and not self.host.contains(keys[j]):
+                j += 1
+            runs.append(("disk", j - i))
+            i = j
         return tuple(runs)
 
     def hold_for_read(self, owner: int, keys: Sequence[bytes]) -> list[int | None]:
