@@ -183,19 +183,20 @@ class TieredStore:
         """
         h = self.h
         entries, tiers = m.entries, m.tiers
-        labels = tiers
         per_tier = {"gpu": m.gpu_blocks, "host": m.host_blocks, "disk": m.disk_blocks, "remote": 0}
+        where: list[str] = []
         if not h.disk_reports_evictions:
             n, where = self._confirm_on_disk(entries, tiers)
             if n < len(entries):
                 entries, tiers, rest = entries[:n], tiers[:n], []
                 per_tier = {t: tiers.count(t) for t in per_tier}
-            if any(w != "disk" for w in where):  # a daemon: each block by the daemon tier holding it
-                it = iter(where)
-                labels = tuple(next(it) if t == "disk" else t for t in tiers)
-                per_tier["disk"] = 0
-                for w in where:
-                    per_tier[w] = per_tier.get(w, 0) + 1
+        labels = tiers
+        if any(w != "disk" for w in where):  # a daemon: each indexed disk block by the daemon tier holding it
+            it = iter(where)
+            labels = tuple(next(it) if t == "disk" else t for t in tiers)
+            per_tier["disk"] = 0
+            for w in where:
+                per_tier[w] = per_tier.get(w, 0) + 1
         if due:
             self.spiller.write_down(due)
         if self.remote_writer is not None:

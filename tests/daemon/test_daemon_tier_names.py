@@ -3,7 +3,8 @@
 A real daemon with an 8-slot host tier (LRU) takes a 12-block prompt in three puts, each flushed (its blocks on
 disk, so the host tier may evict them): the first four blocks remain on its disk only, the last eight in host
 (and on disk). An engine's sidecar connector then finds the whole prompt there, and its match, its lease and
-the store's stats count 16 tokens from the daemon's disk and 32 from its host, in one lookup round trip.
+the store's stats count 16 tokens from the daemon's disk and 32 from its host, in one lookup round trip; once
+the engine's own index knows the blocks, its lookup names them the same way.
 """
 
 from __future__ import annotations
@@ -81,5 +82,17 @@ def test_a_prompt_split_between_the_daemons_host_and_disk_is_counted_by_each(dae
         assert section["hit_tokens"] == 12 * BS
         assert section["hit_tokens_by_tier"] == {"daemon:host": 8 * BS, "daemon:disk": 4 * BS, "daemon:remote": 0}
         assert "sidecar" not in conn.stats() and "disk" not in conn.stats()
+
+        # Indexed by the engine now, on the daemon only once they leave its GPU: a lookup confirms them with the
+        # daemon (which loaded the disk ones into its host tier for the lease) and names each by its tier there.
+        assert conn.offload("gpu") == 12 and len(conn.store.h.index) == 12
+        again = conn.lookup(PROMPT)
+        probe = daemon.tier()
+        try:
+            held = [name for name, n in probe.locate_prefix(keys) for _ in range(n)]
+        finally:
+            probe.close()
+        assert len(held) == 12 and set(held) <= {"daemon:host", "daemon:disk"}
+        assert again.tiers == tuple(held)
     finally:
         conn.close()
