@@ -16,7 +16,8 @@ KV layout, the block-key hashing and the GPU block pool. kvstore's own
 implementations are :class:`~connectors.embedded.EmbeddedConnector` (the
 store lives in the engine's process) and
 :class:`~connectors.sidecar.SidecarConnector` (host and disk tiers live in a
-``kvstore serve`` daemon). Which one is a config setting (``connector:``).
+``kvstore serve`` daemon; a hit there is named by the daemon's tier that held it, ``daemon:host`` or
+``daemon:disk``). Which one is a config setting (``connector:``).
 """
 
 from __future__ import annotations
@@ -30,18 +31,29 @@ from kvstore.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt
 from kvstore.layout import KVLayout
 
-__all__ = ["LOCAL_TIERS", "REMOTE_TIER", "TIER_NAMES", "KVConnector", "Lease", "PrefixMatch"]
+__all__ = ["DAEMON_REMOTE_TIER", "DAEMON_TIERS", "LOCAL_TIERS", "REMOTE_TIER", "THROUGH_DAEMON", "TIER_NAMES",
+           "KVConnector", "Lease", "PrefixMatch"]
 
-TIER_NAMES: tuple[str, ...] = ("gpu", "host", "disk", "sidecar")
-"""Where a cached block's fastest copy can be, fastest first. ``"sidecar"``: a ``kvstore serve`` daemon's
-tiers (its shared-memory host tier or its disk; the engine is not told which)."""
+THROUGH_DAEMON = "daemon:"
+"""Prefix of a tier reached through a ``kvstore serve`` daemon: ``daemon:host`` is the daemon's host tier."""
+
+TIER_NAMES: tuple[str, ...] = ("gpu", "host", "disk", "daemon:host", "daemon:disk")
+"""Where a cached block's fastest copy can be, fastest first: the engine's GPU, the store's host and disk tiers in
+the engine's process, or through a daemon its host tier (shared memory) and its disk tier. A config's ``tiers:``
+names the disk tier by its kind (``lmdb``, ``file``, ``slab``); here it is ``disk``."""
 
 LOCAL_TIERS: tuple[str, ...] = ("gpu", "host", "disk")
 """The tiers of a connector whose store lives in the engine's process (the default of
 :attr:`PrefixMatch.tier_names`)."""
 
+DAEMON_TIERS: tuple[str, ...] = ("gpu", "host", "daemon:host", "daemon:disk")
+"""The tiers of a connector whose lower tiers are a daemon's (``connector: sidecar``)."""
+
 REMOTE_TIER = "remote"
 """The shared tier below disk (Redis): a match or a per-tier count names it only when a block came from it."""
+
+DAEMON_REMOTE_TIER = THROUGH_DAEMON + REMOTE_TIER
+"""The daemon's remote tier, named like :data:`REMOTE_TIER`: only when a block came from it."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +69,7 @@ class PrefixMatch:
     keys: tuple[bytes, ...]
     """Keys of the matched full blocks, in prompt order."""
     tiers: tuple[str, ...]
-    """Per matched block, the tier of its fastest copy (one of :data:`TIER_NAMES`, or :data:`REMOTE_TIER`)."""
+    """Per matched block, the tier of its fastest copy (one of :attr:`tier_names`, or :attr:`remote_tier`)."""
     block_size: int
     """Tokens per block."""
     prompt_tokens: int
@@ -66,7 +78,7 @@ class PrefixMatch:
     """Opaque to the engine: the implementation's own record of the match."""
     tier_names: tuple[str, ...] = LOCAL_TIERS
     """The tiers of the connector that made the match (some of :data:`TIER_NAMES`, fastest first): the keys
-    of :meth:`tokens_by_tier`. A sidecar connector's are ``("gpu", "host", "sidecar")``."""
+    of :meth:`tokens_by_tier`. A sidecar connector's are :data:`DAEMON_TIERS`."""
 
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.tiers):
@@ -74,11 +86,19 @@ class PrefixMatch:
         unknown = sorted(set(self.tier_names) - set(TIER_NAMES))
         if unknown:
             raise ValueError(f"PrefixMatch: unknown tier name(s) {unknown}; expected some of {TIER_NAMES}")
-        bad = sorted(set(self.tiers) - {*self.tier_names, REMOTE_TIER})
+        bad = sorted(set(self.tiers) - {*self.tier_names, self.remote_tier})
         if bad:
-            raise ValueError(f"PrefixMatch: unknown tier(s) {bad}; expected one of {(*self.tier_names, REMOTE_TIER)}")
+            raise ValueError(f"PrefixMatch: unknown tier(s) {bad}; expected one of "
+                             f"{(*self.tier_names, self.remote_tier)}")
         if self.block_size <= 0:
             raise ValueError(f"PrefixMatch: block_size must be positive, got {self.block_size}")
+
+    @property
+    def remote_tier(self) -> str:
+        """The shared tier below the others, named only when a block came from it: :data:`DAEMON_REMOTE_TIER`
+        when :attr:`tier_names` are a daemon's, else :data:`REMOTE_TIER`."""
+        through = any(t.startswith(THROUGH_DAEMON) for t in self.tier_names)
+        return DAEMON_REMOTE_TIER if through else REMOTE_TIER
 
     @property
     def num_blocks(self) -> int:
@@ -95,10 +115,11 @@ class PrefixMatch:
         return self.tiers.count(tier) * self.block_size
 
     def tokens_by_tier(self) -> dict[str, int]:
-        """Matched tokens per tier, every tier of :attr:`tier_names` present (:data:`REMOTE_TIER` when matched)."""
+        """Matched tokens per tier, every tier of :attr:`tier_names` present (:attr:`remote_tier` when matched)."""
         out = {t: self.tokens_in(t) for t in self.tier_names}
-        if REMOTE_TIER in self.tiers:
-            out[REMOTE_TIER] = self.tokens_in(REMOTE_TIER)
+        remote = self.remote_tier
+        if remote in self.tiers:
+            out[remote] = self.tokens_in(remote)
         return out
 
 
@@ -152,7 +173,7 @@ class Lease(ABC):
     @abstractmethod
     def tokens_by_tier(self) -> dict[str, int]:
         """Tokens of :attr:`block_ids` by the tier each block came from (every tier of the match's
-        :attr:`PrefixMatch.tier_names`; :data:`REMOTE_TIER` too when a block came from there)."""
+        :attr:`PrefixMatch.tier_names`; its :attr:`PrefixMatch.remote_tier` too when a block came from there)."""
 
     @property
     def num_cached_tokens(self) -> int:

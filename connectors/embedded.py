@@ -77,7 +77,11 @@ class EmbeddedLease(Lease):
         self._inner.wait()
 
     def tokens_by_tier(self) -> dict[str, int]:
-        return {self._owner.tier_label(t): n for t, n in self._inner.tokens_by_tier().items()}
+        out = dict.fromkeys(self._owner.tier_names, 0)
+        for t, n in self._inner.tokens_by_tier().items():
+            if n or t in out:  # the store's own names for tiers this connector has none of (a sidecar's disk)
+                out[t] = out.get(t, 0) + n
+        return out
 
 
 class EmbeddedConnector(KVConnector):
@@ -88,18 +92,16 @@ class EmbeddedConnector(KVConnector):
     the config.
     """
 
-    lower_tier_label = "disk"
-    """What the store's lowest tier is called in matches, leases and stats (the sidecar's is the daemon)."""
+    tier_names: tuple[str, ...] = LOCAL_TIERS
+    """The tiers of this connector's matches and leases (:attr:`PrefixMatch.tier_names`; the sidecar's are the
+    daemon's). The store names each block's tier itself (:attr:`~kvstore.store_match.StoreMatch.labels`)."""
+    lower_section = "disk"
+    """The key of the store's lowest tier in :meth:`stats` (the sidecar's is the daemon)."""
 
     def __init__(self, config: KVStoreConfig | None = None) -> None:
         self.config = config or KVStoreConfig()
         self._store: TieredStore | None = None
         self._events: EventPublisher | None = None
-
-    def tier_label(self, store_tier: str) -> str:
-        """The connector API's name (one of :data:`~connectors.base.TIER_NAMES`) for the store's tier
-        ``store_tier`` (``"gpu"``, ``"host"`` or ``"disk"``, the store's lowest). Pure."""
-        return self.lower_tier_label if store_tier == "disk" else store_tier
 
     # ----------------------------------------------------------------- setup
     def register(self, pool: GPUBlockPool) -> None:
@@ -136,8 +138,8 @@ class EmbeddedConnector(KVConnector):
 
     def lookup(self, tokens: Sequence[int], salt: Salt = None) -> PrefixMatch:
         m = self.store.lookup(tokens, self.effective_salt(salt))
-        return PrefixMatch(tuple(m.keys), tuple(self.tier_label(t) for t in m.tiers), m.block_size, m.prompt_tokens,
-                           handle=_MatchHandle(self, m), tier_names=tuple(self.tier_label(t) for t in LOCAL_TIERS))
+        return PrefixMatch(tuple(m.keys), m.labels, m.block_size, m.prompt_tokens, handle=_MatchHandle(self, m),
+                           tier_names=self.tier_names)
 
     def acquire(self, match: PrefixMatch, window: int = 0) -> Lease:
         handle = match.handle
@@ -178,10 +180,10 @@ class EmbeddedConnector(KVConnector):
 
     # ------------------------------------------------------------------ misc
     def stats(self) -> dict[str, Any]:
-        """The store's stats, its lowest tier's section under :attr:`lower_tier_label`."""
+        """The store's stats, its lowest tier's section under :attr:`lower_section`."""
         out = self.store.stats()
-        if "disk" in out and self.lower_tier_label != "disk":
-            out[self.lower_tier_label] = out.pop("disk")
+        if "disk" in out and self.lower_section != "disk":
+            out[self.lower_section] = out.pop("disk")
         return out
 
     def close(self) -> None:

@@ -4,9 +4,12 @@ The store is the same :class:`~kvstore.store.TieredStore` the embedded
 connector uses, with one lower tier: a :class:`~kvstore.daemon.tier.DaemonTier`
 (the daemon's shared-memory host tier in front of its disk tier). Lookups
 probe the daemon beyond the in-process index, so an engine finds what another
-engine (or its own previous run) left there. In the connector API the
-daemon's tiers are one tier, ``"sidecar"`` (in matches, leases and stats);
-the daemon manages them, so ``offload("host")`` moves nothing here and
+engine (or its own previous run) left there. In the connector API a block
+found there is named by the daemon's tier that held it at lookup,
+``"daemon:host"`` or ``"daemon:disk"`` (``"daemon:remote"`` when it came from
+the daemon's remote tier), in matches and leases; the store's stats show the
+daemon tier under ``"daemon"``, its hits by the same names. The daemon
+manages its tiers, so ``offload("host")`` moves nothing here and
 ``offload("gpu")`` moves unused GPU blocks into the daemon.
 
 Tenant salt: when the daemon assigns one to this client's token
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import os
 
+from connectors.base import DAEMON_TIERS
 from connectors.embedded import EmbeddedConnector
 from kvstore.config.schema import KVStoreConfig
 from kvstore.gpu_pool import GPUBlockPool
@@ -35,7 +39,8 @@ CONNECT_WAIT_S = 10.0
 class SidecarConnector(EmbeddedConnector):
     """Connector whose host and disk tiers are the daemon's at ``config.daemon.socket_path``."""
 
-    lower_tier_label = "sidecar"  # blocks served by the daemon (its host or its disk tier)
+    tier_names = DAEMON_TIERS  # a daemon hit is named by the daemon's tier: daemon:host, daemon:disk
+    lower_section = "daemon"
 
     def __init__(self, config: KVStoreConfig | None = None, client_name: str | None = None) -> None:
         super().__init__(config)

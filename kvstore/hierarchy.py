@@ -37,7 +37,8 @@ class StoreCounters:
     lookups: int = 0
     prompt_tokens: int = 0
     hit_tokens: dict[str, int] = field(default_factory=lambda: {"gpu": 0, "host": 0, "disk": 0, "remote": 0})
-    """Tokens of looked-up prompts found in each tier (fastest copy)."""
+    """Tokens of looked-up prompts found in each tier (fastest copy); a tier that fronts others (a daemon) counts
+    under their names (its :attr:`~kvstore.tiers.base.Tier.served_as`: ``daemon:host``, ...) instead of its own."""
     loaded_blocks: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0, "remote": 0})
     """Blocks brought up to the GPU from each tier by prefetches."""
     load_failures: int = 0
@@ -95,6 +96,8 @@ class Hierarchy:
         self.index = RadixIndex(layout)
         self.events = EventQueue()
         self.counters = StoreCounters()
+        for _, tier in self.lower_tiers():
+            self.counters.hit_tokens.update(dict.fromkeys(tier.served_as, 0))
         self.lock = threading.Lock()
         self.placement = Placement(self)
         self.placeholders: set[int] = set()

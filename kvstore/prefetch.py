@@ -63,6 +63,9 @@ class BlockPlan:
     skipped: bool = False
     """Outside the reader's attention window: the GPU block only holds the position, nothing is read or copied
     (``source`` still says where the block is, for the per-tier counts)."""
+    label: str | None = None
+    """The name the block is reported by when it is not ``source``'s: read from a daemon (``source`` ``"disk"``),
+    the daemon tier that held it at lookup (``"daemon:host"``, ``"daemon:disk"``, ``"daemon:remote"``)."""
 
 
 @dataclass
@@ -114,10 +117,12 @@ class StoreLease:
         return len(self.block_ids) * self.block_size
 
     def tokens_by_tier(self) -> dict[str, int]:
-        """Usable tokens by the tier they came from (``"remote"`` appears when a block came from there)."""
+        """Usable tokens by the tier they came from (``"remote"``, or a daemon's tier such as ``"daemon:disk"``,
+        appears when a block came from there)."""
         out = {"gpu": 0, "host": 0, "disk": 0}
         for p in self.plan[: len(self.block_ids)]:
-            out[p.source] = out.get(p.source, 0) + self.block_size
+            t = p.label or p.source
+            out[t] = out.get(t, 0) + self.block_size
         return out
 
     def resolve(self) -> int:

@@ -184,11 +184,19 @@ class TieredStore:
         h = self.h
         entries, tiers = m.entries, m.tiers
         per_tier = {"gpu": m.gpu_blocks, "host": m.host_blocks, "disk": m.disk_blocks, "remote": 0}
+        where: list[str] = []
         if not h.disk_reports_evictions:
-            n = self._confirm_on_disk(entries, tiers)
+            n, where = self._confirm_on_disk(entries, tiers)
             if n < len(entries):
                 entries, tiers, rest = entries[:n], tiers[:n], []
                 per_tier = {t: tiers.count(t) for t in per_tier}
+        labels = tiers
+        if any(w != "disk" for w in where):  # a daemon: each indexed disk block by the daemon tier holding it
+            it = iter(where)
+            labels = tuple(next(it) if t == "disk" else t for t in tiers)
+            per_tier["disk"] = 0
+            for w in where:
+                per_tier[w] = per_tier.get(w, 0) + 1
         if due:
             self.spiller.write_down(due)
         if self.remote_writer is not None:
@@ -198,26 +206,32 @@ class TieredStore:
             if not rest:
                 break
             if tier.probes_by_chain:  # grouped by chain position (the remote tier, a daemon with one)
-                k = max(0, tier.probe([*keys, *rest], len(keys)) - len(keys))
+                located = tier.locate_chain([*keys, *rest], len(keys))
             else:
-                k = tier.contains_prefix(rest)
+                located = tier.locate_prefix(rest)
+            k = 0
+            for label, n_found in located:  # by the tier behind this one that holds them (a daemon's), or this
+                label = label or name
+                labels += (label,) * n_found
+                per_tier[label] = per_tier.get(label, 0) + n_found
+                k += n_found
             keys += tuple(rest[:k])
             tiers += (name,) * k
-            per_tier[name] += k
             rest = rest[k:]
         bs = self.layout.block_size
         matched_tokens = tokens[: len(keys) * bs] if tokens is not None else None
-        match = StoreMatch(keys, tiers, bs, prompt_tokens, matched_tokens, salt, entries)
+        match = StoreMatch(keys, tiers, labels, bs, prompt_tokens, matched_tokens, salt, entries)
         with h.lock:
             c = h.counters
             c.lookups += 1
             c.prompt_tokens += prompt_tokens
-            for t in c.hit_tokens:
-                c.hit_tokens[t] += per_tier[t] * bs
+            for t, n_blocks in per_tier.items():
+                c.hit_tokens[t] = c.hit_tokens.get(t, 0) + n_blocks * bs
         return match
 
-    def _confirm_on_disk(self, entries: Sequence[BlockEntry], tiers: Sequence[str]) -> int:
-        """Ask the disk tier for the matched blocks only it holds; returns how many leading entries stand.
+    def _confirm_on_disk(self, entries: Sequence[BlockEntry], tiers: Sequence[str]) -> tuple[int, list[str]]:
+        """Ask the disk tier for the matched blocks only it holds; returns how many leading entries stand, and
+        for each disk block among them the name it is reported by (``disk``, or the daemon tier holding it).
 
         The first block it lacks goes through :meth:`Placement.lost` (as an
         eviction event would), so it is not reported again.
@@ -226,14 +240,15 @@ class TieredStore:
         assert h.disk is not None
         on_disk = [i for i, t in enumerate(tiers) if t == "disk"]
         if not on_disk:
-            return len(entries)
-        found = h.disk.contains_prefix([entries[i].key for i in on_disk])
-        if found == len(on_disk):
-            return len(entries)
-        first_missing = on_disk[found]
+            return len(entries), []
+        where = [label or "disk" for label, n in h.disk.locate_prefix([entries[i].key for i in on_disk])
+                 for _ in range(n)]
+        if len(where) >= len(on_disk):
+            return len(entries), where[: len(on_disk)]
+        first_missing = on_disk[len(where)]
         with h.lock:
             h.placement.lost(entries[first_missing].key, "disk")
-        return first_missing
+        return first_missing, where
 
     # -------------------------------------------------------------- acquire
     def acquire(self, match: StoreMatch, window: int = 0) -> StoreLease:
@@ -265,17 +280,18 @@ class TieredStore:
             # below cannot evict a block this lease is about to read.
             sources: list[BlockPlan] = []
             known: list[BlockEntry | None] = [*entries, *[None] * (len(match.keys) - len(entries))]
-            for key, entry, tier in zip(match.keys, known, match.tiers):
+            for key, entry, tier, label in zip(match.keys, known, match.tiers, match.labels):
                 src = self._hold_source(key, entry, tier)
                 if src is None:
                     shortfall = "part of the matched prefix left the lower tiers before acquire"
                     break
+                src.label = self._label(src.source, tier, label)
                 sources.append(src)
             skip = first_block_in_window(len(match.keys) * bs, window, bs)
             for i, src in enumerate(sources[:skip]):
                 if src.source in ("host", "disk"):
                     self._drop_source(src)
-                    sources[i] = BlockPlan(src.key, src.source, -1, ready=True, skipped=True)
+                    sources[i] = BlockPlan(src.key, src.source, -1, ready=True, skipped=True, label=src.label)
         need = sum(1 for p in sources if p.source != "gpu")
         if need:
             self.spiller.make_gpu_room(need)
@@ -335,6 +351,15 @@ class TieredStore:
         if h.remote is not None and tier == "remote":
             return BlockPlan(key, "remote", -1)  # likewise
         return None
+
+    def _label(self, source: str, tier: str, label: str) -> str | None:
+        """The name a lease block read from ``source`` is reported by, when not ``source`` (:attr:`BlockPlan.label`):
+        the lookup's ``label`` while the block is still where the lookup found it (``tier``). A block that
+        reached a daemon since is named by the daemon's first tier (a put lands in its host tier)."""
+        if source == tier:
+            return label if label != tier else None
+        served = self.h.disk.served_as if source == "disk" and self.h.disk is not None else ()
+        return served[0] if served else None
 
     def _drop_source(self, p: BlockPlan) -> None:
         """Undo :meth:`_hold_source` for a block that will not be planned (under the lock)."""

@@ -16,7 +16,11 @@ class StoreMatch:
     keys: tuple[bytes, ...]
     """Keys of the matched blocks, in order."""
     tiers: tuple[str, ...]
-    """``"gpu"``, ``"host"``, ``"disk"`` or ``"remote"`` per matched block."""
+    """``"gpu"``, ``"host"``, ``"disk"`` or ``"remote"`` per matched block: the store's tier it is read from."""
+    labels: tuple[str, ...]
+    """Per matched block, the name it is reported by (counters, leases, the connector API): its tier, or for a
+    tier that fronts others (a daemon, :attr:`~kvstore.tiers.base.Tier.served_as`) the one holding it
+    (``"daemon:host"``, ``"daemon:disk"``, ``"daemon:remote"``)."""
     block_size: int
     prompt_tokens: int
     tokens: Sequence[int] | None = None
@@ -37,5 +41,5 @@ class StoreMatch:
         return len(self.keys) * self.block_size
 
     def tokens_in(self, tier: str) -> int:
-        """Matched tokens whose fastest copy is in ``tier``."""
+        """Matched tokens whose fastest copy is in ``tier`` (one of :attr:`tiers`)."""
         return self.tiers.count(tier) * self.block_size

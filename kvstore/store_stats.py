@@ -17,7 +17,9 @@ def store_stats(h: Hierarchy, prefetch_budget: ByteBudget, remote_writer: Remote
     reverse.
     """
     h.sync_tier_events()
-    tier_stats = {name: tier.stats().as_dict() for name, tier in h.lower_tiers()}  # outside the lock: the remote tier asks its server
+    tiers = h.lower_tiers()
+    # outside the lock: the remote tier asks its server
+    tier_stats: dict[str, dict[str, Any]] = {name: tier.stats().as_dict() for name, tier in tiers}
     with h.lock:
         c = h.counters
         out: dict[str, Any] = {
@@ -36,8 +38,11 @@ def store_stats(h: Hierarchy, prefetch_budget: ByteBudget, remote_writer: Remote
             "load_failures": c.load_failures,
             "prefetch_backpressure_waits": prefetch_budget.waits,
         }
-        for name, d in tier_stats.items():
-            d["hit_tokens"] = c.hit_tokens[name]
+        for name, tier in tiers:
+            d = tier_stats[name]
+            d["hit_tokens"] = c.hit_tokens[name] + sum(c.hit_tokens[t] for t in tier.served_as)
+            if tier.served_as:  # a daemon: its hits by the daemon tier that held them
+                d["hit_tokens_by_tier"] = {t: c.hit_tokens[t] for t in tier.served_as}
             d["loaded_blocks"] = c.loaded_blocks[name]
             d["spilled_blocks"] = c.spilled_blocks[name]
             if name == "remote" and remote_writer is not None:

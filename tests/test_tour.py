@@ -55,7 +55,7 @@ def test_the_tour_runs_as_written_beside_make_runs_daemon() -> None:
             want = next(text for word, text in EXPECT.items() if word in line)
             assert want in res.stdout, f"{line}: no {want!r} in\n{res.stdout[-2000:]}"
             if "KVSTORE_CONNECTOR=sidecar" in line:  # through the daemon, a new process: blocks from the daemon
-                assert "again: cached prompt tokens: {'gpu': 0, 'host': 0, 'sidecar': 1264}" in res.stdout, res.stdout
+                assert "again: cached prompt tokens: {'gpu': 0, 'host': 0, 'daemon:host': 1264, 'daemon:disk': 0}" in res.stdout, res.stdout
         assert daemon.stop() == 0
     finally:
         cleanup(daemon, root)

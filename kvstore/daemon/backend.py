@@ -47,7 +47,7 @@ import torch
 
 from kvstore.daemon.events import DaemonEvents
 from kvstore.daemon.holds import HOLDS_PER_SLOT, HoldTable
-from kvstore.daemon.messages import PutState
+from kvstore.daemon.messages import PutState, Runs
 from kvstore.daemon.remote_link import RemoteLink
 from kvstore.daemon.writer import WriteBehind
 from kvstore.errors import BlockStateError, NotDurable
@@ -163,42 +163,64 @@ class DaemonBackend:
 
     # ---------------------------------------------------------------- reads
     def exists_prefix(self, keys: Sequence[bytes]) -> int:
-        """How many of ``keys``, from the first, are in the host or disk tier.
+        """How many of ``keys``, from the first, are in the host or disk tier (:meth:`locate_prefix`'s sum)."""
+        return sum(n for _, n in self.locate_prefix(keys))
+
+    def exists_chain(self, chain: Sequence[bytes], start: int) -> int:
+        """How many blocks of ``chain`` from position 0 this daemon can serve (:meth:`locate_chain`'s sum plus
+        ``start``)."""
+        return start + sum(n for _, n in self.locate_chain(chain, start))
+
+    def locate_prefix(self, keys: Sequence[bytes]) -> Runs:
+        """The leading blocks of ``keys`` in the host or disk tier, as runs by the tier holding each.
 
         Changes only the prefix-cache counters (queried and hit tokens).
         """
-        i = self._local_prefix(keys)
-        self._count_prefix(len(keys), i)
-        return i
+        runs = self._local_prefix(keys)
+        self._count_prefix(len(keys), sum(n for _, n in runs))
+        return runs
 
-    def exists_chain(self, chain: Sequence[bytes], start: int) -> int:
-        """How many blocks of ``chain`` (its keys from position 0), from position 0, this daemon can serve,
-        assuming the first ``start`` (held by the client): the local prefix from ``start``, then the remote
-        tier's groups, whose loads into host start now (a GET of them waits for them). Without a remote tier,
-        :meth:`exists_prefix` of ``chain[start:]`` plus ``start``."""
-        n = start + self._local_prefix(chain[start:])
+    def locate_chain(self, chain: Sequence[bytes], start: int) -> Runs:
+        """The blocks of ``chain`` (its keys from position 0) this daemon can serve past the first ``start``
+        (held by the client), as runs by tier: the local prefix from ``start``, then the remote tier's groups,
+        whose loads into host start now (a GET of them waits for them). Without a remote tier,
+        :meth:`locate_prefix` of ``chain[start:]``."""
+        runs = self._local_prefix(chain[start:])
+        n = start + sum(k for _, k in runs)
         if self.link is not None:
-            n = self.link.after_local(chain, n)
-        self._count_prefix(len(chain) - start, n - start)
-        return n
+            r = self.link.after_local(chain, n)
+            if r > n:
+                runs += (("remote", r - n),)
+        self._count_prefix(len(chain) - start, sum(k for _, k in runs))
+        return runs
 
     def _count_prefix(self, asked: int, found: int) -> None:
         with self._mu:
             self.counters.prefix_query_tokens += asked * self.layout.block_size
             self.counters.prefix_hit_tokens += found * self.layout.block_size
 
-    def _local_prefix(self, keys: Sequence[bytes]) -> int:
-        """How many of ``keys``, from the first, the host or disk tier holds. Changes nothing."""
-        i, n = 0, len(keys)
+    def _local_prefix(self, keys: Sequence[bytes]) -> Runs:
+        """The leading blocks of ``keys`` the host or disk tier holds, as runs by the faster tier holding each (the
+        disk keeps a copy of most host blocks: a block in both is a host block). Changes nothing."""
+        runs: list[tuple[str, int]] = []
+        i, n, on_disk = 0, len(keys), 0  # keys[i:on_disk] are known to be on disk
         while i < n:
-            i += self.host.contains_prefix(keys[i:])
-            if i >= n or self.disk is None:
-                break
-            step = self.disk.contains_prefix(keys[i:])
-            if step == 0:
-                break
-            i += step
-        return i
+            step = self.host.contains_prefix(keys[i:])
+            if step:
+                runs.append(("host", step))
+                i += step
+                continue
+            if on_disk <= i:
+                step = self.disk.contains_prefix(keys[i:]) if self.disk is not None else 0
+                if step == 0:
+                    break
+                on_disk = i + step
+            j = i + 1  # keys[i] is on disk only; so are the keys after it up to the next one host holds
+            while j < on_disk and not self.host.contains(keys[j]):
+                j += 1
+            runs.append(("disk", j - i))
+            i = j
+        return tuple(runs)
 
     def hold_for_read(self, owner: int, keys: Sequence[bytes]) -> list[int | None]:
         """Lock each found key's host slot for ``owner`` (loading disk hits into host first); ``None`` = miss.

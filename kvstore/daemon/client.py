@@ -620,30 +620,43 @@ class DaemonClient:
 
     # ------------------------------------------------------ typed requests
     def exists_prefix(self, keys: Sequence[bytes]) -> int:
-        """EXISTS_PREFIX over any number of keys (split into batches of :attr:`max_keys`)."""
-        n = 0
+        """EXISTS_PREFIX over any number of keys: how many, from the first, the daemon holds."""
+        return sum(n for _, n in self.locate_prefix(keys))
+
+    def exists_chain(self, chain: Sequence[bytes], start: int) -> int:
+        """EXISTS_CHAIN: how many blocks of ``chain`` (keys from position 0), from position 0, the daemon can
+        serve, given the client holds the first ``start``."""
+        return start + sum(n for _, n in self.locate_chain(chain, start))
+
+    def locate_prefix(self, keys: Sequence[bytes]) -> m.Runs:
+        """EXISTS_PREFIX over any number of keys (split into batches of :attr:`max_keys`): the blocks found from
+        the first, as runs by the daemon tier holding them (``host``, ``disk``)."""
+        runs: list[tuple[str, int]] = []
         self.ensure()
         step = self.max_keys
         for start in range(0, len(keys), step):
             chunk = list(keys[start : start + step])
-            got = m.decode_count(self.request(Op.EXISTS_PREFIX, m.encode_keys(chunk)), Op.EXISTS_PREFIX)
-            n += got
-            if got < len(chunk):
+            got = m.decode_found(self.request(Op.EXISTS_PREFIX, m.encode_keys(chunk)), Op.EXISTS_PREFIX, len(chunk))
+            runs.extend(got)
+            if sum(n for _, n in got) < len(chunk):
                 break
-        return n
+        return _merged(runs)
 
-    def exists_chain(self, chain: Sequence[bytes], start: int) -> int:
-        """EXISTS_CHAIN: how many blocks of ``chain`` (keys from position 0), from position 0, the daemon can
-        serve, given the client holds the first ``start``. A chain longer than :attr:`max_keys` is probed in
-        its first :attr:`max_keys` keys, then on with EXISTS_PREFIX (the daemon's host and disk tiers only)."""
+    def locate_chain(self, chain: Sequence[bytes], start: int) -> m.Runs:
+        """EXISTS_CHAIN: the blocks of ``chain`` (keys from position 0) past the first ``start`` (the client's)
+        that the daemon can serve, as runs by the daemon tier holding them (``host``, ``disk``, ``remote``). A
+        chain longer than :attr:`max_keys` is probed in its first :attr:`max_keys` keys, then on with
+        EXISTS_PREFIX (the daemon's host and disk tiers only)."""
         self.ensure()
         head = list(chain[: self.max_keys])
         if start >= len(head) < len(chain):  # past what one request carries: the local tiers only
-            return start + self.exists_prefix(chain[start:])
-        n = m.decode_count(self.request(Op.EXISTS_CHAIN, m.encode_chain(head, start)), Op.EXISTS_CHAIN)
+            return self.locate_prefix(chain[start:])
+        runs = m.decode_found(self.request(Op.EXISTS_CHAIN, m.encode_chain(head, start)), Op.EXISTS_CHAIN,
+                              len(head) - start)
+        n = start + sum(k for _, k in runs)
         if n == len(head) < len(chain):
-            n += self.exists_prefix(chain[n:])
-        return n
+            runs += self.locate_prefix(chain[n:])
+        return _merged(runs)
 
     def keys_request(self, op: Op, keys: Sequence[bytes]) -> bytes:
         """Send a keys-only request (at most :attr:`max_keys` keys) and return the raw reply payload."""
@@ -669,3 +682,14 @@ class DaemonClient:
     def stats(self) -> dict[str, object]:
         """STATS: the daemon's snapshot as a dict."""
         return m.decode_json(self.request(Op.STATS))
+
+
+def _merged(runs: Sequence[tuple[str, int]]) -> m.Runs:
+    """``runs`` with neighbours in the same tier joined (batches answered apart)."""
+    out: list[tuple[str, int]] = []
+    for tier, n in runs:
+        if out and out[-1][0] == tier:
+            out[-1] = (tier, out[-1][1] + n)
+        else:
+            out.append((tier, n))
+    return tuple(out)

@@ -24,7 +24,7 @@ from enum import IntEnum
 from kvstore.errors import KVStoreError
 
 MAGIC = b"KVSD"
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 """2: challenge-response login (CHALLENGE, HELLO carries an HMAC proof, not the token); HELLO reply has max_keys.
 3: RELEASE_QUIET. 4: GET_SHM_RELEASE (a get that first ends the holds of the previous one). 5: TOUCH_QUIET, and the
 slot directory after the arena's slots (gets of host-resident blocks without a round trip). 6: the arena is a
@@ -32,7 +32,9 @@ sealed memfd with no name: a HELLO reply granting shared memory is followed by :
 descriptor (``SCM_RIGHTS``); the reply's shm field is the arena's label. 7: EXISTS_CHAIN (a probe that carries the
 chain from position 0, so a daemon with a remote tier can place the keys in their groups). 8: HELLO carries the
 client's layout (its fields as JSON), so a daemon can open tiers for a layout it has not served before; its
-reply says whether the arena is sparse (then a client does not prefault it)."""
+reply says whether the arena is sparse (then a client does not prefault it). 9: EXISTS_PREFIX and EXISTS_CHAIN answer
+which of the daemon's tiers holds the blocks found (runs of host, disk or remote blocks), so a client reports a hit
+by the daemon tier that served it."""
 
 ARENA_BYTE = b"A"
 """The one byte after a HELLO reply that grants shared memory; the arena's descriptor rides on it."""

@@ -8,7 +8,8 @@ Payloads (little-endian; ``keys`` = ``u32 count`` then ``count`` 32-byte keys)::
                      layout: 0 bytes (an observer), or the layout's fields as a UTF-8 JSON object)
       reply          has_salt:u8 salt_len:u16 salt shm_len:u16 shm_name bytes_per_block:u32
                      num_slots:u32 hold_timeout_ms:u32 max_frame_bytes:u32 max_keys:u32 sparse:u8
-    EXISTS_PREFIX    keys                       reply  count:u32
+    EXISTS_PREFIX    keys                       reply  found (below)
+    EXISTS_CHAIN     start:u32 keys             reply  found, of the keys from ``start``
     GET_SHM          keys                       reply  count:u32 (found:u8 slot:u32)*count
     GET_INLINE       keys                       reply  count:u32 found:u8*count block*found
     PUT_SHM_RESERVE  keys                       reply  count:u32 (state:u8 slot:u32)*count
@@ -21,6 +22,10 @@ Payloads (little-endian; ``keys`` = ``u32 count`` then ``count`` 32-byte keys)::
                      refused as malformed or too large changes nothing)
     FLUSH, STATS     (empty)                    reply  (empty) / UTF-8 JSON
     ERROR            (reply only)               code:u16 message (UTF-8)
+
+``found`` (protocol 9) is the blocks found from the first key asked for, in runs by the daemon tier that holds
+them: ``u32 runs`` then ``(tier:u8 blocks:u32)*runs``, tier an index into :data:`FOUND_TIERS`; the count found is
+the runs' sum. One round trip still answers both how much and where.
 
 A FLUSH that could not make every acknowledged block durable is answered with
 ERROR ``NOT_DURABLE`` and the message of :func:`encode_not_durable`.
@@ -47,6 +52,12 @@ from kvstore.hashing import KEY_BYTES
 from kvstore.layout import KVLayout
 
 _U32 = struct.Struct("<I")
+_RUN = struct.Struct("<BI")
+FOUND_TIERS = ("host", "disk", "remote")
+"""The daemon's tiers a found block can be in, by their code in a ``found`` reply. Values are part of the wire
+format: never reorder."""
+Runs = tuple[tuple[str, int], ...]
+"""Found blocks in key order as ``(tier, blocks)`` runs, tier one of :data:`FOUND_TIERS`, every run non-empty."""
 _SLOT = struct.Struct("<BI")
 _HELLO = struct.Struct("<16sBH")
 _HELLO_TAIL = struct.Struct("<IIIIIB")
@@ -385,6 +396,24 @@ def decode_count(payload: bytes, op: Op) -> int:
     """Inverse of :func:`encode_count`."""
     _need(len(payload) == 4, op, f"count reply is {len(payload)} bytes, expected 4")
     return int(_U32.unpack(payload)[0])
+
+
+def encode_found(runs: Runs) -> bytes:
+    """The ``found`` reply of EXISTS_PREFIX and EXISTS_CHAIN (see the module docstring)."""
+    return _U32.pack(len(runs)) + b"".join(_RUN.pack(FOUND_TIERS.index(t), n) for t, n in runs)
+
+
+def decode_found(payload: bytes, op: Op, asked: int) -> Runs:
+    """Inverse of :func:`encode_found`, checking that the runs name known tiers, are non-empty, and add up to at
+    most the ``asked`` keys."""
+    view = memoryview(payload)
+    n = _count(view, op, _RUN.size)
+    runs = tuple(_RUN.unpack_from(view, 4 + i * _RUN.size) for i in range(n))
+    _need(all(code < len(FOUND_TIERS) and blocks > 0 for code, blocks in runs), op,
+          f"found runs {runs} name an unknown tier or an empty run")
+    total = sum(blocks for _, blocks in runs)
+    _need(total <= asked, op, f"{total} blocks found of {asked} asked for")
+    return tuple((FOUND_TIERS[code], blocks) for code, blocks in runs)
 
 
 def encode_error(code: ErrorCode, message: str) -> bytes:

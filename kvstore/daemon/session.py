@@ -440,15 +440,15 @@ class Session:
         assert isinstance(msg, m.KeysRequest)
         keys, op = self._keys(msg.keys), msg.op
         if op == Op.EXISTS_CHAIN:
-            n = b.exists_chain(keys, msg.start)
+            runs = b.locate_chain(keys, msg.start)
             if count is not None:
                 count.add(keys_probed=len(keys) - msg.start)
-            return m.encode_count(n)
+            return m.encode_found(runs)
         if op == Op.EXISTS_PREFIX:
-            n = b.exists_prefix(keys)
+            runs = b.locate_prefix(keys)
             if count is not None:
                 count.add(keys_probed=len(keys))
-            return m.encode_count(n)
+            return m.encode_found(runs)
         if op == Op.GET_SHM:
             return m.encode_slots([(0, None) if s is None else (1, s) for s in b.hold_for_read(me, keys)])
         if op == Op.GET_INLINE:

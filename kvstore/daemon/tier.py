@@ -58,13 +58,15 @@ from kvstore.hashing import KEY_BYTES
 from kvstore.layout import KVLayout
 from kvstore.load_clock import LoadClock
 from kvstore.ratelog import RateLimitedLog
-from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
+from kvstore.tiers.base import Buffer, Located, Tier, TierStats, buffer_addresses
 from kvstore.tiers.host.arena import SlotCopy, copy_split
 
 log = logging.getLogger(__name__)
 PUT_RETRIES = 4
 PUT_RETRY_S = 0.002
 """First pause before retrying blocks the daemon had no free slot for (doubling per retry)."""
+THROUGH = "daemon:"
+"""How a block found through the daemon is named: this, then the daemon's tier holding it (``daemon:disk``)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class DaemonTier(Tier):
     reports_evictions = False  # the daemon evicts on its own and sends no events: ask it at lookup
     probes_by_chain = True  # its remote tier (if any) places blocks by chain position
     max_put_blocks = None  # a put goes in requests of at most a quarter of the daemon's slots (_batch)
+    served_as = tuple(THROUGH + t for t in m.FOUND_TIERS)  # a hit is named by the daemon tier holding it
 
     def __init__(self, layout: KVLayout, client: DaemonClient, deadlines: DeadlinesConfig | None = None) -> None:
         super().__init__(layout)
@@ -161,24 +164,36 @@ class DaemonTier(Tier):
     # ------------------------------------------------------------- queries
     def contains_prefix(self, keys: Sequence[bytes]) -> int:
         """How many of ``keys``, from the first, the daemon holds (0 while it is unreachable). Changes nothing."""
-        try:
-            with self.client.within(self.deadlines.lookup_ms / 1000):
-                return self.client.exists_prefix(keys)
-        except DaemonUnavailable as exc:
-            self._log_miss("lookup", exc)
-            return 0
+        return sum(n for _, n in self.locate_prefix(keys))
 
     def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
         """How many blocks of ``chain`` (its keys from position 0), from position 0, the daemon can serve, given
         the caller holds the first ``start`` (``start`` while it is unreachable). Unlike :meth:`contains_prefix`
         this reaches the daemon's remote tier, whose groups are placed by chain position; the daemon starts
         loading the blocks it counts there, so a :meth:`get` of them finds them."""
+        return start + sum(n for _, n in self.locate_chain(chain, start))
+
+    def locate_prefix(self, keys: Sequence[bytes]) -> Located:
+        """:meth:`contains_prefix`, by the daemon tier holding each run (``daemon:host``, ``daemon:disk``), in the
+        same round trip. Changes nothing."""
         try:
             with self.client.within(self.deadlines.lookup_ms / 1000):
-                return self.client.exists_chain(chain, start)
+                runs = self.client.locate_prefix(keys)
         except DaemonUnavailable as exc:
             self._log_miss("lookup", exc)
-            return start
+            return ()
+        return tuple((THROUGH + tier, n) for tier, n in runs)
+
+    def locate_chain(self, chain: Sequence[bytes], start: int = 0) -> Located:
+        """:meth:`probe`, past ``start``, by the daemon tier holding each run (``daemon:remote`` too), in the same
+        round trip."""
+        try:
+            with self.client.within(self.deadlines.lookup_ms / 1000):
+                runs = self.client.locate_chain(chain, start)
+        except DaemonUnavailable as exc:
+            self._log_miss("lookup", exc)
+            return ()
+        return tuple((THROUGH + tier, n) for tier, n in runs)
 
     def _log_miss(self, op: str, exc: DaemonUnavailable, blocks: int = 0) -> None:
         """Count the miss; one log line per miss, except while the breaker is open (its own line says so once)."""

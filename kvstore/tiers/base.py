@@ -33,6 +33,10 @@ BlockReader = Callable[[Sequence[bytes], Sequence[Buffer]], list[bool]]
 """Reads stored blocks into buffers as :meth:`Tier.get` does (``result[i]``: ``dests[i]`` filled, verified),
 without counting hits or changing recency. A victim hook's reader is valid only during the hook's call."""
 
+Located = tuple[tuple[str | None, int], ...]
+"""Blocks found from the first key asked for, as ``(name, blocks)`` runs in key order: which of a tier's
+:attr:`Tier.served_as` holds them, or ``None`` for the tier itself (:meth:`Tier.locate_prefix`)."""
+
 VictimSend = Callable[[], None]
 """What a victim hook hands back: called once the victims are really gone (their deletion committed),
 outside the tier's write lock; dropped unrun if the deletion did not happen."""
@@ -108,6 +112,11 @@ class Tier(ABC):
     with the keys past its own hit: a tier that places blocks by chain position (the remote tier's groups,
     a daemon with a remote tier)."""
 
+    served_as: tuple[str, ...] = ()
+    """The names of the tiers behind this one, when it fronts others (a daemon's: ``daemon:host``,
+    ``daemon:disk``, ``daemon:remote``): a store reports a block found here by the one that holds it
+    (:meth:`locate_prefix`). Empty: by the store's own name for this tier."""
+
     def __init__(self, layout: KVLayout) -> None:
         self.layout = layout
         self._stats = TierStats()
@@ -130,6 +139,18 @@ class Tier(ABC):
         """How many blocks of ``chain`` (keys from position 0), from position 0, are stored, given the first
         ``start`` are held elsewhere: ``start`` plus :meth:`contains_prefix` of the rest here. Changes nothing."""
         return start + self.contains_prefix(chain[start:])
+
+    def locate_prefix(self, keys: Sequence[bytes]) -> Located:
+        """:meth:`contains_prefix`, saying where: the blocks found from the first, as runs by which of
+        :attr:`served_as` holds them (here: one run, ``None``, the tier itself). Changes nothing."""
+        n = self.contains_prefix(keys)
+        return ((None, n),) if n else ()
+
+    def locate_chain(self, chain: Sequence[bytes], start: int = 0) -> Located:
+        """:meth:`probe`, saying where: the blocks found past the first ``start``, as runs like
+        :meth:`locate_prefix`. Changes nothing."""
+        n = self.probe(chain, start) - start
+        return ((None, n),) if n > 0 else ()
 
     @abstractmethod
     def contains(self, key: bytes) -> bool:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from connectors.base import KVConnector, Lease, PrefixMatch
+from connectors.base import DAEMON_TIERS, KVConnector, Lease, PrefixMatch
 from connectors.embedded import EmbeddedConnector
 from connlib import BLOCK, GREEDY, capture_logits, engine_config, kv_config, make_llm, prompt
 from dictconn import DictConnector, DictLease
@@ -213,9 +213,16 @@ def test_demo_and_benchmark_use_the_api_not_the_store(path: str) -> None:
 
 
 def test_match_tiers_are_the_connectors_own() -> None:
-    m = PrefixMatch((b"a", b"b"), ("gpu", "sidecar"), 4, 9, tier_names=("gpu", "host", "sidecar"))
-    assert m.tokens_by_tier() == {"gpu": 4, "host": 0, "sidecar": 4}
+    m = PrefixMatch((b"a", b"b", b"c"), ("gpu", "daemon:disk", "daemon:host"), 4, 13, tier_names=DAEMON_TIERS)
+    assert m.tokens_by_tier() == {"gpu": 4, "host": 0, "daemon:host": 4, "daemon:disk": 4}
+    assert m.remote_tier == "daemon:remote"
+    far = PrefixMatch((b"a", b"b"), ("daemon:host", "daemon:remote"), 4, 8, tier_names=DAEMON_TIERS)
+    assert far.tokens_by_tier() == {"gpu": 0, "host": 0, "daemon:host": 4, "daemon:disk": 0, "daemon:remote": 4}
     with pytest.raises(ValueError, match="unknown tier"):
-        PrefixMatch((b"a",), ("sidecar",), 4, 4)  # a local connector has no sidecar tier
+        PrefixMatch((b"a",), ("daemon:disk",), 4, 4)  # a local connector reaches no daemon
+    with pytest.raises(ValueError, match="unknown tier"):
+        PrefixMatch((b"a",), ("remote",), 4, 4, tier_names=DAEMON_TIERS)  # a sidecar's remote is the daemon's
+    with pytest.raises(ValueError, match="unknown tier name"):
+        PrefixMatch((), (), 4, 0, tier_names=("gpu", "sidecar"))  # the name of old: a daemon hit names its tier
     with pytest.raises(ValueError, match="unknown tier name"):
         PrefixMatch((), (), 4, 0, tier_names=("gpu", "ssd"))

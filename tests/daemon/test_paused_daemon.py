@@ -178,14 +178,14 @@ def test_the_builtin_engine_on_a_sidecar_decodes_through_a_paused_daemon_as_from
 
         tier = stalled._tier
         assert tier is not None
-        probe = tier.probe
+        locate = tier.locate_chain  # the store's probe of the daemon (the found blocks by daemon tier)
 
-        def probe_then_pause(chain: Any, start: int = 0) -> int:  # found, then the daemon stops before the load
-            n = probe(chain, start)
+        def probe_then_pause(chain: Any, start: int = 0) -> Any:  # found, then the daemon stops before the load
+            found = locate(chain, start)
             os.kill(d.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
-            return n
+            return found
 
-        tier.probe = probe_then_pause  # type: ignore[method-assign]
+        tier.locate_chain = probe_then_pause  # type: ignore[method-assign]
         tier.client.directory = None  # the load asks the daemon (no read straight from the shared slots)
         try:
             t0 = time.monotonic()

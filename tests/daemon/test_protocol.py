@@ -119,8 +119,8 @@ def test_header_errors_are_fatal_and_named() -> None:
     with pytest.raises(ProtocolError, match="bad magic") as bad:
         decode_header(b"XXXX" + good[4:HEADER_SIZE], LIMIT)
     assert bad.value.fatal
-    with pytest.raises(ProtocolError, match="STATS uses protocol version 9") as ver:
-        decode_header(HEADER.pack(MAGIC, 9, Op.STATS, 1, 0), LIMIT)
+    with pytest.raises(ProtocolError, match=f"STATS uses protocol version {PROTOCOL_VERSION + 1}") as ver:
+        decode_header(HEADER.pack(MAGIC, PROTOCOL_VERSION + 1, Op.STATS, 1, 0), LIMIT)
     assert ver.value.code == ErrorCode.BAD_VERSION and ver.value.fatal
     with pytest.raises(ProtocolError, match="GET_INLINE frame announces 4294967295 payload bytes") as big:
         decode_header(HEADER.pack(MAGIC, PROTOCOL_VERSION, Op.GET_INLINE, 1, 2**32 - 1), LIMIT)

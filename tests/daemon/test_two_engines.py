@@ -30,7 +30,7 @@ ENGINE = textwrap.dedent("""
     conn = build_connector(load_config({config!r}))
     llm = LLM(config=engine_config(), connector=conn, arch={arch})
     out = llm.generate([prompt(1, 45)], SamplingParams(max_tokens={max_tokens}, temperature=0.0))[0]
-    lower = [t for t in ("disk", "sidecar") if t in conn.stats()]
+    lower = [t for t in ("disk", "daemon") if t in conn.stats()]
     read = dict(conn.store.h.counters.loaded_blocks)  # blocks this engine read from the daemon
     conn.close()  # flushes the daemon tier
     print(json.dumps({{"connector": type(conn).__name__, "tokens": out.token_ids,
@@ -66,9 +66,10 @@ def test_second_engine_reuses_first_engines_prefix() -> None:
         second = run_engine(engine_cfg)
         assert first["connector"] == "SidecarConnector"
         assert sum(first["cached"].values()) == 0
-        # 11 full blocks served by the daemon: labelled "sidecar", not "disk", in the engine's metrics and stats
-        assert second["cached"] == {"gpu": 0, "host": 0, "sidecar": 44}
-        assert first["lower"] == second["lower"] == ["sidecar"]
+        # 11 full blocks served by the daemon's host tier: labelled "daemon:host", not "disk", in the engine's
+        # metrics, and the daemon's section of its stats is "daemon"
+        assert second["cached"] == {"gpu": 0, "host": 0, "daemon:host": 44, "daemon:disk": 0}
+        assert first["lower"] == second["lower"] == ["daemon"]
         assert first["tokens"] == reference and second["tokens"] == reference
         assert daemon.stop() == 0
     finally:
@@ -93,7 +94,8 @@ def test_prefill_on_one_engine_and_decode_on_another_through_the_daemon() -> Non
         prefill = run_engine(engine_cfg, max_tokens=1)
         decode = run_engine(engine_cfg, max_tokens=12)
         assert sum(prefill["cached"].values()) == 0
-        assert decode["cached"] == {"gpu": 0, "host": 0, "sidecar": 44}  # 11 full blocks: only the 45th token computed
+        # 11 full blocks: only the 45th token computed
+        assert decode["cached"] == {"gpu": 0, "host": 0, "daemon:host": 44, "daemon:disk": 0}
         assert decode["tokens"] == reference[0].token_ids and prefill["tokens"] == reference[0].token_ids[:1]
     finally:
         cleanup(daemon, root)
@@ -121,7 +123,7 @@ def test_a_windowed_model_reads_only_the_window_from_the_daemon_and_decodes_as_r
         first = run_engine(engine_cfg, arch=WINDOW_6)
         second = run_engine(engine_cfg, arch=WINDOW_6)
         assert sum(first["read"].values()) == 0
-        assert second["cached"] == {"gpu": 0, "host": 0, "sidecar": 44}
+        assert second["cached"] == {"gpu": 0, "host": 0, "daemon:host": 44, "daemon:disk": 0}
         assert second["read"]["disk"] == 2 and sum(second["read"].values()) == 2  # the daemon: the lower tier
         assert first["tokens"] == reference and second["tokens"] == reference
         assert daemon.stop() == 0

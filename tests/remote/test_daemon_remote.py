@@ -346,7 +346,9 @@ def test_an_engine_on_the_other_host_decodes_from_the_remote_prefix_equal_to_rec
         logits = capture_logits(llm)
         out = llm.generate([prompt(1, 45)], GREEDY)[0]
         conn.close()
-        assert out.metrics.cached_tokens_by_tier == {"gpu": 0, "host": 0, "sidecar": 32}  # 2 groups of 4 blocks of 4
+        # 2 groups of 4 blocks of 4, from the daemon's remote tier
+        assert out.metrics.cached_tokens_by_tier == {"gpu": 0, "host": 0, "daemon:host": 0, "daemon:disk": 0,
+                                                     "daemon:remote": 32}
         assert out.token_ids == ref.token_ids
         torch.testing.assert_close(logits[out.request_id], ref_logits[ref.request_id], rtol=1e-5, atol=1e-5)
         assert fleet.stats(1)["remote"]["hits"] == 8
