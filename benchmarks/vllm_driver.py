@@ -68,11 +68,27 @@ def _counters(llm: Any) -> dict[str, float]:
     wanted = {v: k for k, v in COUNTERS.items()}
     for metric in llm.get_metrics():
         name = wanted.get(metric.name)
-        if metric.name == STEP_COUNTER and getattr(metric, "labels", {}).get("step") in STEPS:
-            name = f"load_{metric.labels['step']}_s"
         if name is not None and hasattr(metric, "value"):
             values[name] = values.get(name, 0.0) + float(metric.value)
+    values.update(_step_seconds())
     return values
+
+
+def _step_seconds() -> dict[str, float]:
+    """``load_<step>_s`` from kvstore's step counter, read from the Prometheus registry of this process (where
+    vLLM's stat logger keeps it): ``LLM.get_metrics`` rounds counters down to whole numbers, and these are
+    fractions of a second."""
+    from prometheus_client import REGISTRY
+
+    out: dict[str, float] = {}
+    for family in REGISTRY.collect():
+        if family.name != STEP_COUNTER:
+            continue
+        for sample in family.samples:
+            step = sample.labels.get("step")
+            if sample.name == STEP_COUNTER + "_total" and step in STEPS:
+                out[f"load_{step}_s"] = out.get(f"load_{step}_s", 0.0) + float(sample.value)
+    return out
 
 
 def _start(job: dict[str, Any]) -> Any:
