@@ -112,7 +112,11 @@ def test_write_through_of_n_blocks_costs_a_reserve_and_a_commit_per_tier_batch(d
 
 def test_evicting_n_gpu_blocks_to_the_daemon_costs_a_reserve_and_a_commit_per_tier_batch(daemon: Daemon) -> None:
     tier = daemon.tier()
-    store, _ = _store(tier, "write_back")  # nothing written at commit: the eviction copies every block down
+    # A store writes a shared tier (a daemon) through under every policy; this one is made private so nothing is
+    # written at commit and the eviction copies every block down, as it does for blocks whose write-through the
+    # daemon refused (busy, no room) and for any tier below the GPU that is not shared.
+    tier.shared = False
+    store, _ = _store(tier, "write_back")
     try:
         batch = tier._batch()
         for seed, n in enumerate(SIZES, start=len(SIZES)):
