@@ -19,6 +19,12 @@ MEASURED_BYTES = 1 << 20
 """Loads smaller than this do not update the measured bandwidth (their time is the round trip's, not the bytes')."""
 
 
+MISSED_FACTOR = 2.0
+"""A load given up after ``t`` seconds is assumed to need at least this many times ``t``: strictly slower than
+what missed, by as much as the load decision's own margin (:data:`kvstore.load_cost.MARGIN`), so a prefill rate
+measured up to that much slower does not flip the decision back to loading."""
+
+
 class LoadClock:
     """The deadline of a load of ``n`` bytes from one tier (or one daemon), from what earlier loads measured."""
 
@@ -47,14 +53,17 @@ class LoadClock:
 
     def record_missed(self, nbytes: int, seconds: float) -> None:
         """A load of ``nbytes`` was given up at its deadline after ``seconds``: the tier is slower than that
-        now, whatever the average said (a stalled tier is believed at once, not averaged in), and each further
-        miss halves the estimate. Only ``nbytes / seconds`` would leave the estimate at the very deadline that
-        missed: a load given up at its worth (twice the compute) would measure the tier at exactly that worth,
-        and the next decision would be a coin toss between loading and recomputing, for ever."""
+        now, whatever the average said (a stalled tier is believed at once, not averaged in). Its bytes did not
+        come in ``seconds``, so they are assumed to need at least twice that (:data:`MISSED_FACTOR`), and each
+        further miss halves the estimate again. Believing only ``nbytes / seconds`` would leave the estimate at
+        the very deadline that missed: a load given up at its worth (``MARGIN`` times the compute) would
+        measure the tier at exactly that worth, and the next decision would be a coin toss between loading
+        and recomputing that any noise in the prefill rate flips, for ever (a real vLLM loaded, recomputed
+        and loaded again from a stalled tier: ``tests/vllm_engine/test_slow_tier.py``)."""
         if seconds <= 0 or nbytes <= 0:
             return
         with self._lock:
-            self.bandwidth = min(self.bandwidth / 2, nbytes / seconds)
+            self.bandwidth = min(self.bandwidth / 2, nbytes / (MISSED_FACTOR * seconds))
             self.measured += 1
 
     def record(self, nbytes: int, seconds: float) -> None:
