@@ -205,6 +205,8 @@ class RemoteWriter:
             return
         with self.h.lock:
             chain = [e.key for e in RadixIndex.path_to(new[-1])]
+        if len(chain) < len(new):
+            return  # the entries left the index meanwhile
         self.policy.committed(completed_groups(chain, len(chain) - len(new), self.policy.g))
 
     def on_hit(self, keys: Sequence[bytes]) -> None:

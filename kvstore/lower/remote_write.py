@@ -184,6 +184,8 @@ class RemoteWritePolicy(Generic[H]):
                         due.append(tuple(chain[end - g: end]))
                 elif seen is None or not seen.sent:
                     due.append(tuple(chain[end - g: end]))
+                else:
+                    self._seen.move_to_end(last)  # a hot group stays remembered: never sent again
             self._trim()
         if due:
             self._send_held(self._claim(due))

@@ -23,7 +23,7 @@ from benchmarks.redis_servers import RedisServer, redis_missing, start_server
 from kvstore.config.schema import KVStoreConfig
 from kvstore.layout import KVLayout
 from kvstore.lower.local import LocalTier
-from kvstore.lower.remote_write import RemoteWritePolicy
+from kvstore.lower.remote_write import RemoteWritePolicy, completed_groups, full_groups
 from kvstore.store import TieredStore
 from kvstore.tiers.redis.tier import RedisTier
 
@@ -200,3 +200,14 @@ def test_both_paths_store_the_same_groups(server: RedisServer, tmp_path: Path, w
     finally:
         embedded.close()
         daemon.close()
+
+
+def test_the_group_arithmetic() -> None:
+    """Groups are spans of ``G`` chain positions; a commit completes those whose last position it adds."""
+    chain = [bytes([i]) * 32 for i in range(10)]
+    assert full_groups(chain, 4) == [tuple(chain[0:4]), tuple(chain[4:8])]
+    assert full_groups(chain, 4, stop=7) == [tuple(chain[0:4])]
+    assert completed_groups(chain, 8, 4) == []  # positions 8, 9: group 2 is not full yet
+    assert completed_groups(chain[:8], 3, 4) == [tuple(chain[0:4]), tuple(chain[4:8])]
+    assert completed_groups(chain[:8], 4, 4) == [tuple(chain[4:8])]  # group 0 was complete before
+    assert completed_groups(chain + [b"x" * 32, b"y" * 32], 10, 4) == [(*chain[8:10], b"x" * 32, b"y" * 32)]
