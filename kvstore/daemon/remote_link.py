@@ -41,7 +41,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from kvstore.errors import BlockStateError
-from kvstore.lower.remote_write import Group, RemoteWrite, RemoteWritePolicy, full_groups
+from kvstore.lower.remote_write import (
+    Group,
+    RemoteWrite,
+    RemoteWritePolicy,
+    full_groups,
+)
 from kvstore.tiers.base import BlockReader, Buffer, Tier, VictimSend
 from kvstore.tiers.chain import ChainTier
 

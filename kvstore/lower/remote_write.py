@@ -321,7 +321,7 @@ class RemoteWritePolicy(Generic[H]):
             for gr, held in jobs:
                 try:
                     bufs = self.source.read(gr, held)
-                except Exception:  # noqa: BLE001 - a failed copy loses an optimisation, never an engine error
+                except Exception:  # a failed copy loses an optimisation, never an engine error
                     log.exception("reading group ending %s for the remote tier failed", gr[-1].hex()[:16])
                     bufs = None
                 if bufs is None:
@@ -333,7 +333,7 @@ class RemoteWritePolicy(Generic[H]):
             for gr, bufs in copied:
                 try:
                     stored = self.remote.store(list(gr), 0, bufs)
-                except Exception:  # noqa: BLE001 - as above (the tier answers a server's failures itself)
+                except Exception:  # as above (the tier answers a server's failures itself)
                     log.exception("writing group ending %s to the remote tier failed", gr[-1].hex()[:16])
                     stored = 0
                 if stored:
