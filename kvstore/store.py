@@ -30,7 +30,8 @@ from kvstore.layout import KVLayout
 from kvstore.prefetch import BlockPlan, Prefetcher, StoreLease, first_block_in_window
 from kvstore.store_match import StoreMatch
 from kvstore.radix import BlockEntry, RadixIndex, RadixMatch
-from kvstore.remote_writer import MAX_QUEUED_BYTES, RemoteWrite, RemoteWriter
+from kvstore.lower.remote_write import MAX_QUEUED_BYTES, RemoteWrite
+from kvstore.remote_writer import RemoteWriter
 from kvstore.spill import Spiller
 from kvstore.store_stats import store_stats
 from kvstore.tiers.base import Tier
@@ -152,8 +153,7 @@ class TieredStore:
         n_full = len(toks) // bs
         h = self.h
         h.sync_tier_events()
-        count_hits = self.policy.write == "write_through_selective" or h.carry_uses or (
-            self.remote_writer is not None and self.remote_writer.counts_hits)
+        count_hits = self.policy.write == "write_through_selective" or h.carry_uses
         with h.lock:
             m = h.index.match(toks, salt, count_hits=count_hits)
             if m.num_blocks < n_full:
@@ -199,9 +199,9 @@ class TieredStore:
                 per_tier[w] = per_tier.get(w, 0) + 1
         if due:
             self.spiller.write_down(due)
-        if self.remote_writer is not None:
-            self.remote_writer.on_hit(entries)
         keys = tuple(map(_KEY, entries))
+        if self.remote_writer is not None:
+            self.remote_writer.on_hit(keys)
         for name, tier in h.lower_tiers():
             if not rest:
                 break

@@ -46,7 +46,8 @@ def store_stats(h: Hierarchy, prefetch_budget: ByteBudget, remote_writer: Remote
             d["loaded_blocks"] = c.loaded_blocks[name]
             d["spilled_blocks"] = c.spilled_blocks[name]
             if name == "remote" and remote_writer is not None:
-                d["skipped_groups"] = remote_writer.skipped_groups
-                d["shed_groups"] = remote_writer.shed_groups
+                counters = remote_writer.policy.counters
+                d["skipped_groups"] = counters.incomplete
+                d["shed_groups"] = counters.shed
             out[name] = d
     return out

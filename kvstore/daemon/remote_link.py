@@ -12,14 +12,19 @@ it). So::
                                  remote probe from n's group ─► r; the loads of positions [n, r) start now,
                                  into host slots reserved for them, and the reply is r
     GET of a key being loaded    waits for its group (at most remote.timeout_s), then reads host as usual
-    a commit completing a group  write_through: the group goes remote on this link's thread
+    a commit completing a group  write_through: the group goes remote on the write policy's thread
     a lookup's local hit         write_through_selective: counted per group; at selective_hits it goes remote
     a disk eviction              write_back: the victim's group is copied in the evicting transaction, then sent
+
+Which groups go remote, and when, is decided by :class:`~kvstore.lower.remote_write.RemoteWritePolicy`, the
+one the embedded store uses too; the link gives it the groups its probes remembered and reads their blocks
+(:class:`HostGroups`: host slots pinned and copied, disk blocks loaded into host first, or read in the
+evicting transaction).
 
 A loaded block is published in the host tier and written behind to disk like a committed one, so the
 next lookup on this host is local. Nothing here stalls or fails a client: a dead, slow or paused server
 makes the probe a miss after ``remote.probe_timeout_s`` and a load a miss after ``remote.timeout_s``
-(the tier's own bounds and back-off); a group store runs on this link's thread, never a client's.
+(the tier's own bounds and back-off); a group store runs on the policy's thread, never a client's.
 A key the link forgot (more chains than :data:`GROUP_MEMORY` keys since) is not sent; ``unplaced`` counts them.
 """
 
@@ -36,7 +41,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from kvstore.errors import BlockStateError
-from kvstore.remote_writer import SENT_MEMORY, RemoteWrite
+from kvstore.lower.remote_write import (
+    Group,
+    RemoteWrite,
+    RemoteWritePolicy,
+    full_groups,
+)
 from kvstore.tiers.base import BlockReader, Buffer, Tier, VictimSend
 from kvstore.tiers.chain import ChainTier
 
@@ -85,14 +95,76 @@ class LinkCounters:
     """Client reads that waited for a block still being loaded."""
     no_room: int = 0
     """Remote blocks not loaded because no host slot could be freed (the probe's answer stops before them)."""
-    groups_queued: int = 0
-    """Groups handed to the link's thread to store (each ``group_blocks`` blocks)."""
-    groups_incomplete: int = 0
-    """Queued groups not stored because a block had left every local tier (or was damaged) by then."""
-    groups_shed: int = 0
-    """``write_back`` groups dropped because the copies waiting to be sent had reached ``remote.max_inflight_bytes``."""
     unplaced: int = 0
     """Committed blocks of no remembered group (never in a chain probe, or forgotten): not sent."""
+
+
+@dataclass
+class HeldGroup:
+    """A group on its way to the remote tier: nothing held (its blocks are found when the policy's thread reads
+    them) or, under ``write_back``, its blocks' private copies made in the evicting transaction."""
+
+    copies: list[Buffer] | None
+    bytes_per_block: int
+
+    @property
+    def private_bytes(self) -> int:
+        """Bytes of the private copies made already."""
+        return 0 if self.copies is None else len(self.copies) * self.bytes_per_block
+
+
+class HostGroups:
+    """The daemon's :class:`~kvstore.lower.remote_write.GroupSource`: a group's blocks read from the backend's
+    host slots (pinned, and loaded from disk first when only there) or, for a disk victim, through the
+    evicting tier's reader."""
+
+    def __init__(self, backend: LinkBackend) -> None:
+        self.b = backend
+
+    def hold(self, groups: Sequence[Group]) -> list[HeldGroup | None]:
+        """Nothing to hold: :meth:`read` finds the blocks where they are then."""
+        return [HeldGroup(None, self.b.layout.bytes_per_block) for _ in groups]
+
+    def read(self, group: Group, held: HeldGroup) -> list[Buffer] | None:
+        """The copies made already, or private copies of the group's host slots (disk blocks loaded into host
+        first); ``None`` when a block is in no local tier."""
+        if held.copies is not None:
+            return held.copies
+        b = self.b
+        slots = b._lock_found(group, count=False)
+        try:
+            if None in slots:
+                return None
+            return [torch.empty(b.layout.bytes_per_block, dtype=torch.uint8).copy_(b.host.slot_view(s))
+                    for s in slots if s is not None]
+        finally:
+            b._unpin([k for k, s in zip(group, slots) if s is not None])
+
+    def copy_victims(self, groups: Sequence[Group], read: BlockReader) -> list[HeldGroup | None]:
+        """Private copies of each group: disk blocks through ``read`` (the evicting transaction), the rest from
+        host (written behind to disk, or not yet); ``None`` for a group one of whose blocks neither holds."""
+        b = self.b
+        out: list[HeldGroup | None] = []
+        for group in groups:
+            bufs = [torch.empty(b.layout.bytes_per_block, dtype=torch.uint8) for _ in group]
+            found = read(list(group), bufs)
+            if not all(found):
+                missing = [i for i, f in enumerate(found) if not f]
+                with b._mu:  # published copies only: a reserved slot is still being written
+                    missing = [i for i in missing if b.host.slot_of(group[i]) is not None]
+                    slots = b.host.pin([group[i] for i in missing], use=False)
+                try:
+                    for i, s in zip(missing, slots):
+                        if s is not None:
+                            bufs[i].copy_(b.host.slot_view(s))
+                            found[i] = True
+                finally:
+                    b._unpin([group[i] for i, s in zip(missing, slots) if s is not None])
+            out.append(HeldGroup(list(bufs), b.layout.bytes_per_block) if all(found) else None)
+        return out
+
+    def stored(self, group: Group, blocks: int) -> None:
+        """Nothing to count beyond the remote tier's own counters."""
 
 
 class RemoteLink:
@@ -100,20 +172,21 @@ class RemoteLink:
 
     def __init__(self, backend: LinkBackend, remote: ChainTier, write: RemoteWrite, selective_hits: int,
                  max_queued_bytes: int, wait_s: float) -> None:
-        self.b, self.remote, self.write = backend, remote, write
-        self.selective_hits, self.max_queued_bytes, self.wait_s = selective_hits, max_queued_bytes, wait_s
+        self.b, self.remote, self.wait_s = backend, remote, wait_s
         self.g = remote.group_blocks
+        self.groups = HostGroups(backend)
+        self.policy: RemoteWritePolicy[HeldGroup] = RemoteWritePolicy(remote, self.groups, write, selective_hits,
+                                                                      max_queued_bytes)
+        """The one owner of ``remote.write`` (the embedded store's :class:`~kvstore.remote_writer.RemoteWriter`
+        has one too)."""
         self.counters = LinkCounters()
         self._mu = threading.Lock()
-        self._groups: OrderedDict[bytes, tuple[bytes, ...]] = OrderedDict()
-        """member key -> the keys of its group (one tuple shared by the group's members)."""
-        self._sent: OrderedDict[bytes, int] = OrderedDict()
-        """group's last key -> its local hits (selective); -1 once sent."""
+        self._groups: OrderedDict[bytes, Group] = OrderedDict()
+        """member key -> its group (one tuple shared by the group's members)."""
         self._loading: dict[bytes, threading.Event] = {}
-        self._queued_bytes = 0
         self._loads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstore-daemon-remote-load")
-        self._stores = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-daemon-remote-store")
-        """Stores on their own thread: a backlog of them never delays a load a client's GET waits for."""
+        """Loads on their own threads: a backlog of group stores (the policy's thread) never delays a load a
+        client's GET waits for."""
         self._pending: set[Future[None]] = set()
         if write == "write_back":
             disk = backend.disk
@@ -123,15 +196,17 @@ class RemoteLink:
                                  "slab) cannot see that: use write_through or write_through_selective")
             disk.set_victim_hook(self._disk_victims)
 
+    @property
+    def write(self) -> RemoteWrite:
+        """The remote write policy's name (``remote.write``), as :attr:`policy` runs it."""
+        return self.policy.write
+
     # ----------------------------------------------------------- lookups
     def after_local(self, chain: Sequence[bytes], n: int) -> int:
         """The probe of ``chain`` past its local prefix of ``n`` blocks: how many blocks from position 0 this
         daemon can serve (``n`` or more). Starts the loads of the remote blocks it counts."""
         self._remember(chain)
-        if self.write == "write_through_selective":
-            self._count_local_hits(chain, n)
-        elif self.write == "write_through":
-            self._send_unsent(chain, n)
+        self.policy.hit(chain, n)
         if n >= len(chain) // self.g * self.g:
             return n
         with self._mu:
@@ -157,27 +232,30 @@ class RemoteLink:
 
     # ------------------------------------------------------------ writes
     def on_committed(self, keys: Sequence[bytes]) -> None:
-        """Clients stored ``keys`` (published in host): under ``write_through`` send the groups they complete."""
-        if self.write != "write_through":
+        """Clients stored ``keys`` (published in host): give the policy the remembered groups they belong to
+        (under ``write_through`` it sends those not sent; a group not complete yet is tried again at its next
+        commit or hit)."""
+        if self.policy.write != "write_through":
             return
-        groups: dict[bytes, tuple[bytes, ...]] = {}
+        groups: dict[bytes, Group] = {}
         with self._mu:
             for k in keys:
                 group = self._groups.get(k)
                 if group is None:
                     self.counters.unplaced += 1
-                elif self._sent.get(group[-1]) != -1:
+                else:
                     groups[group[-1]] = group
-        if groups:
-            self._queue(list(groups.values()))
+        self.policy.committed(list(groups.values()))
 
     # ------------------------------------------------------------- misc
     def stats(self) -> dict[str, Any]:
         """The remote tier's counters (hits, misses, errors, ...) and the link's (``link``). Changes nothing."""
         out: dict[str, Any] = dict(self.remote.stats().as_dict())
+        w = self.policy.counters
         with self._mu:
-            out["link"] = {**asdict(self.counters), "groups_remembered": len(self._groups) // max(1, self.g),
-                           "loading": len(self._loading), "write": self.write}
+            out["link"] = {**asdict(self.counters), "groups_queued": w.queued, "groups_incomplete": w.incomplete,
+                           "groups_shed": w.shed, "groups_remembered": len(self._groups) // max(1, self.g),
+                           "loading": len(self._loading), "write": self.policy.write}
         return out
 
     def drain(self) -> None:
@@ -186,52 +264,26 @@ class RemoteLink:
         with self._mu:
             pending = list(self._pending)
         wait(pending)
+        self.policy.wait()
 
     def close(self) -> None:
-        """Finish queued work, stop the thread, close the remote tier."""
-        if self.write == "write_back" and self.b.disk is not None:
+        """Finish queued work, stop the threads, close the remote tier."""
+        if self.policy.write == "write_back" and self.b.disk is not None:
             self.b.disk.set_victim_hook(None)
         self._loads.shutdown(wait=True)
-        self._stores.shutdown(wait=True)
+        self.policy.close()
         self.remote.close()
 
     # ---------------------------------------------------------- private
     def _remember(self, chain: Sequence[bytes]) -> None:
-        g = self.g
+        groups = full_groups(chain, self.g)
         with self._mu:
-            for i in range(len(chain) // g):
-                group = tuple(chain[i * g: i * g + g])
+            for group in groups:
                 for k in group:
                     self._groups[k] = group
                     self._groups.move_to_end(k)
             while len(self._groups) > GROUP_MEMORY:
                 self._groups.popitem(last=False)
-
-    def _send_unsent(self, chain: Sequence[bytes], n: int) -> None:
-        """Queue the groups within the local prefix ``[0, n)`` not sent yet: committed before any chain placed
-        them (a prompt's last block, which its own lookup leaves out), or when the server was down."""
-        g = self.g
-        with self._mu:
-            due = [tuple(chain[i * g: i * g + g]) for i in range(n // g) if self._sent.get(chain[i * g + g - 1]) != -1]
-        if due:
-            self._queue(due)
-
-    def _count_local_hits(self, chain: Sequence[bytes], n: int) -> None:
-        due: list[tuple[bytes, ...]] = []
-        g = self.g
-        with self._mu:
-            for i in range(n // g):
-                last = chain[i * g + g - 1]
-                hits = self._sent.get(last, 0)
-                if hits == -1:
-                    continue
-                self._sent[last] = hits + 1
-                self._sent.move_to_end(last)
-                if hits + 1 >= self.selective_hits:
-                    due.append(tuple(chain[i * g: i * g + g]))
-            self._trim_sent()
-        if due:
-            self._queue(due)
 
     def _start_load(self, chain: Sequence[bytes], n: int, r: int) -> int:
         """Reserve host slots for positions ``[n, r)`` not held locally and load them on the link's thread;
@@ -258,7 +310,7 @@ class RemoteLink:
                 events.append(key)
             self.counters.loads_started += len(mine)
         if mine:
-            self._submit(self._loads, self._load, list(chain[: max(mine) // self.g * self.g + self.g]), mine)
+            self._submit(self._load, list(chain[: max(mine) // self.g * self.g + self.g]), mine)
         return r
 
     def _load(self, chain: list[bytes], mine: dict[int, tuple[bytes, int]]) -> None:
@@ -285,92 +337,15 @@ class RemoteLink:
                     if e is not None:
                         e.set()
 
-    def _queue(self, groups: list[tuple[bytes, ...]]) -> None:
-        with self._mu:
-            groups = [gr for gr in groups if self._sent.get(gr[-1]) != -1]
-            for gr in groups:
-                self._sent[gr[-1]] = -1
-                self._sent.move_to_end(gr[-1])
-            self._trim_sent()
-            self.counters.groups_queued += len(groups)
-        for gr in groups:
-            self._submit(self._stores, self._store_local, gr)
-
-    def _store_local(self, group: tuple[bytes, ...]) -> None:
-        """Store ``group`` from the daemon's own copies (pinned in host, disk ones loaded into host first)."""
-        b = self.b
-        slots = b._lock_found(group, count=False)
-        try:
-            if None in slots:
-                with self._mu:
-                    self.counters.groups_incomplete += 1
-                    self._sent.pop(group[-1], None)  # not sent: a later commit may complete it again
-                return
-            if self.remote.store(list(group), 0, [b.host.slot_view(s) for s in slots if s is not None]) == 0:
-                with self._mu:  # the server failed it (counted there): a later lookup of the chain sends it again
-                    self._sent.pop(group[-1], None)
-        finally:
-            b._unpin([k for k, s in zip(group, slots) if s is not None])
-
     def _disk_victims(self, keys: Sequence[bytes], read: BlockReader) -> VictimSend | None:
-        """``write_back``: the disk tier is about to evict ``keys``; copy each remembered group of theirs (disk
-        blocks through ``read``, in the evicting transaction; the others from host) and return its send."""
-        b = self.b
+        """``write_back``: the disk tier is about to evict ``keys``; hand the policy each remembered group of
+        theirs, copied in the evicting transaction (:meth:`HostGroups.copy_victims`)."""
         with self._mu:
-            groups = {gr[-1]: gr for k in keys if (gr := self._groups.get(k)) is not None
-                      and self._sent.get(gr[-1]) != -1}
-        jobs: list[tuple[tuple[bytes, ...], list[Buffer]]] = []
-        for group in groups.values():
-            bufs = [torch.empty(b.layout.bytes_per_block, dtype=torch.uint8) for _ in group]
-            found = read(list(group), bufs)
-            if not all(found):  # the rest may still be in host (written behind to disk, or not yet)
-                missing = [i for i, f in enumerate(found) if not f]
-                with b._mu:  # published copies only: a reserved slot is still being written
-                    missing = [i for i in missing if b.host.slot_of(group[i]) is not None]
-                    slots = b.host.pin([group[i] for i in missing], use=False)
-                try:
-                    for i, s in zip(missing, slots):
-                        if s is not None:
-                            bufs[i].copy_(b.host.slot_view(s))
-                            found[i] = True
-                finally:
-                    b._unpin([group[i] for i, s in zip(missing, slots) if s is not None])
-            if not all(found):
-                with self._mu:
-                    self.counters.groups_incomplete += 1
-                continue
-            jobs.append((group, bufs))
-        if not jobs:
-            return None
-        return lambda: self._send_copies(jobs)
+            groups = [gr for k in keys if (gr := self._groups.get(k)) is not None]
+        return self.policy.victims(groups, lambda due: self.groups.copy_victims(due, read))
 
-    def _send_copies(self, jobs: list[tuple[tuple[bytes, ...], list[Buffer]]]) -> None:
-        nbytes = self.b.layout.bytes_per_block * self.g
-        admitted: list[tuple[tuple[bytes, ...], list[Buffer]]] = []
-        with self._mu:
-            for group, bufs in jobs:
-                if self._sent.get(group[-1]) == -1:
-                    continue
-                if self._queued_bytes + nbytes > self.max_queued_bytes:
-                    self.counters.groups_shed += 1
-                    continue
-                self._queued_bytes += nbytes
-                self._sent[group[-1]] = -1
-                admitted.append((group, bufs))
-            self._trim_sent()
-            self.counters.groups_queued += len(admitted)
-        for group, bufs in admitted:
-            self._submit(self._stores, self._send_copy, group, bufs)
-
-    def _send_copy(self, group: tuple[bytes, ...], bufs: list[Buffer]) -> None:
-        try:
-            self.remote.store(list(group), 0, bufs)
-        finally:
-            with self._mu:
-                self._queued_bytes -= self.b.layout.bytes_per_block * self.g
-
-    def _submit(self, pool: ThreadPoolExecutor, fn: Callable[..., None], *args: Any) -> None:
-        fut = pool.submit(fn, *args)
+    def _submit(self, fn: Callable[..., None], *args: Any) -> None:
+        fut = self._loads.submit(fn, *args)
         with self._mu:
             self._pending.add(fut)
         fut.add_done_callback(self._done)
@@ -380,10 +355,6 @@ class RemoteLink:
             self._pending.discard(fut)
         if not fut.cancelled() and fut.exception() is not None:
             log.error("remote tier work failed", exc_info=fut.exception())
-
-    def _trim_sent(self) -> None:
-        while len(self._sent) > SENT_MEMORY:
-            self._sent.popitem(last=False)
 
 
 def link_for(backend: LinkBackend, remote: ChainTier | None, cfg: Any) -> RemoteLink | None:

@@ -92,7 +92,7 @@ def test_the_embedded_store(config: Path) -> None:
         assert store.h.host is not None and isinstance(order_of(store.h.host), S3FIFOIndex)
         assert isinstance(store.h.disk, DiskTier) and isinstance(order_of(store.h.disk), S3FIFOIndex)
         assert store.h.remote is not None and store.remote_writer is not None
-        assert store.remote_writer.policy == "write_through_selective"
+        assert store.remote_writer.policy.write == "write_through_selective"
         assert store.policy.write == "write_through_selective"
     finally:
         store.close()
