@@ -3,9 +3,9 @@
 - kvstore's core (``kvstore/**``) imports neither ``engine`` nor ``connectors``:
   kvstore is a cache any engine can use, not part of one. Only the command
   line (``kvstore/cli``), the benchmarks (``kvstore/bench``) and the demo
-  (``kvstore/demo.py``) build engines and connectors, so they may.
+  (``kvstore/cli/demo.py``) build engines and connectors, so they may.
 - ``kvstore/tiers`` does not import ``kvstore.daemon``: tiers are the storage
-  the daemon is built from; the daemon as a tier lives in ``kvstore/daemon/tier.py``.
+  the daemon is built from; the daemon as a tier lives in ``kvstore/daemon/client/tier.py``.
 - ``kvstore/config`` does not import ``kvstore.daemon``: the config is read by everything, the daemon included; a
   bound both check (the largest frame before login) lives below both, in ``kvstore/frame_bounds.py``.
 - The ``kvstore`` package's import graph has no cycle, even counting imports under ``if TYPE_CHECKING:``.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-MAY_BUILD_ENGINES = ("kvstore/cli/", "kvstore/bench/", "kvstore/demo.py")
+MAY_BUILD_ENGINES = ("kvstore/cli/", "kvstore/bench/", "kvstore/cli/demo.py")
 
 
 def _imported(path: Path) -> set[str]:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvstore.config.deadlines import DeadlinesConfig
-from kvstore.load_clock import MISSED_FACTOR, LoadClock
-from kvstore.load_cost import MARGIN, REMEASURE_EVERY, LoadCost
+from kvstore.store.load_clock import MISSED_FACTOR, LoadClock
+from kvstore.store.load_cost import MARGIN, REMEASURE_EVERY, LoadCost
 
 BPB = 1 << 20  # a 1 MiB block of 32 tokens
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import lmdb
 
 from daemonlib import LAYOUT
-from kvstore.daemon.backend import DaemonBackend
-from kvstore.daemon.holds import HoldTable
+from kvstore.daemon.server.backend import DaemonBackend
+from kvstore.daemon.server.holds import HoldTable
 from kvstore.tiers.base import Buffer, Tier
 from kvstore.tiers.lmdb.tier import DiskTier
 from kvstore.tiers.host.tier import HostTier

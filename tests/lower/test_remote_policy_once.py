@@ -1,8 +1,8 @@
 """Each remote write policy (``remote.write``) exists once: the embedded store and the daemon's stack send the
 same groups.
 
-The same sequence runs through an embedded :class:`~kvstore.store.TieredStore` and through the in-process
-daemon stack (:class:`~kvstore.lower.local.LocalTier`, the daemon's :class:`~kvstore.daemon.backend.DaemonBackend`),
+The same sequence runs through an embedded :class:`~kvstore.store.tiered.TieredStore` and through the in-process
+daemon stack (:class:`~kvstore.lower.local.LocalTier`, the daemon's :class:`~kvstore.daemon.server.backend.DaemonBackend`),
 both built from one config, each on its own key prefix of one real ``redis-server``: a prompt ``A`` of two full
 groups and a partial one is stored, hit twice, then a prompt ``B`` as large as the disk tier pushes all of ``A``
 out of it. Under each writing policy both paths must leave the same groups (the same keys) in Redis, readable back
@@ -24,7 +24,7 @@ from kvstore.config.schema import KVStoreConfig
 from kvstore.layout import KVLayout
 from kvstore.lower.local import LocalTier
 from kvstore.lower.remote_write import RemoteWritePolicy, completed_groups, full_groups
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.redis.tier import RedisTier
 
 MODEL = {"model_id": "remote-once", "num_layers": 2, "num_kv_heads": 2, "head_dim": 8, "block_size": 4,

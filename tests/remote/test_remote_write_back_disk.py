@@ -16,7 +16,7 @@ from storelib import LAYOUT, MemoryTier, prefill
 
 from benchmarks.redis_servers import RedisServer, start_server
 from kvstore.config.schema import PolicyConfig
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.base import Buffer, Tier
 from kvstore.tiers.lmdb.tier import DiskTier
 from kvstore.tiers.file import FileTier

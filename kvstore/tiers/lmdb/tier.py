@@ -2,7 +2,7 @@
 
 Two named databases::
 
-    blocks  32-byte key -> codec header + payload (see kvstore.codec)
+    blocks  32-byte key -> codec header + payload (see kvstore.tiers.codec)
     lru     32-byte key -> <QQ last-access counter, accounted bytes>
 
 The data is found through ``blocks`` alone, so a restarted process serves
@@ -78,11 +78,11 @@ from typing import Literal
 
 import lmdb
 
-from kvstore.codec import CODECS, EncodedParts, encode_parts, encoded_size_bound
+from kvstore.tiers.codec import CODECS, EncodedParts, encode_parts, encoded_size_bound
 from kvstore.config.schema import DiskConfig
 from kvstore.errors import CorruptBlock, TierError, short_key
 from kvstore.layout import KVLayout
-from kvstore.ratelog import RateLimitedLog
+from kvstore.util.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, VictimSend, check_buffers
 from kvstore.tiers.datadir import DirLock, make_private_dir
 from kvstore.policy.order import EvictionOrder, order_for
