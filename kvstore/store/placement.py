@@ -1,5 +1,8 @@
 """The one owner of where a block lives: every residency change of the tiered store goes through here.
 
+One file past 500 lines, on purpose: it is the one owner of where a block lives, so every write of a
+block's residency is here and nowhere else; split, that fact would have two owners.
+
 Where a block lives is recorded in its :class:`~kvstore.store.radix.BlockEntry`
 (``gpu_block``, ``host_slot``, ``on_disk``); the blocks of a deferred run
 (:class:`~kvstore.store.radix.RadixNode`), whose entries are not made yet, all live

@@ -1,5 +1,10 @@
 """The tiered store: GPU block pool + radix index + host, disk and remote tiers, behind one small API.
 
+One file past 500 lines, on purpose: it is the store's API, and each method hands its work to the part that
+owns it (:class:`~kvstore.store.placement.Placement`, the spiller, the prefetcher, the remote writer, the
+flush); what stays here is the order in which they are called under the one lock (what a lookup, an acquire,
+a commit and a release hold and give back), which is read in one place or not at all.
+
 Request flow (see ``DESIGN.md``)::
 
     tokens ─► block keys ─► radix match ─► probe lower tiers ─► StoreMatch

@@ -1,5 +1,10 @@
 """Blocking, thread-safe client of the daemon: connection, handshake, requests, reconnection.
 
+One file past 500 lines, on purpose: every part of :class:`DaemonClient` (connect and login, reconnection
+with backoff, per-thread deadlines, the breaker's probe, the deferred quiet frames) works on the same socket
+under the same lock and the same per-thread deadline; apart, each part would take the others' socket, lock and
+deadline back as arguments.
+
 One socket (Unix or TCP), one request in flight at a time under :attr:`lock`
 (an ``RLock``, so a caller can hold it across several requests that must
 see the same connection, such as GET_SHM, copy, RELEASE). A get's release is

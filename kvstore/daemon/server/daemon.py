@@ -1,5 +1,10 @@
 """The daemon: listeners, the hold reaper, stats, and an orderly shutdown.
 
+One file past 500 lines, on purpose: :class:`DaemonServer` owns the daemon's life (start, accept, open a
+shelf per layout, stop and drain) and the fields those steps share (the config, the shared capacities, the
+dormant layouts, the sessions); each part that stands alone is a module of its own already (``session``,
+``shelves``, ``socketfile``, ``http``, ``metrics``, ``admission``).
+
 ::
 
     start ─► clear a stale socket ─► host tier (sealed memfd, passed to local clients) + disk tier

@@ -1,5 +1,9 @@
 """One client connection of the daemon: login, then request by request until it closes.
 
+One file past 500 lines, on purpose: a session is one connection's state (login, the frame being read
+under its deadline and the in-flight budget, the bounds of each request, dispatch to the backend); the
+bounds read that state (logged in or not, the holds it has, the budget it took), so they stay with it.
+
 ::
 
     read 16-byte header ─► decode_header (magic, version, length bound; fatal)

@@ -1,5 +1,9 @@
 """Disk tier (L3): blocks in an LMDB environment, content-addressed, capped, LRU-evicted.
 
+One file past 500 lines, on purpose: :class:`DiskTier`'s writes, eviction and use counts meet in one
+LMDB write transaction over one environment, one eviction order and one byte budget; the parts that stand
+alone are beside it in this package (``env``, ``reads``, ``value``, ``walk``, ``gate``, ``check``, ``repair``).
+
 Two named databases::
 
     blocks  32-byte key -> codec header + payload (see kvstore.tiers.codec)
