@@ -43,7 +43,7 @@ from typing import Any
 
 from kvstore.bench.belady import belady_hits
 from kvstore.bench.cache_sim import PooledCacheSim, TieredCacheSim
-from kvstore.bench.harness import Progress, Results, SuiteOptions
+from kvstore.bench.harness import Progress, Results, SuiteError, SuiteOptions
 from kvstore.bench.mooncake import load_mooncake
 from kvstore.bench.plots import grid, save
 from kvstore.bench.workloads import GENERATORS, HELD_OUT_PLACEMENT, OTHER_SEED_FAMILIES, Trace, synthetic
@@ -99,26 +99,41 @@ def _rate(trace: Trace, hit_blocks: list[int]) -> float:
     return sum(hit_blocks) * trace.block_tokens / trace.prompt_tokens
 
 
+def workload_names(seed: int) -> list[str]:
+    """Every workload the suite replays with ``--seed seed``, by the name its results carry, in replay order."""
+    return ["mooncake", *GENERATORS, *(f"{name}@seed{seed + 1}" for name in OTHER_SEED_FAMILIES)]
+
+
 def _workloads(options: SuiteOptions, results: Results) -> list[tuple[Trace, str]]:
-    """``(trace, role)`` pairs: ``tuning`` (what the policies' parameters were chosen on) or ``held_out``."""
+    """``(trace, role)`` pairs: ``tuning`` (what the policies' parameters were chosen on) or ``held_out``; only
+    those ``options.workloads`` names (the others recorded as skipped), :class:`SuiteError` on a name no
+    workload has."""
+    known = workload_names(options.seed)
+    chosen = set(known if options.workloads is None else options.workloads)
+    if unknown := sorted(chosen - set(known)):
+        raise SuiteError(f"unknown workload{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                         f"known: {', '.join(known)}")
+    if left := [w for w in known if w not in chosen]:
+        results.skip("workloads", f"not selected (--workloads): {', '.join(left)}")
     out = [(synthetic(name, options.quick, options.seed), "held_out" if name in HELD_OUT_PLACEMENT else "tuning")
-           for name in GENERATORS]
+           for name in GENERATORS if name in chosen]
     out += [(synthetic(name, options.quick, options.seed + 1, label=f"{name}@seed{options.seed + 1}"), "held_out")
-            for name in OTHER_SEED_FAMILIES]
+            for name in OTHER_SEED_FAMILIES if f"{name}@seed{options.seed + 1}" in chosen]
     path = options.trace
-    if path is None:
-        results.skip("mooncake", "no trace path given (--trace)")
-    elif not path.is_file():
-        results.skip("mooncake", f"trace {path} not found")
-    else:
-        limit = options.trace_limit or (QUICK_TRACE_REQUESTS if options.quick else None)
-        out.insert(0, (load_mooncake(path, limit), "tuning"))
+    if "mooncake" in chosen:
+        if path is None:
+            results.skip("mooncake", "no trace path given (--trace)")
+        elif not path.is_file():
+            results.skip("mooncake", f"trace {path} not found")
+        else:
+            limit = options.trace_limit or (QUICK_TRACE_REQUESTS if options.quick else None)
+            out.insert(0, (load_mooncake(path, limit), "tuning"))
     return out
 
 
 def run(options: SuiteOptions, progress: Progress) -> Results:
     """Replay every workload at every capacity through every cache."""
-    fractions = QUICK_FRACTIONS if options.quick else FULL_FRACTIONS
+    fractions = options.fractions or (QUICK_FRACTIONS if options.quick else FULL_FRACTIONS)
     tiered = dict(NAMED)
     described = {name: POLICIES[name].summary for name in POLICIES}
     shipped = PolicyConfig()
@@ -135,6 +150,7 @@ def run(options: SuiteOptions, progress: Progress) -> Results:
         "pooled": f"one flat cache of 7G blocks under {', '.join(POOLED_ORDERS)}; pooled_best: the best of them",
         "belady": "block-level MIN with bypass over GPU+host+disk blocks, prefix-closed by (next use, depth) order",
         "trace": str(options.trace) if options.trace else None,
+        "workloads": "all" if options.workloads is None else list(options.workloads),
     })
     traces = _workloads(options, results)
     progress.grow(len(traces) * (len(fractions) + 1))

@@ -1,14 +1,18 @@
-"""The hitrate suite's report of the default configuration's two criteria (>= 0.55 of Belady at 2 % on the
-held-out workloads; never below ``lru``): exact ratios, margins, pass/fail per workload and the verdict."""
+"""The hitrate suite's report: the default configuration's two criteria (>= 0.55 of Belady at 2 % on the
+held-out workloads; never below ``lru``) with exact ratios, margins, pass/fail per workload and the verdict;
+and the choice of workloads and capacities (``--workloads``, ``--fractions``)."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
-from kvstore.bench.harness import Results, SuiteOptions
-from kvstore.bench.hitrate import CRITERIA_FRACTION, DEFAULT_OF_BELADY, _default_criteria
+from kvstore.bench import SUITES
+from kvstore.bench.harness import Progress, Results, SuiteError, SuiteOptions
+from kvstore.bench.hitrate import CRITERIA_FRACTION, DEFAULT_OF_BELADY, _default_criteria, run, workload_names
+from kvstore.cli.bench_cmd import add_options
 
 
 def _results(rows: list[tuple[str, str, float, float, float]], fraction: float = CRITERIA_FRACTION) -> Results:
@@ -64,3 +68,33 @@ def test_a_run_without_the_criteria_capacity_says_it_did_not_judge() -> None:
     _default_criteria(results, CRITERIA_FRACTION)
     assert not results.ratios
     assert results.notes == ["default criteria not judged: no replay at GPU 2% (the full suite replays it)"]
+
+
+def test_selected_workloads_and_fractions_are_all_that_is_replayed(tmp_path: Path) -> None:
+    options = SuiteOptions(tmp_path, quick=True, workloads=("chat@seed1", "scan-mix"), fractions=(CRITERIA_FRACTION,))
+    results = run(options, Progress("hitrate", 0, enabled=False))
+    assert [f.params["workload"] for f in results.figures if f.name == "requests"] == ["scan-mix", "chat@seed1"]
+    assert {f.params["gpu_fraction"] for f in results.figures if f.name == "hit_rate.default"} == {CRITERIA_FRACTION}
+    left = [w for w in workload_names(0) if w not in ("chat@seed1", "scan-mix")]
+    assert results.skipped == {"workloads": f"not selected (--workloads): {', '.join(left)}"}
+    assert results.config["workloads"] == ["chat@seed1", "scan-mix"]
+    assert results.config["fractions_of_footprint"] == [CRITERIA_FRACTION]
+    assert {r.params["workload"] for r in results.ratios if r.name.startswith("criterion.")} == {"chat@seed1", "scan-mix"}
+    assert len(results.notes) == 2 and all("2 held-out workloads" in n for n in results.notes)
+
+
+def test_an_unknown_workload_fails_the_run_naming_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(SuiteError, match=r"unknown workload chat@seed2; known: mooncake, chat, .*, agent@seed1$"):
+        run(SuiteOptions(tmp_path, quick=True, workloads=("chat@seed2",)), Progress("hitrate", 0, enabled=False))
+
+
+def test_the_cli_parses_workloads_and_fractions_and_refuses_bad_fractions() -> None:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_options(parser, SUITES, checkout=False)
+    args = parser.parse_args(["hitrate", "--workloads", "mooncake,tenants", "--fractions", "0.01,0.02"])
+    assert args.workloads == ("mooncake", "tenants") and args.fractions == (0.01, 0.02)
+    defaults = parser.parse_args(["hitrate"])
+    assert defaults.workloads is None and defaults.fractions is None
+    for bad in ("0,0.02", "0.02,x", "1.5"):
+        with pytest.raises(argparse.ArgumentError):
+            parser.parse_args(["hitrate", "--fractions", bad])
