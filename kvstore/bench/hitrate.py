@@ -27,6 +27,11 @@ The model is checked against the store itself: the first 600 Mooncake requests a
 G = 1 and 2 % (:mod:`kvstore.bench.store_replay`), beside the model fed the store's own keys (so a duel
 samples the same blocks), and the requests whose hits differ in any tier are counted (``store_check``).
 
+The default configuration is judged at GPU 2 % (:data:`CRITERIA_FRACTION`) on each workload: at least
+:data:`DEFAULT_OF_BELADY` of Belady and not below ``lru`` (``criterion.*`` ratios, a verdict over the held-out
+workloads in the notes). ``--workloads`` and ``--fractions`` narrow a run to some workloads and capacities
+(a full run takes over an hour on two shared cores); the workloads left out are listed as skipped.
+
 With ``--research`` the suite also replays variants no named policy stands for (one order per tier,
 switches one at a time), as parameters of the simulator, never config fields.
 
