@@ -60,6 +60,11 @@ class SuiteOptions:
     """Client processes of the ``soak`` run; ``None``: the suite's default."""
     research: bool = False
     """``hitrate``: also replay the research variants (placement parameters no named policy stands for)."""
+    workloads: tuple[str, ...] | None = None
+    """``hitrate``: replay only these workloads, by the name results give them (``mooncake``, ``rag@seed1``);
+    ``None``: every one."""
+    fractions: tuple[float, ...] | None = None
+    """``hitrate``: GPU capacities as fractions of each workload's distinct blocks; ``None``: the suite's default."""
     tenants: int | None = None
     """Tenants of the ``soak`` run's daemon, its clients taking turns among them and untenanted ones; ``None``: 0."""
     model: str | None = None

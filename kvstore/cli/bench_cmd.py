@@ -41,7 +41,8 @@ def run(args: argparse.Namespace, suites: Mapping[str, str], prog: str) -> int:
         out = base / name if (args.suite == "all" or args.out is None) else base
         options = SuiteOptions(out_dir=out, quick=args.quick, seed=args.seed,
                                trace=args.trace, trace_limit=args.trace_limit, data_dir=args.data_dir,
-                               minutes=args.minutes, clients=args.clients, tenants=args.tenants, research=args.research, model=args.model,
+                               minutes=args.minutes, clients=args.clients, tenants=args.tenants, research=args.research,
+                               workloads=args.workloads, fractions=args.fractions, model=args.model,
                                prefix_tokens=args.prefix_tokens, repeats=args.repeats, replicas=args.replicas, vllm_python=args.vllm_python,
                                command=f"{prog} {shlex.join(sys.argv[1:])}" if sys.argv[1:] else prog)
         try:
@@ -63,6 +64,25 @@ def _positive(kind: type[int] | type[float]):  # noqa: ANN202 - an argparse type
             raise argparse.ArgumentTypeError(f"{text!r} must be a finite number above 0")
         return value
     return parse
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """An argparse ``type``: comma-separated names, none empty."""
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty name")
+    return names
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    """An argparse ``type``: comma-separated fractions in (0, 1]."""
+    try:
+        values = tuple(float(n) for n in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+    if not all(0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every fraction must be above 0 and at most 1")
+    return values
 
 
 def description(suite_help: Mapping[str, str], tail: str = "") -> str:
@@ -107,6 +127,12 @@ def add_options(p: argparse.ArgumentParser, suites: Mapping[str, str], checkout:
     p.add_argument("--research", action="store_true",
                    help="hitrate: also replay research variants of the placement policies (one order per tier, "
                    "switches one at a time), which no config field selects")
+    p.add_argument("--workloads", type=_names, default=None, metavar="NAMES",
+                   help="hitrate: replay only these workloads, comma-separated, named as the results name them "
+                   "(mooncake, chat, tenants, rag@seed1, ...); the others are listed as skipped (default: all)")
+    p.add_argument("--fractions", type=_fractions, default=None, metavar="F,...",
+                   help="hitrate: GPU capacities as fractions of each workload's distinct blocks "
+                   "(default 0.01,0.02,0.05,0.1; 0.05,0.2 with --quick)")
     p.add_argument("--tenants", type=_positive(int), default=None, metavar="N",
                    help="soak: give the daemon N tenants (daemon.tenant_salts); the clients take turns among them "
                    "and untenanted local clients, each also asking for the others' blocks, which must miss "
