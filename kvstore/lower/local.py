@@ -26,6 +26,7 @@ from kvstore.daemon.holds import HoldTable
 from kvstore.daemon.remote_link import link_for
 from kvstore.layout import KVLayout
 from kvstore.lower.build import HostPlan, build_lower_tiers
+from kvstore.lower.write_policy import WriteRule
 from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
 
 
@@ -52,7 +53,8 @@ class LocalTier(Tier):
         disk = tiers.disk
         durable = disk is not None and ((disk.name == "lmdb" and cfg.disk.sync == "always")
                                         or (disk.name == "slab" and cfg.slab.sync == "always"))
-        backend = DaemonBackend(layout, tiers.host, disk, HoldTable(cfg.daemon.hold_timeout_s), durable_puts=durable)
+        backend = DaemonBackend(layout, tiers.host, disk, HoldTable(cfg.daemon.hold_timeout_s), durable_puts=durable,
+                                write=WriteRule.from_config(cfg.policy))
         try:
             backend.link = link_for(backend, tiers.remote, cfg)
         except BaseException:
