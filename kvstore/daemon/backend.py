@@ -4,11 +4,20 @@ Semantics of the one tier the daemon offers its clients:
 
 - ``get``: served from the host tier; a host miss is loaded from disk into a
   freshly reserved host slot (published, so the next client finds it there).
-- ``put``: lands in the host tier and is written through to disk by the
-  :class:`WriteBehind` thread; ``flush`` waits for that queue, then syncs disk,
+- ``put``: lands in the host tier and goes to disk by the :class:`WriteBehind`
+  thread when the write policy (``policy.write``, a :class:`WriteRule`) makes it
+  due: at commit under ``write_through``; under ``write_back`` it stays *dirty*
+  (its slot pinned, so never evicted without a disk copy) until host clean room
+  falls below a low-water mark and the coldest dirty blocks are written back
+  ahead, or a reserve lacks room and writes back what it needs, or a flush or
+  close; under ``write_through_selective`` the same, or once read
+  ``selective_hits`` times (:mod:`kvstore.daemon.dirty`). Host and disk then
+  hold distinct blocks; a block loaded from disk keeps its disk copy.
+  ``flush`` queues every dirty block, waits for the queue, then syncs disk,
   and raises :class:`NotDurable` when acknowledged blocks failed to reach it.
   With ``durable_puts`` (``disk.sync: always``) a put returns only after its
-  blocks are written and synced, and says ``False`` for any that were not.
+  blocks are written and synced, whatever the policy, and says ``False`` for
+  any that were not.
 - A connection that ends with holds still open keeps them until their
   deadline, unless its process is known to be gone: then
   :meth:`DaemonBackend.release_owner` ends them at once.

@@ -5,4 +5,6 @@
   build theirs here.
 - :mod:`kvstore.lower.local`: the host tier in front of the disk tier (and the remote tier) in one process,
   run by the same code that runs them inside the daemon, for the engine adapters' embedded mode.
+- :mod:`kvstore.lower.write_policy`: when a block is due to go down (``policy.write``), for the embedded store
+  and the daemon alike.
 """

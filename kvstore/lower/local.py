@@ -3,8 +3,8 @@ its sockets, for an engine adapter's ``connector: embedded``.
 
 :class:`LocalTier` is one :class:`~kvstore.tiers.base.Tier` (whole blocks of ``layout.bytes_per_block``
 bytes under 32-byte keys) run by :class:`~kvstore.daemon.backend.DaemonBackend`, the code that runs the
-same tiers inside the daemon: host misses load from disk into host, puts land in host and are written
-behind to disk, a put the host tier has no room for (every slot waiting for its disk write) is written
+same tiers inside the daemon: host misses load from disk into host, puts land in host and go to disk as
+``policy.write`` says (under ``write_back`` when host room runs low, at ``flush`` and ``close``), a put the host tier has no room for (every slot waiting for its disk write) is written
 through to disk instead of refused, corrupt disk values are dropped misses, and a remote tier is fed and
 read by chain position (``remote.write``). Its tiers are built by :func:`kvstore.lower.build.build_lower_tiers`
 with the placement policy's orders, like the daemon's.
@@ -113,7 +113,7 @@ class LocalTier(Tier):
         self.backend.flush()
 
     def close(self) -> None:
-        """Flush the write-behind queue and close both tiers (the disk data stays)."""
+        """Write dirty blocks down, flush the write-behind queue and close both tiers (the disk data stays)."""
         self.backend.close()
 
     def stats(self) -> TierStats:
