@@ -168,7 +168,8 @@ class DaemonBackend:
                 tier.record_events(False)  # clients keep their own index; nobody drains unless events are published
         self.events = DaemonEvents(host, disk) if publish_events else None
         """The tiers' changes for a router (``daemon.events``), or ``None`` when nothing publishes them."""
-        self.writer = (WriteBehind(host, disk, self._written_down, on_written=self._written if self.events is not None else None)
+        self.writer = (WriteBehind(host, disk, self._written_down,
+                                   on_written=self._written if self.events is not None else None)
                        if disk is not None else None)
         self._written_at_sync = 0
         self._quarantine: dict[int, dict[bytes, float]] = {}

@@ -176,7 +176,8 @@ def _storage_families(family: Callable[[str, Kind, str, list[tuple[dict[str, str
            "write_back (or write_through_selective before their hits): written back when host clean room runs low, "
            "at FLUSH and at a graceful stop; lost by a kill -9.", [({}, backend.get("dirty_blocks", 0))])
     add("kvstore_cleaned_ahead_total", "counter", "Dirty blocks written back ahead of need because the host tier's "
-           "clean room (free or evictable slots) fell below its low-water mark.", [({}, backend.get("cleaned_ahead", 0))])
+           "clean room (free or evictable slots) fell below its low-water mark.",
+           [({}, backend.get("cleaned_ahead", 0))])
     add("kvstore_write_failures_total", "counter", "Blocks the write-behind failed to write to disk (full or failing disk).",
            [({}, backend["write_failures"])])
     add("kvstore_not_durable_total", "counter", "Acknowledged blocks whose disk write failed (lost at restart).",
