@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvstore.lower.write_policy import WriteRule
+from kvstore.policy.exclude import KeyFilter
 from kvstore.tiers.host.tier import HostTier
 
 LOW_WATER_SHARE = 8
@@ -29,8 +30,9 @@ takes a few slots at a time, and the writer needs a batch's disk write to free t
 arena covers the reserves that arrive meanwhile without a reserve having to wait for the disk."""
 HIGH_WATER_SHARE = 4
 """A write-back pass queues dirty blocks until 1/HIGH_WATER_SHARE of the host slots are clean room (counting
-those being written). Each pass scans the eviction order once (O(slots)); with the gap to the low-water mark
-a pass comes every slots/8 commits or so, so that scan costs O(1) per commit and the writer gets batches."""
+those being written). The gap to the low-water mark makes a pass come every slots/8 commits or so, with a
+batch for the writer each time, not one block per commit. A pass walks the eviction order from its coldest
+end only until it has its batch (dirty blocks are pinned, so the coldest keys are mostly dirty ones)."""
 
 
 class DirtyBlocks:
@@ -104,13 +106,7 @@ class DirtyBlocks:
         """Up to ``n`` dirty keys, the next the host tier would evict first, moved to *being written*."""
         if n <= 0 or not self._dirty:
             return []
-        picked: list[bytes] = []
-        for key in host.keys():
-            if key in self._dirty:
-                picked.append(key)
-                if len(picked) == n:
-                    break
-        return self._take(picked)
+        return self._take(host.oldest(n, exclude=_NotIn(self._dirty)))
 
     def take_all(self) -> list[bytes]:
         """Every dirty key, moved to *being written* (a flush, a graceful close)."""
@@ -125,3 +121,16 @@ class DirtyBlocks:
             del self._dirty[key]
         self._writing.update(keys)
         return keys
+
+
+class _NotIn(KeyFilter):
+    """``key in filter``: ``key`` is not dirty (what :meth:`HostTier.oldest` skips to find the coldest dirty
+    keys), tested against the live dict rather than a copy of every clean key."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: dict[bytes, int]) -> None:
+        self._keys = keys
+
+    def __contains__(self, key: object) -> bool:
+        return key not in self._keys

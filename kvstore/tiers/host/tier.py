@@ -34,7 +34,7 @@ from kvstore.tiers.shared_capacity import SharedCapacity
 from kvstore.tiers.host.arena import HostArena, PinMode, SlotCopy, copy_split, resolve_pin
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
 from kvstore.policy.order import EvictionOrder, order_for
-from kvstore.policy.exclude import KeyFilter
+from kvstore.policy.exclude import Exclude, KeyFilter
 from kvstore.tiers.host.free_slots import FreeSlots
 from kvstore.tiers.host.slot_directory import DirectoryWriter, directory_bytes
 
@@ -226,6 +226,13 @@ class HostTier(Tier):
         """
         with self._lock:
             return self._victims(n)
+
+    def oldest(self, n: int, exclude: Exclude = ()) -> list[bytes]:
+        """Up to ``n`` published keys, pinned or not, the next to evict first, skipping ``exclude``. Changes nothing
+        (not even the order): for a caller that writes blocks back before they are evicted (the daemon's dirty
+        blocks, which stay pinned until written), in the order eviction will want their slots."""
+        with self._lock:
+            return self._order.oldest(n, exclude)
 
     def seed_uses(self, keys: Sequence[bytes], uses: Sequence[int]) -> None:
         """Tell the eviction order how often each published key was used before it entered this tier.
