@@ -802,7 +802,7 @@ class DaemonBackend:
         if self.dirty is None or n <= 0:
             return
         with self._mu:
-            clean = self.host.num_slots - self.host.num_pinned
+            clean = self.host.clean_room
             if clean >= n:
                 return
             keys = self.dirty.coldest(self.host, n - clean - self.dirty.writing)

@@ -94,8 +94,8 @@ class DirtyBlocks:
         below the low-water mark (:data:`LOW_WATER_SHARE`); moved to *being written* (the caller queues them)."""
         if not self._dirty:
             return []
-        slots = host.num_slots
-        room = slots - host.num_pinned + len(self._writing)
+        slots = host.room_slots
+        room = host.clean_room + len(self._writing)
         if room >= max(1, slots // LOW_WATER_SHARE):
             return []
         picked = self.coldest(host, max(1, slots // HIGH_WATER_SHARE) - room)

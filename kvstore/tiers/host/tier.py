@@ -153,6 +153,24 @@ class HostTier(Tier):
         return len(self._free)
 
     @property
+    def room_slots(self) -> int:
+        """Slots this tier can fill: its arena's, or fewer when a shared budget is smaller. Changes nothing."""
+        if self.capacity is None:
+            return self.num_slots
+        return min(self.num_slots, self.capacity.limit // self.bpb)
+
+    @property
+    def clean_room(self) -> int:
+        """Slots a reserve could take now without waiting for anyone: free slots (under a shared budget, as many
+        as its unused bytes pay for) and published slots holding no reference (evictable). Changes nothing."""
+        with self._lock:
+            free = len(self._free)
+            unreferenced = self.num_slots - free - len(self._refs)  # published or reserved, minus those held
+            if self.capacity is not None:
+                free = min(free, max(0, self.capacity.limit - self.capacity.used) // self.bpb)
+            return unreferenced + free
+
+    @property
     def shm_name(self) -> str | None:
         """The label of the shared arena other processes map (``None`` if private)."""
         return self.arena.name
