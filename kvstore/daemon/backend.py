@@ -580,6 +580,7 @@ class DaemonBackend:
         sent to the remote tier), not a client's: no hit or miss is counted, no use recorded."""
         if self.link is not None:
             self.link.wait_loaded(keys)
+        self._room_for_loads(keys)
         loading: dict[bytes, int] = {}
         with self._mu:
             slots = [self.host.slot_of(k) for k in keys]
@@ -811,6 +812,17 @@ class DaemonBackend:
         if waiting:
             assert self.writer is not None
             self.writer.drain()
+
+    def _room_for_loads(self, keys: Sequence[bytes]) -> None:
+        """Before a read loads disk hits into host: make clean room for them (:meth:`_room_for`), so a host tier
+        full of dirty blocks makes the read slower, not a miss. Looks on disk only when room is short."""
+        if self.dirty is None:
+            return
+        absent = [k for k in dict.fromkeys(keys) if self.host.slot_of(k) is None]
+        if not absent or self.host.clean_room >= len(absent):
+            return
+        assert self.disk is not None
+        self._room_for(sum(self.disk.contains(k) for k in absent))
 
     def _write_all_back(self) -> None:
         """Queue every dirty block to the writer (a flush, a graceful close). Call without the mutex."""
