@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kvstore.config.schema import KVStoreConfig
-from kvstore.daemon.dirty import HIGH_WATER_SHARE
+from kvstore.daemon.dirty import HIGH_WATER_SHARE, LOW_WATER_SHARE
 from kvstore.layout import KVLayout
 from kvstore.lower.local import LocalTier
 
@@ -97,6 +97,25 @@ def test_write_back_put_of_more_than_host_holds_loses_nothing(tmp_path: Path) ->
         assert sum(tier.backend.host.contains(k) for k in keys) <= HOST_SLOTS  # the rest come from disk
         _read_back(tier, keys)
         tier.backend.host.check_integrity()
+    finally:
+        tier.close()
+
+
+def test_write_back_writes_the_coldest_dirty_blocks_once_clean_room_falls_below_the_low_water_mark(
+        tmp_path: Path) -> None:
+    tier = _open(tmp_path, "write_back")  # LRU: the order blocks were put in is their eviction order
+    try:
+        low, high = HOST_SLOTS // LOW_WATER_SHARE, HOST_SLOTS // HIGH_WATER_SHARE
+        keys = _keys(HOST_SLOTS)
+        at = HOST_SLOTS - low + 1  # the put that leaves one slot fewer than the mark clean
+        _put(tier, keys[: at - 1], step=1)
+        _drain(tier)
+        assert _on_disk(tier, keys) == 0
+        _put(tier, keys[at - 1 : at], step=1)
+        _drain(tier)
+        written = [k for k in keys if tier.backend.disk is not None and tier.backend.disk.contains(k)]
+        assert written == keys[: high - (HOST_SLOTS - at)]  # the coldest, up to the high-water mark of clean room
+        assert tier.backend.stats()["cleaned_ahead"] == len(written)
     finally:
         tier.close()
 
