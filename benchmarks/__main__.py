@@ -11,7 +11,7 @@ import sys
 
 from benchmarks import SUITE_HELP, SUITES
 from kvstore.cli.bench_cmd import add_options, description, run
-from kvstore.interrupts import Terminated, exit_status, sigterm_raises
+from kvstore.util.interrupts import Terminated, exit_status, sigterm_raises
 
 
 def main(argv: list[str] | None = None) -> int:

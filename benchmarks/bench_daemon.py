@@ -153,8 +153,8 @@ def run_embedded(clients: int, n: int, batch: int, layout: KVLayout, root: Path,
 # -------------------------------------------------------------------- daemon
 def _daemon_client(socket_path: str, c: int, n: int, batch: int, rounds: int, barrier: Any, results: Any,
                    read_directory: bool) -> None:
-    from kvstore.daemon.client import DaemonClient
-    from kvstore.daemon.tier import DaemonTier
+    from kvstore.daemon.client.connection import DaemonClient
+    from kvstore.daemon.client.tier import DaemonTier
 
     layout = KVLayout(**MODEL)
     client = DaemonClient(layout, socket_path=socket_path, client_name=f"bench {c}", read_directory=read_directory)

@@ -33,8 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "daemon"))
 from daemonlib import shipped_config, start_daemon  # type: ignore[import-not-found]  # noqa: E402  # the tests' daemon starter
 
-from kvstore.daemon.client import DaemonClient  # noqa: E402
-from kvstore.daemon.tier import DaemonTier  # noqa: E402
+from kvstore.daemon.client.connection import DaemonClient  # noqa: E402
+from kvstore.daemon.client.tier import DaemonTier  # noqa: E402
 from kvstore.hashing import block_keys  # noqa: E402
 from kvstore.layout import KVLayout  # noqa: E402
 

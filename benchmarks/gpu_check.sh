@@ -2,7 +2,7 @@
 # Run on a machine with an NVIDIA GPU: the engine tests with the compiled Triton
 # kernels (the CUDA-only tests run instead of skipping), the CPU tests of the
 # CUDA-only branches, the connector oracle on CUDA (every tier and the daemon:
-# GPU <-> host <-> disk copies through kvstore/transfer.py), then the engine
+# GPU <-> host <-> disk copies through kvstore/store/transfer.py), then the engine
 # benchmark and the tiered end-to-end benchmark (TTFT with the prefix on GPU,
 # host and disk), then vLLM with kvstore: both adapters end to end, the real-engine
 # suite (tests/vllm_engine) and `python -m benchmarks vllm`. Results land in ${OUT:-bench-out}/;

@@ -1,5 +1,5 @@
 """One engine-like process of the ``remote`` suite's fleet replay: its share of the Mooncake trace through a
-real :class:`~kvstore.store.TieredStore` (small GPU pool and host tier, optionally the shared Redis tier).
+real :class:`~kvstore.store.tiered.TieredStore` (small GPU pool and host tier, optionally the shared Redis tier).
 
 Run as ``python -m benchmarks.remote_replay WORKER OF URL TRACE LIMIT TIERS`` (TIERS ``host`` or
 ``host,remote``); prints one JSON line ``{"blocks": …, "hit_blocks": {"gpu": …, …}}``. Worker ``i`` of
@@ -16,9 +16,9 @@ from pathlib import Path
 
 from kvstore.config.remote import RemoteConfig
 from kvstore.config.schema import PolicyConfig
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.host.tier import HostTier
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=16, block_size=4, dtype="float16", model_id="mooncake-replay")

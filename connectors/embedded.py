@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from connectors.base import LOCAL_TIERS, KVConnector, Lease, PrefixMatch
 from kvstore.config.schema import KVStoreConfig
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt, block_keys
 from kvstore.layout import KVLayout
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 
 if TYPE_CHECKING:
     from kvstore.route.publisher import EventPublisher
@@ -94,7 +94,7 @@ class EmbeddedConnector(KVConnector):
 
     tier_names: tuple[str, ...] = LOCAL_TIERS
     """The tiers of this connector's matches and leases (:attr:`PrefixMatch.tier_names`; the sidecar's are the
-    daemon's). The store names each block's tier itself (:attr:`~kvstore.store_match.StoreMatch.labels`)."""
+    daemon's). The store names each block's tier itself (:attr:`~kvstore.store.match.StoreMatch.labels`)."""
     lower_section = "disk"
     """The key of the store's lowest tier in :meth:`stats` (the sidecar's is the daemon)."""
 

@@ -24,9 +24,9 @@ import yaml
 
 from kvstore.config.deadlines import DeadlinesConfig
 from kvstore.config.schema import KVStoreConfig
-from kvstore.daemon.frames import DaemonError
-from kvstore.breaker import MissReason
-from kvstore.daemon.tier import DaemonTier, PutOutcome
+from kvstore.daemon.wire.frames import DaemonError
+from kvstore.util.breaker import MissReason
+from kvstore.daemon.client.tier import DaemonTier, PutOutcome
 from kvstore.hashing import Salt
 from kvstore.layout import KVLayout
 from kvstore.lower.build import HostPlan, build_lower_tiers
@@ -53,7 +53,7 @@ class EngineBlockStore:
 
     def load_deadline_s(self, nbytes: int) -> float:
         """Seconds a load of ``nbytes`` may take before the engine recomputes those blocks instead: the slowest
-        daemon tier's (:meth:`~kvstore.daemon.tier.DaemonTier.load_deadline_s`); the floor for tiers in this
+        daemon tier's (:meth:`~kvstore.daemon.client.tier.DaemonTier.load_deadline_s`); the floor for tiers in this
         process (their reads do not stall)."""
         daemons = [t.load_deadline_s(nbytes) for t in self.tiers if isinstance(t, DaemonTier)]
         return max(daemons, default=self.deadlines.load_floor_ms / 1000)
@@ -63,9 +63,9 @@ class EngineBlockStore:
         """The store ``cfg`` describes, for ``layout`` (the engine's; ``cfg.model`` is not used).
 
         ``cfg.connector == "sidecar"``: connect to the daemon (raises
-        :class:`~kvstore.daemon.client.DaemonUnavailable` if none answers within
+        :class:`~kvstore.daemon.client.connection.DaemonUnavailable` if none answers within
         :data:`CONNECT_WAIT_S`; a daemon started for another layout refuses
-        with a :class:`~kvstore.daemon.frames.DaemonError` whose message
+        with a :class:`~kvstore.daemon.wire.frames.DaemonError` whose message
         includes the ``model:`` section its config needs). Otherwise build
         ``cfg.tiers`` here: with ``host``, one :class:`~kvstore.lower.local.LocalTier` (host, disk and
         remote composed as in the daemon); without, the disk tier alone.
@@ -177,7 +177,7 @@ class EngineBlockStore:
         return PutOutcome(stored, None if all(stored) else reason or MissReason.NO_ROOM)
 
     def health(self) -> list[dict[str, object]]:
-        """Each daemon tier's :meth:`~kvstore.daemon.tier.DaemonTier.health` (its breaker, misses, bandwidth)."""
+        """Each daemon tier's :meth:`~kvstore.daemon.client.tier.DaemonTier.health` (its breaker, misses, bandwidth)."""
         return [t.health() for t in self.tiers if isinstance(t, DaemonTier)]
 
     def flush(self) -> None:

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import torch
 
 from connectors.engine_store import EngineBlockStore
-from kvstore.breaker import MissReason
-from kvstore.ratelog import RateLimitedLog
+from kvstore.util.breaker import MissReason
+from kvstore.util.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class SaveQueue:
         self._busy = False
         self._closed = False
         self.dropped: dict[str, int] = {}
-        """Blocks not stored, by :class:`~kvstore.breaker.MissReason` value."""
+        """Blocks not stored, by :class:`~kvstore.util.breaker.MissReason` value."""
         self.saved_blocks = 0
         self._ratelog = RateLimitedLog(log)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)

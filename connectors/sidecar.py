@@ -1,7 +1,7 @@
 """``SidecarConnector``: the GPU pool and radix index in the engine, the lower tiers in a ``kvstore serve`` daemon.
 
-The store is the same :class:`~kvstore.store.TieredStore` the embedded
-connector uses, with one lower tier: a :class:`~kvstore.daemon.tier.DaemonTier`
+The store is the same :class:`~kvstore.store.tiered.TieredStore` the embedded
+connector uses, with one lower tier: a :class:`~kvstore.daemon.client.tier.DaemonTier`
 (the daemon's shared-memory host tier in front of its disk tier). Lookups
 probe the daemon beyond the in-process index, so an engine finds what another
 engine (or its own previous run) left there. In the connector API a block
@@ -27,10 +27,10 @@ import os
 from connectors.base import DAEMON_TIERS
 from connectors.embedded import EmbeddedConnector
 from kvstore.config.schema import KVStoreConfig
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt
-from kvstore.store import TieredStore
-from kvstore.daemon.tier import DaemonTier
+from kvstore.store.tiered import TieredStore
+from kvstore.daemon.client.tier import DaemonTier
 
 CONNECT_WAIT_S = 10.0
 """How long :meth:`SidecarConnector.register` waits for the daemon to answer."""
@@ -50,9 +50,9 @@ class SidecarConnector(EmbeddedConnector):
     def _build_store(self, pool: GPUBlockPool) -> TieredStore:
         """Connect to the daemon with the pool's layout (the daemon checks its fingerprint), then build the store.
 
-        Raises :class:`~kvstore.daemon.client.DaemonUnavailable` if no daemon
+        Raises :class:`~kvstore.daemon.client.connection.DaemonUnavailable` if no daemon
         answers within :data:`CONNECT_WAIT_S`, and
-        :class:`~kvstore.daemon.frames.DaemonError` if it refuses the handshake
+        :class:`~kvstore.daemon.wire.frames.DaemonError` if it refuses the handshake
         (wrong token, different layout).
         """
         self._tier = DaemonTier.from_config(self.config, self.client_name, CONNECT_WAIT_S, pool.layout)
@@ -61,7 +61,7 @@ class SidecarConnector(EmbeddedConnector):
 
     def daemon_health(self) -> dict[str, object] | None:
         """The daemon tier's breaker, misses by operation and reason, and measured load bandwidth
-        (:meth:`~kvstore.daemon.tier.DaemonTier.health`; ``None`` before :meth:`register`)."""
+        (:meth:`~kvstore.daemon.client.tier.DaemonTier.health`; ``None`` before :meth:`register`)."""
         return self._tier.health() if self._tier is not None else None
 
     @property

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.kernels import AttentionBackend
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 
 
 @dataclass(frozen=True)

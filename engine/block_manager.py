@@ -1,7 +1,7 @@
 """The scheduler's only door to KV memory: a small class a connector-backed manager replaces.
 
 :class:`BlockManager` allocates and frees through the kvstore
-:class:`~kvstore.gpu_pool.GPUBlockPool` and caches nothing across requests.
+:class:`~kvstore.store.gpu_pool.GPUBlockPool` and caches nothing across requests.
 A connector-backed subclass overrides the hooks to add prefix caching:
 
 - :meth:`admit` looks up the prompt's cached prefix and hands the sequence a
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from engine.sequence import SequenceState
 from kvstore.errors import IntegrityError
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 
 
 class BlockManager:

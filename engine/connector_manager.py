@@ -28,7 +28,7 @@ from connectors.base import KVConnector, Lease
 from engine.block_manager import BlockManager
 from engine.sequence import SequenceState
 from kvstore.errors import IntegrityError, OutOfBlocks
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 
 PreemptionMode = Literal["recompute", "swap"]
 

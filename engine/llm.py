@@ -26,7 +26,7 @@ from engine.sequence import SequenceState
 from engine.model_text import model_text
 from engine.tokenizer import ByteTokenizer, HFTokenizer
 from engine.weights import build_model, init_random, load_safetensors
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 
 Prompt = str | list[int]
 

@@ -10,7 +10,7 @@ from engine.attention import AttentionMetadata, ChunkSpec, PagedAttention
 from engine.kernels import AttentionBackend
 from engine.model import LlamaForCausalLM
 from engine.scheduler import ScheduledChunk
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 
 
 class ModelRunner:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kvstore.errors import KVStoreError, OutOfBlocks
 from kvstore.hashing import block_keys, root_key
 from kvstore.layout import KVLayout
-from kvstore.radix import BlockEntry, RadixIndex, RadixMatch
+from kvstore.store.radix import BlockEntry, RadixIndex, RadixMatch
 
 __all__ = [
     "BlockEntry",
@@ -32,13 +32,13 @@ __all__ = [
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from kvstore.gpu_pool import GPUBlockPool
+    from kvstore.store.gpu_pool import GPUBlockPool
 
 
 def __getattr__(name: str) -> Any:
     """Import :class:`GPUBlockPool` (and with it torch) only when it is asked for."""
     if name == "GPUBlockPool":
-        from kvstore.gpu_pool import GPUBlockPool
+        from kvstore.store.gpu_pool import GPUBlockPool
 
         return GPUBlockPool
     raise AttributeError(f"module 'kvstore' has no attribute {name!r}")

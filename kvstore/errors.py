@@ -40,7 +40,7 @@ def short_key(key: bytes | None) -> str:
 class CorruptBlock(KVStoreError):
     """A stored block value failed verification (header, length or checksum); never serve it.
 
-    ``reason`` is one of :data:`kvstore.codec.CORRUPT_REASONS` (``"bad magic"``,
+    ``reason`` is one of :data:`kvstore.tiers.codec.CORRUPT_REASONS` (``"bad magic"``,
     ``"checksum mismatch"``, ...), so callers and tests can act on it.
     """
 

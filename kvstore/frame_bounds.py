@@ -1,6 +1,6 @@
 """Bounds on the daemon protocol's frames that the config checks as well (``daemon.max_frame_bytes``).
 
-Declared here, below both :mod:`kvstore.daemon.frames` and :mod:`kvstore.config.schema`, so that the config
+Declared here, below both :mod:`kvstore.daemon.wire.frames` and :mod:`kvstore.config.schema`, so that the config
 does not import the daemon: one owner, two readers.
 """
 

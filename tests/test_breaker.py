@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kvstore.breaker import BreakerSettings, CircuitBreaker, MissReason
+from kvstore.util.breaker import BreakerSettings, CircuitBreaker, MissReason
 
 
 def wait_for(cond, timeout: float = 5.0) -> None:  # noqa: ANN001
@@ -26,7 +26,7 @@ def test_it_opens_after_n_misses_in_a_row_and_a_success_resets_the_count(caplog:
     b.failed(MissReason.GONE, "gone")
     b.failed(MissReason.GONE, "gone")
     assert b.allow() and not b.is_open
-    with caplog.at_level(logging.WARNING, logger="kvstore.breaker"):
+    with caplog.at_level(logging.WARNING, logger="kvstore.util.breaker"):
         b.failed(MissReason.DEADLINE, "slow again")
     assert b.is_open and not b.allow()
     assert b.snapshot()["state"] == "open" and b.snapshot()["opened"] == 1

@@ -22,13 +22,13 @@ from engine.kernels import select_backend
 from kvstore.bench.machine import describe_machine
 from kvstore.config.schema import PolicyConfig
 from kvstore.errors import TierError
-from kvstore.gpu_pool import GPUBlockPool, default_device
-from kvstore.host_slot import HostSlot
+from kvstore.store.gpu_pool import GPUBlockPool, default_device
+from kvstore.store.host_slot import HostSlot
 from kvstore.layout import KVLayout
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.host.arena import HostArena, resolve_pin
 from kvstore.tiers.host.tier import HostTier
-from kvstore.transfer import (
+from kvstore.store.transfer import (
     CudaCopyStreams,
     LayerSync,
     copy_blocks,

@@ -2,12 +2,18 @@
 
 - kvstore's core (``kvstore/**``) imports neither ``engine`` nor ``connectors``:
   kvstore is a cache any engine can use, not part of one. Only the command
-  line (``kvstore/cli``), the benchmarks (``kvstore/bench``) and the demo
-  (``kvstore/demo.py``) build engines and connectors, so they may.
+  line (``kvstore/cli``, the demo included) and the benchmarks (``kvstore/bench``)
+  build engines and connectors, so they may.
 - ``kvstore/tiers`` does not import ``kvstore.daemon``: tiers are the storage
-  the daemon is built from; the daemon as a tier lives in ``kvstore/daemon/tier.py``.
+  the daemon is built from; the daemon as a tier lives in ``kvstore/daemon/client/tier.py``.
 - ``kvstore/config`` does not import ``kvstore.daemon``: the config is read by everything, the daemon included; a
   bound both check (the largest frame before login) lives below both, in ``kvstore/frame_bounds.py``.
+- The daemon's two ends stay apart: ``kvstore/daemon/client`` (what an engine imports) does not import
+  ``kvstore.daemon.server`` and ``kvstore/daemon/server`` does not import ``kvstore.daemon.client``; both speak
+  ``kvstore.daemon.wire``, which imports neither.
+- The store core (``kvstore/store``) does not import ``kvstore.daemon``, not even through another module's
+  eager imports: a daemon is one of the tiers below the store, reached through the ``Tier`` interface.
+- ``kvstore/util`` imports nothing of ``kvstore``: its primitives sit below every layer that uses them.
 - The ``kvstore`` package's import graph has no cycle, even counting imports under ``if TYPE_CHECKING:``.
 - Nothing installed (``kvstore``, ``engine``, ``connectors``) imports ``benchmarks``: the
   checkout's harnesses that drive other projects' environments are not part of
@@ -21,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-MAY_BUILD_ENGINES = ("kvstore/cli/", "kvstore/bench/", "kvstore/demo.py")
+MAY_BUILD_ENGINES = ("kvstore/cli/", "kvstore/bench/")
 
 
 def _imported(path: Path) -> set[str]:
@@ -83,6 +89,39 @@ def test_the_config_does_not_import_the_daemon() -> None:
     assert _violations(config, ("kvstore.daemon",)) == []
 
 
+def test_the_daemons_client_side_does_not_import_its_server_side() -> None:
+    client = _sources("kvstore/daemon/client")
+    assert len(client) >= 2
+    assert _violations(client, ("kvstore.daemon.server",)) == []
+
+
+def test_the_daemons_server_side_does_not_import_its_client_side() -> None:
+    server = _sources("kvstore/daemon/server")
+    assert len(server) >= 10
+    assert _violations(server, ("kvstore.daemon.client",)) == []
+
+
+def test_the_wire_imports_neither_end() -> None:
+    wire = _sources("kvstore/daemon/wire")
+    assert len(wire) >= 4
+    assert _violations(wire, ("kvstore.daemon.client", "kvstore.daemon.server")) == []
+
+
+def test_the_store_core_does_not_import_the_daemon() -> None:
+    store = _sources("kvstore/store")
+    assert len(store) >= 10
+    assert _violations(store, ("kvstore.daemon",)) == []
+    graph = _import_graph("kvstore")
+    reached = _reachable(graph, {m for m in graph if m == "kvstore.store" or m.startswith("kvstore.store.")})
+    assert sorted(m for m in reached if m.startswith("kvstore.daemon")) == []
+
+
+def test_the_utilities_import_nothing_of_kvstore() -> None:
+    util = _sources("kvstore/util")
+    assert len(util) >= 5
+    assert _violations(util, ("kvstore",)) == []
+
+
 def test_the_walk_sees_lazy_relative_and_from_imports() -> None:
     source = "def f():\n    from ..daemon import client\n    import engine.llm\n\nfrom kvstore import daemon\n"
     found = _imported_by(source, ("kvstore", "tiers"), "probe.py")
@@ -123,6 +162,17 @@ def _import_graph(folder: str) -> dict[str, set[str]]:
         parts = path.relative_to(REPO).with_suffix("").parts
         paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return {name: _eager_imports(path, set(paths)) - {name} for name, path in paths.items()}
+
+
+def _reachable(graph: dict[str, set[str]], start: set[str]) -> set[str]:
+    """Every module that ``start`` imports, through any chain of :func:`_eager_imports`."""
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        for w in graph[todo.pop()] - seen:
+            seen.add(w)
+            todo.append(w)
+    return seen
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

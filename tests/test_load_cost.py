@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvstore.config.deadlines import DeadlinesConfig
-from kvstore.load_clock import LoadClock
-from kvstore.load_cost import MARGIN, REMEASURE_EVERY, LoadCost
+from kvstore.store.load_clock import MISSED_FACTOR, LoadClock
+from kvstore.store.load_cost import MARGIN, REMEASURE_EVERY, LoadCost
 
 BPB = 1 << 20  # a 1 MiB block of 32 tokens
 
@@ -61,9 +61,23 @@ def test_the_clock_measures_bandwidth_on_large_loads_and_latency_on_small_ones()
 def test_a_load_given_up_at_its_deadline_caps_the_bandwidth_at_once() -> None:
     clock = LoadClock(DeadlinesConfig())
     clock.record(64 << 20, 0.1)  # 640 MiB/s measured
-    clock.record_missed(32 << 20, 2.0)  # then a load of 32 MiB given up after 2 s: at most 16 MiB/s now
-    assert clock.bandwidth == (32 << 20) / 2.0
+    clock.record_missed(32 << 20, 2.0)  # then a load of 32 MiB given up after 2 s: it needs 4 s or more now
+    assert clock.bandwidth == (32 << 20) / (MISSED_FACTOR * 2.0)
     clock.record_missed(32 << 20, 0.5)  # a faster bound does not raise it: each further miss halves it
-    assert clock.bandwidth == (32 << 20) / 4.0
+    assert clock.bandwidth == (32 << 20) / (2 * MISSED_FACTOR * 2.0)
     clock.record_missed(32 << 20, 4.0)  # missed at the deadline the estimate predicts: still lower, never equal
-    assert clock.bandwidth == (32 << 20) / 8.0 < (32 << 20) / 4.0
+    assert clock.bandwidth == (32 << 20) / (4 * MISSED_FACTOR * 2.0)
+
+
+def test_a_load_given_up_at_its_worth_is_not_tried_again_when_the_prefill_rate_wavers() -> None:
+    # A stalled tier, an engine computing 64 tokens a second: the first match is loaded (the tier was believed
+    # fast) and given up when it is no longer worth waiting for. The prefill rate then measures up to MARGIN
+    # times slower (a busy machine): the decision stays "recompute" until the re-measuring load, instead of
+    # flipping back to the tier that just stalled (on a real vLLM it did: loads 640, 640, 0, 0, 640, 0, 0).
+    c = cost(bandwidth=1e9, prefill=64)
+    first = c.decide(10, 32, BPB)
+    assert first.load and first.worth_s is not None
+    c.clock.record_missed(10 * BPB, first.worth_s)
+    for slower in (1.0, 1.3, 1.9):
+        c.prefill_rate = 64 / slower
+        assert not c.decide(10, 32, BPB).load, f"loaded again from the stalled tier at prefill {slower}x slower"

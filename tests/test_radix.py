@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kvstore.errors import BlockStateError, IntegrityError
 from kvstore.hashing import block_keys
 from kvstore.layout import KVLayout
-from kvstore.radix import RadixIndex
+from kvstore.store.radix import RadixIndex
 
 LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, block_size=2, dtype="float16", model_id="radix")
 

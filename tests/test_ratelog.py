@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from kvstore.ratelog import RateLimitedLog
+from kvstore.util.ratelog import RateLimitedLog
 
 
 class FakeClock:

@@ -9,7 +9,7 @@ Every round, per block size, on the same KV-like blocks
   page cache is dropped (:func:`kvstore.bench.tier_runs.run_tier`, in a fresh
   directory each round); ``kvstore.slab.put`` / ``.get_cold`` the same through the
   opt-in ``SlabTier`` (``disk.backend: slab``: ``O_DIRECT`` slots); then the raw limits in the same directory
-  (:func:`kvstore.rawio.direct_io_gbps`): ``raw.write`` (sequential
+  (:func:`kvstore.bench.rawio.direct_io_gbps`): ``raw.write`` (sequential
   ``O_DIRECT`` + ``fsync``), ``raw.read`` and ``raw.read_parallel`` (requests
   of the block size from several threads, the best of them);
 - host (64 KiB, 256 KiB, 1 MiB): ``memcpy.per_block`` and ``memcpy`` of the
@@ -35,7 +35,7 @@ from matplotlib.axes import Axes
 from kvstore.bench.harness import Results, SuiteError, SuiteOptions, scratch_dir
 from kvstore.bench.kvdata import kv_like_blocks
 from kvstore.bench.plots import grouped_bars
-from kvstore.rawio import direct_io_gbps, memcpy_gbps, memcpy_per_block_gbps
+from kvstore.bench.rawio import direct_io_gbps, memcpy_gbps, memcpy_per_block_gbps
 from kvstore.bench.tier_runs import run_tier
 from kvstore.bench.tiers import (HOST_TARGET, POOL_BYTES, READ_THREADS, TARGET_OF_LIMIT, TARGET_OF_PARALLEL_READ,
                                  block_layout, tier_openers)

@@ -52,7 +52,7 @@ from connectors.engine_keys import engine_page_keys
 from connectors.sglang.page_store import open_page_store
 from connectors.sglang.settings import BackendSettings, HostPageGeometry
 from kvstore.config import load_config
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.hashing import Salt
 
 log = logging.getLogger(__name__)

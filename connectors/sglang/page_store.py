@@ -6,14 +6,14 @@ Both are a :class:`~kvstore.tiers.base.Tier` (whole blocks of ``layout.bytes_per
 
 - ``connector: embedded``: :class:`~kvstore.lower.local.LocalTier`, the host tier in front of the
   configured disk tier, run by the code that runs them inside the daemon.
-- ``connector: sidecar``: :class:`~kvstore.daemon.tier.DaemonTier`, the daemon's shared-memory host tier
+- ``connector: sidecar``: :class:`~kvstore.daemon.client.tier.DaemonTier`, the daemon's shared-memory host tier
   in front of its disk tier; pages survive the SGLang process and are shared by every engine on the host.
 """
 
 from __future__ import annotations
 
 from kvstore.config.schema import KVStoreConfig
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.lower.local import LocalTier
 from kvstore.tiers.base import Tier
 
@@ -26,8 +26,8 @@ def open_page_store(cfg: KVStoreConfig, client_name: str) -> Tier:
 
     ``sidecar`` connects to ``cfg.daemon.socket_path`` (waiting up to
     :data:`CONNECT_WAIT_S`) and raises
-    :class:`~kvstore.daemon.client.DaemonUnavailable` if nothing answers, or
-    :class:`~kvstore.daemon.frames.DaemonError` if the daemon refuses the
+    :class:`~kvstore.daemon.client.connection.DaemonUnavailable` if nothing answers, or
+    :class:`~kvstore.daemon.wire.frames.DaemonError` if the daemon refuses the
     handshake (wrong token, a different ``model`` section).
     """
     layout = cfg.model.layout()

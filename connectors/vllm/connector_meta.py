@@ -42,6 +42,6 @@ class KVStoreConnectorMetadata(KVConnectorMetadata):
     several KV cache groups only as a whole request's, reported from ``get_transfer_results``)."""
     load_deadline_s: float | None = None
     """The longest this step's loads are worth waiting for: by then vLLM would have computed them (the scheduler's
-    load decisions, :mod:`kvstore.load_cost`); ``None``: only the store's own deadline."""
+    load decisions, :mod:`kvstore.store.load_cost`); ``None``: only the store's own deadline."""
     scheduled_tokens: int = 0
     """Tokens the step computes: with the forward's time (measured by the workers) the engine's prefill rate."""

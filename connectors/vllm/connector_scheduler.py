@@ -56,9 +56,9 @@ from connectors.engine_store import EngineBlockStore
 from connectors.vllm.connector_meta import NULL, BlockTransfer, KVStoreConnectorMetadata
 from connectors.vllm.shards import Shard
 from kvstore.layout import KVLayout
-from kvstore.load_clock import LoadClock
-from kvstore.load_cost import LoadCost
-from kvstore.ratelog import RateLimitedLog
+from kvstore.store.load_clock import LoadClock
+from kvstore.store.load_cost import LoadCost
+from kvstore.util.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager

@@ -4,7 +4,7 @@ vLLM collects each connector's :class:`KVConnectorStats` from the scheduler
 (every step) and from the workers (in their step output), adds them up and
 hands them to the connector's Prometheus class in the API server process.
 kvstore's side is :meth:`HealthReport.take`: what changed since the last
-report, from each daemon tier's :meth:`~kvstore.daemon.tier.DaemonTier.health`
+report, from each daemon tier's :meth:`~kvstore.daemon.client.tier.DaemonTier.health`
 and the worker's save queue. An operator sees there that a stalled daemon
 was cut off (``vllm:kvstore_breaker_open``) and what it cost
 (``vllm:kvstore_misses_total`` by operation and reason).
@@ -16,7 +16,7 @@ Series (labels after vLLM's per-engine ones):
 - ``vllm:kvstore_misses_total{op,reason}``: calls (``lookup``, ``load``, ``save``) that gave nothing.
 - ``vllm:kvstore_missed_blocks_total{op,reason}``: blocks not loaded or not saved, ``save``'s ``queue_full`` included.
 - ``vllm:kvstore_load_decisions_total{decision}``: matches loaded (``load``) or left to vLLM to compute
-  (``recompute``: expected to arrive later than vLLM computes them, :mod:`kvstore.load_cost`).
+  (``recompute``: expected to arrive later than vLLM computes them, :mod:`kvstore.store.load_cost`).
 - ``vllm:kvstore_load_step_seconds_total{step}``: time loads spent in each step: ``probe`` (the scheduler
   asking kvstore what it holds), ``read`` (copying the blocks out of kvstore's tiers: the daemon's arena or
   disk), ``write`` (into vLLM's KV cache).
@@ -39,7 +39,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 
 from connectors.engine_store import EngineBlockStore
 from connectors.save_queue import SaveQueue
-from kvstore.load_cost import LoadCost
+from kvstore.store.load_cost import LoadCost
 
 
 @dataclass

@@ -22,7 +22,7 @@ from engine.server.responses import SSE_DONE, ResponseWriter, error_body
 from engine.server.metrics import engine_families
 from engine.server.worker import Delta, EngineWorker
 from kvstore.layout import KVLayout
-from kvstore.prometheus import CONTENT_TYPE, render
+from kvstore.util.prometheus import CONTENT_TYPE, render
 from kvstore.route.openai_request import CompletionRequest, RequestError, RequestKind, parse_request
 
 REPLICA_HEADER = "x-kvstore-replica"

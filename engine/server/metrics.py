@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvstore.prometheus import Family, family
+from kvstore.util.prometheus import Family, family
 
 _TOTALS = {
     "requests": "Requests finished.",

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 from kvstore.bench.workloads import Request
 from kvstore.layout import KVLayout
-from kvstore.radix import RadixIndex, RadixNode
+from kvstore.store.radix import RadixIndex, RadixNode
 from kvstore.policy.duel import shared_duel
 from kvstore.policy.order import EvictionOrder, make_order
 from kvstore.policy.gdsf import LINEAR, WEIGHTS, CountWeight

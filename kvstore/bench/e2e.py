@@ -41,7 +41,7 @@ from kvstore.bench.e2e_check import CACHED_MODES, MODES, RunRecord, check_run
 from kvstore.bench.e2e_prompts import DOCUMENT_SOURCE, DocQAPrompts, build_prompts
 from kvstore.bench.harness import Progress, Results, SuiteError, SuiteOptions, scratch_dir
 from kvstore.bench.plots import grid, save
-from kvstore.rawio import drop_page_cache
+from kvstore.bench.rawio import drop_page_cache
 
 if TYPE_CHECKING:
     from engine.config import ModelArch

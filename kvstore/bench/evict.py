@@ -22,9 +22,9 @@ from pathlib import Path
 from kvstore.bench.harness import Progress, Results, SuiteOptions
 from kvstore.bench.plots import grid, save
 from kvstore.config.schema import PolicyConfig
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.host.tier import HostTier
 
 FULL_NODES = (1_000, 10_000, 100_000)

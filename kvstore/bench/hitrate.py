@@ -23,7 +23,7 @@ named policies were fixed (:data:`~kvstore.bench.workloads.HELD_OUT_PLACEMENT`) 
 replayed with another seed (:data:`~kvstore.bench.workloads.OTHER_SEED_FAMILIES`).
 
 The model is checked against the store itself: the first 600 Mooncake requests are replayed through a real
-:class:`~kvstore.store.TieredStore` (GPU pool on the CPU, host tier, slab tier) under each named policy at
+:class:`~kvstore.store.tiered.TieredStore` (GPU pool on the CPU, host tier, slab tier) under each named policy at
 G = 1 and 2 % (:mod:`kvstore.bench.store_replay`), beside the model fed the store's own keys (so a duel
 samples the same blocks), and the requests whose hits differ in any tier are counted (``store_check``).
 
@@ -191,7 +191,7 @@ STORE_FRACTIONS = (0.01, 0.02)
 
 
 def _store_check(results: Results, trace: Trace, quick: bool, progress: Progress) -> None:
-    """Replay the first requests of ``trace`` through a real :class:`~kvstore.store.TieredStore` under each named
+    """Replay the first requests of ``trace`` through a real :class:`~kvstore.store.tiered.TieredStore` under each named
     policy (:mod:`kvstore.bench.store_replay`) and through the model, and report both per tier: how far the
     model's figures are from what the store keeps."""
     from kvstore.bench.store_replay import replay_store, serve

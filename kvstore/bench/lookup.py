@@ -44,10 +44,10 @@ import numpy as np
 from kvstore.bench.harness import Progress, Results, SuiteOptions, timeit
 from kvstore.bench.plots import grid, save
 from kvstore.bench.vllm_hash_baseline import VLLMPrefixCache
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.hashing import block_keys
 from kvstore.layout import KVLayout
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 
 FULL_TOKENS = (1024, 4096, 16384, 32768, 65536, 131072)
 QUICK_TOKENS = (1024, 4096)

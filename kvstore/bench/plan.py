@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvstore.bench.harness import Progress, Results, SuiteOptions, scratch_dir
-from kvstore.planner import PRESETS, make_plan
+from kvstore.bench.planner import PRESETS, make_plan
 from kvstore.bench.plots import grid, grouped_bars, save
-from kvstore.rawio import direct_io_gbps, memcpy_gbps
+from kvstore.bench.rawio import direct_io_gbps, memcpy_gbps
 
 GPU_KV = 40 << 30
 HOST = 256 << 30

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from kvstore.bench.cache_sim import SimTier, TieredCacheSim
 from kvstore.bench.workloads import Request
 from kvstore.events import EventQueue, StoreEvent
-from kvstore.radix import InsertResult, RadixIndex, RadixNode
+from kvstore.store.radix import InsertResult, RadixIndex, RadixNode
 
 
 @dataclass(frozen=True)

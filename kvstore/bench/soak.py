@@ -46,10 +46,10 @@ from kvstore.bench.soak_blocks import block_bytes, identity, read_journals, tena
 from kvstore.bench.soak_client import STOP_PUTS, connect
 from kvstore.bench.soak_procs import RssSample, SoakProcs, read_rss, wait_until
 from kvstore.bench.soak_report import HoldCheck, Marker, SoakRecord, SoakResults, plot, report
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.errors import KVStoreError
-from kvstore.interrupts import sigterm_raises
+from kvstore.util.interrupts import sigterm_raises
 
 __all__ = ["SoakPlan", "plot", "run"]
 

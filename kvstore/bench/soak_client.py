@@ -27,8 +27,8 @@ from kvstore.bench.soak_blocks import (
     Journal, OpCounts, block_bytes, block_key, identity, journal_path, read_journals, tenant_token,
 )
 from kvstore.config import load_config
-from kvstore.daemon.client import DaemonUnavailable
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.client.connection import DaemonUnavailable
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.errors import KVStoreError
 
 BATCH = 16

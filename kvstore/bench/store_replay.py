@@ -1,4 +1,4 @@
-"""Replay a trace through a real :class:`~kvstore.store.TieredStore`: the GPU pool (on the CPU), the host tier
+"""Replay a trace through a real :class:`~kvstore.store.tiered.TieredStore`: the GPU pool (on the CPU), the host tier
 and the slab disk tier, under a named placement policy, with an engine's calls per request.
 
 The hit-rate suite's model (:class:`~kvstore.bench.cache_sim.TieredCacheSim`) replays a whole trace in
@@ -21,12 +21,12 @@ from contextlib import contextmanager
 from kvstore.bench.cache_sim import HitCounts
 from kvstore.bench.workloads import Request
 from kvstore.config.schema import PolicyConfig
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 from kvstore.policy.named import PlacementPolicy
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.host.tier import HostTier
-from kvstore.codec import HEADER_SIZE
+from kvstore.tiers.codec import HEADER_SIZE
 from kvstore.tiers.slab.tier import SlabTier
 from kvstore.tiers.slab.data_file import slot_bytes
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvstore.rawio import drop_page_cache, evict_file
+from kvstore.bench.rawio import drop_page_cache, evict_file
 
 if TYPE_CHECKING:  # the tiers are imported by the suite only when they exist
     from kvstore.tiers.base import Tier

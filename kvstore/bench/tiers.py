@@ -43,11 +43,11 @@ from kvstore.bench.harness import Progress, Results, SuiteOptions, scratch_dir
 from kvstore.bench.kvdata import kv_like_blocks
 from kvstore.bench.lmdb_txn import TXN_SIZES, lmdb_put_gbps
 from kvstore.bench.plots import grid, grouped_bars, save
-from kvstore.rawio import (
+from kvstore.bench.rawio import (
     RAW_FILE, best_parallel_read, buffered_write_gbps, direct_io_gbps, memcpy_gbps, memcpy_per_block_gbps,
 )
 from kvstore.bench.tier_runs import run_tier
-from kvstore.codec import decode_into, encode
+from kvstore.tiers.codec import decode_into, encode
 from kvstore.layout import KVLayout
 
 TOKENS_PER_BLOCK = {64 << 10: 4, 256 << 10: 16, 1 << 20: 64, 4 << 20: 256}

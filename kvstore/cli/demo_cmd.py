@@ -15,7 +15,7 @@ def _run(args: argparse.Namespace) -> int:
     from kvstore.config import ConfigError, load_config, parse_config  # here, not at the top: pydantic costs `kvstore --help` ~0.3 s
     from engine import CheckpointError
     from engine.default_model import resolve_model
-    from kvstore.demo import demo_engine_config, format_answers, format_reports, run_demo
+    from kvstore.cli.demo import demo_engine_config, format_answers, format_reports, run_demo
     from kvstore.errors import KVStoreError
 
     try:

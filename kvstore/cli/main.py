@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from kvstore.build_info import installed_version
-from kvstore.interrupts import Terminated, exit_status, sigterm_raises
+from kvstore.util.interrupts import Terminated, exit_status, sigterm_raises
 
 COMMAND_MODULES: tuple[str, ...] = (
     "kvstore.cli.config_cmd",

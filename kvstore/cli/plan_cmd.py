@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvstore.planner import PRESETS, load_model, make_plan
+from kvstore.bench.planner import PRESETS, load_model, make_plan
 
 
 def _size(text: str) -> int:
@@ -51,7 +51,7 @@ def _plan(args: argparse.Namespace) -> int:
         return 2
     source = f"from {args.from_results}" if args.from_results else "given"
     if host_bw is None or disk_bw is None:
-        from kvstore.rawio import direct_io_gbps, memcpy_gbps
+        from kvstore.bench.rawio import direct_io_gbps, memcpy_gbps
 
         # Small samples (32 MiB each), so that a plan answers in under a second; `kvstore bench
         # tiers` measures the same limits on the tiers' own sizes.

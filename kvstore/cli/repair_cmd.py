@@ -23,7 +23,7 @@ def _run(args: argparse.Namespace) -> int:
     field, path = ("slab.path", cfg.slab.path) if tier == "slab" else ("disk.path", cfg.disk.path)
     disk, layout = cfg.disk, None
     if args.layout is not None:
-        from kvstore.daemon.layout_dirs import read_layout_file, layout_section
+        from kvstore.daemon.server.layout_dirs import read_layout_file, layout_section
 
         if cfg.daemon.layouts != "any" or tier != "lmdb":
             print(f"error: --layout names one layout's directory of a daemon with daemon.layouts: any and an lmdb "

@@ -41,7 +41,7 @@ def _setup_logging(level: str, fmt: str) -> None:
 async def _serve(cfg: KVStoreConfig, config_name: str) -> int:
     import asyncio
 
-    from kvstore.daemon.server import DaemonServer
+    from kvstore.daemon.server.daemon import DaemonServer
 
     server = DaemonServer(cfg, config_source=config_name)
     info = await server.start()

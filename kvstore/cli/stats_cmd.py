@@ -72,8 +72,8 @@ def format_stats(s: dict[str, Any], verbose: bool = False) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from kvstore.config import ConfigError, load_config  # here, not at the top: pydantic costs `kvstore --help` ~0.3 s
-    from kvstore.daemon.client import DaemonClient, DaemonUnavailable
-    from kvstore.daemon.frames import DaemonError
+    from kvstore.daemon.client.connection import DaemonClient, DaemonUnavailable
+    from kvstore.daemon.wire.frames import DaemonError
 
     socket_path, token = args.socket, None
     if socket_path is None or args.config is not None:

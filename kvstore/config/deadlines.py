@@ -3,14 +3,14 @@
 The promise is that the cache can make a request faster, never slower and
 never stuck: a daemon that is paused, swapping or stuck on its disk costs
 an engine at most these deadlines, and after ``breaker_failures`` misses in
-a row nothing at all until it answers again (:mod:`kvstore.breaker`).
+a row nothing at all until it answers again (:mod:`kvstore.util.breaker`).
 """
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from kvstore.breaker import BreakerSettings
+from kvstore.util.breaker import BreakerSettings
 from kvstore.config.section import Section
 from kvstore.config.units import PositiveSize
 
@@ -48,7 +48,7 @@ class DeadlinesConfig(Section):
     always_load: bool = False
     """Load every cached prefix found. ``false`` (the default): vLLM's full connector loads a prefix only when it
     is expected to arrive before vLLM could compute it (the load bandwidth and latency its workers measure
-    against the prefill rate its scheduler measures, :mod:`kvstore.load_cost`); a prefix behind a tier slower
+    against the prefill rate its scheduler measures, :mod:`kvstore.store.load_cost`); a prefix behind a tier slower
     than the engine is recomputed."""
 
     def breaker(self) -> BreakerSettings:

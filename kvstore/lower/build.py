@@ -1,6 +1,6 @@
 """Build the lower tiers a config names in ``tiers``: the one place tiers are made from config.
 
-The embedded store (:meth:`kvstore.store.TieredStore.from_config`), the daemon (one set per layout it
+The embedded store (:meth:`kvstore.store.tiered.TieredStore.from_config`), the daemon (one set per layout it
 serves), the engine adapters' embedded store and the SGLang backend all build theirs here, so each gets
 the tiers the config names with the eviction orders of its placement policy (``policy.placement``). What
 differs between them is not in the config, and is said by a :class:`HostPlan`: who evicts from the host

@@ -2,7 +2,7 @@
 its sockets, for an engine adapter's ``connector: embedded``.
 
 :class:`LocalTier` is one :class:`~kvstore.tiers.base.Tier` (whole blocks of ``layout.bytes_per_block``
-bytes under 32-byte keys) run by :class:`~kvstore.daemon.backend.DaemonBackend`, the code that runs the
+bytes under 32-byte keys) run by :class:`~kvstore.daemon.server.backend.DaemonBackend`, the code that runs the
 same tiers inside the daemon: host misses load from disk into host, puts land in host and go to disk as
 ``policy.write`` says (under ``write_back`` when host room runs low, at ``flush`` and ``close``), a put the host tier has no room for (every slot waiting for its disk write) is written
 through to disk instead of refused, corrupt disk values are dropped misses, and a remote tier is fed and
@@ -11,7 +11,7 @@ with the placement policy's orders, like the daemon's.
 
 The engine adapters use it: vLLM's (:class:`connectors.engine_store.EngineBlockStore`) and SGLang's
 HiCache storage backend (``contains_prefix`` is its ``batch_exists``, ``get``/``put`` its batched page
-reads and writes). kvstore's :class:`~kvstore.store.TieredStore` is not used there: it is kvstore's GPU
+reads and writes). kvstore's :class:`~kvstore.store.tiered.TieredStore` is not used there: it is kvstore's GPU
 block pool and radix index, keyed by tokens, while those engines keep their own device and host pools and
 hand over pages with their own hashes; a GPU pool there would only be an idle staging copy.
 """
@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvstore.config.schema import KVStoreConfig
-from kvstore.daemon.backend import DaemonBackend
-from kvstore.daemon.holds import HoldTable
-from kvstore.daemon.remote_link import link_for
+from kvstore.daemon.server.backend import DaemonBackend
+from kvstore.daemon.server.holds import HoldTable
+from kvstore.daemon.server.remote_link import link_for
 from kvstore.layout import KVLayout
 from kvstore.lower.build import HostPlan, build_lower_tiers
 from kvstore.lower.write_policy import WriteRule

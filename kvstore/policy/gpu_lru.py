@@ -1,6 +1,6 @@
 """The GPU eviction queue: GPU blocks only the cache holds, least recently used first.
 
-:class:`~kvstore.placement.Placement` owns the one queue of a store
+:class:`~kvstore.store.placement.Placement` owns the one queue of a store
 (``Placement.gpu_lru``) because it is the one place a block's evictability
 changes: a GPU block is evictable when the index records it, nobody else
 holds a reference (``ref_count == 1``) and its radix node is not pinned by a
@@ -27,7 +27,7 @@ class GpuLru:
 
     def __init__(self) -> None:
         self._q: OrderedDict[int, None] = OrderedDict()
-        """The queued block ids (keys only: :meth:`~kvstore.placement.Placement.oldest_gpu` finds a block's entry
+        """The queued block ids (keys only: :meth:`~kvstore.store.placement.Placement.oldest_gpu` finds a block's entry
         in the block map, so that a deferred run's blocks are queued without entries)."""
 
     def __len__(self) -> int:

@@ -17,7 +17,7 @@ blocks costs 0.02-0.6 % of their size in RAM. Exact rather than a sketch
 (a count-min sketch would save that RAM at the price of over-counts, which
 here would keep blocks that are not popular).
 
-Not thread-safe; :class:`~kvstore.placement.Placement` calls it under the
+Not thread-safe; :class:`~kvstore.store.placement.Placement` calls it under the
 hierarchy's lock. :func:`use_memory_for` sizes a store's from its config and tiers.
 """
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvstore.prometheus import Family, family
+from kvstore.util.prometheus import Family, family
 
 
 def route_families(snapshot: dict[str, Any]) -> list[Family]:

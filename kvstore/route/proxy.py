@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kvstore.prometheus import CONTENT_TYPE, render
+from kvstore.util.prometheus import CONTENT_TYPE, render
 from kvstore.route.index import RouterIndex
 from kvstore.route.metrics import route_families
 from kvstore.route.openai_request import CompletionRequest, RequestError, RequestKind, parse_request

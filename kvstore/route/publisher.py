@@ -35,7 +35,7 @@ from kvstore.route.translate import batch_of, kv_events, report_events, store_ho
 
 if TYPE_CHECKING:
     from kvstore.config.events import EventsConfig
-    from kvstore.store import TieredStore
+    from kvstore.store.tiered import TieredStore
 
 log = logging.getLogger(__name__)
 

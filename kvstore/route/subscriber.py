@@ -33,7 +33,7 @@ from typing import Any
 
 import zmq
 
-from kvstore.ratelog import RateLimitedLog
+from kvstore.util.ratelog import RateLimitedLog
 from kvstore.route.index import RouterIndex
 from kvstore.route.kv_events import AllBlocksCleared, EventFormatError, KVEventBatch, decode_batch
 from kvstore.route.publisher import END_SEQ, REPORT_REQUEST

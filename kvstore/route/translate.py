@@ -19,7 +19,7 @@ from kvstore.events import StoreEvent
 from kvstore.route.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch, medium_of
 
 if TYPE_CHECKING:
-    from kvstore.store import TieredStore
+    from kvstore.store.tiered import TieredStore
 
 _ADDS = frozenset({"stored", "spilled", "loaded"})
 _REMOVES = frozenset({"evicted", "corrupt"})

@@ -2,7 +2,7 @@
 
 ::
 
-    <root>/<first 2 hex of key>/<64 hex key>.kvb     codec header + payload (see kvstore.codec)
+    <root>/<first 2 hex of key>/<64 hex key>.kvb     codec header + payload (see kvstore.tiers.codec)
     <root>/<..>/<64 hex key>.<random>.tmp            a write in progress
 
 A block is written to a temporary file, fsynced, then renamed over its real
@@ -40,11 +40,11 @@ from typing import Any, TypeVar
 import aiofiles
 import aiofiles.os
 
-from kvstore.codec import CODECS, decode_into, encode
+from kvstore.tiers.codec import CODECS, decode_into, encode
 from kvstore.config.schema import FileConfig
 from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
-from kvstore.ratelog import RateLimitedLog
+from kvstore.util.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, check_buffers
 from kvstore.tiers.datadir import DIR_MODE, FILE_MODE, DirLock, make_private_dir, narrow
 from kvstore.policy.order import EvictionOrder, order_for

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 
 from kvstore.errors import TierError
-from kvstore.ratelog import RateLimitedLog
+from kvstore.util.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import torch
 
 from engine.default_model import GGUF_NAME, resolve_model
 from engine.tokenizer import ByteTokenizer
-from kvstore import prefetch
+from kvstore.store import prefetch
 from kvstore.bench.e2e import E2EPlan, plan
 from kvstore.bench.e2e_check import RunRecord, check_run
 from kvstore.bench.e2e_prompts import build_prompts, document

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.planner import load_model, make_plan
+from kvstore.bench.planner import load_model, make_plan
 from kvstore.bench.vllm_hash_baseline import VLLMPrefixCache, vllm_block_hashes
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.rawio import RAW_FILE, buffered_write_gbps, direct_io_gbps, parallel_read_gbps
+from kvstore.bench.rawio import RAW_FILE, buffered_write_gbps, direct_io_gbps, parallel_read_gbps
 
 
 def test_parallel_read_reads_every_request_and_refuses_a_short_file(tmp_path: Path) -> None:

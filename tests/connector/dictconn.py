@@ -13,7 +13,7 @@ from typing import Any
 
 from connectors.base import KVConnector, Lease, PrefixMatch
 from kvstore.errors import OutOfBlocks
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.hashing import Salt, block_keys
 from kvstore.layout import KVLayout
 

@@ -24,14 +24,14 @@ from connlib import BLOCK, GREEDY, capture_logits, engine_config, kv_config, mak
 from dictconn import DictConnector, DictLease
 from engine import LLM
 from engine.connector_manager import ConnectorBlockManager
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = prompt(1, 45)  # 11 full blocks of 4 and one partial
-ALLOWED_KVSTORE = {"kvstore.gpu_pool", "kvstore.hashing", "kvstore.layout", "kvstore.errors"}
-STORE_INTERNALS = ("kvstore.store", "kvstore.prefetch", "kvstore.spill", "kvstore.hierarchy", "kvstore.placement",
-                   "kvstore.policy.gpu_lru", "kvstore.host_slot", "kvstore.store_match", "kvstore.tiers", "kvstore.daemon")
+ALLOWED_KVSTORE = {"kvstore.store.gpu_pool", "kvstore.hashing", "kvstore.layout", "kvstore.errors"}
+STORE_INTERNALS = ("kvstore.store.tiered", "kvstore.store.prefetch", "kvstore.store.spill", "kvstore.store.hierarchy", "kvstore.store.placement",
+                   "kvstore.policy.gpu_lru", "kvstore.store.host_slot", "kvstore.store.match", "kvstore.tiers", "kvstore.daemon")
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -204,12 +204,12 @@ def test_embedded_connector_refuses_foreign_matches_and_leases(tmp_path: Path) -
         other.close()
 
 
-@pytest.mark.parametrize("path", ["kvstore/demo.py", "kvstore/bench/e2e.py"])
+@pytest.mark.parametrize("path", ["kvstore/cli/demo.py", "kvstore/bench/e2e.py"])
 def test_demo_and_benchmark_use_the_api_not_the_store(path: str) -> None:
     tree = ast.parse((REPO / path).read_text(), path)
     reach = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("store", "h")]
     assert reach == [], f"{path} reaches into the store at lines {reach}"
-    assert not {m for m in _imported_modules(REPO / path) if m.startswith(("kvstore.store", "kvstore.prefetch"))}
+    assert not {m for m in _imported_modules(REPO / path) if m.startswith(("kvstore.store.tiered", "kvstore.store.prefetch"))}
 
 
 def test_match_tiers_are_the_connectors_own() -> None:

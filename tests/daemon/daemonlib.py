@@ -21,10 +21,10 @@ import torch
 import yaml
 
 from kvstore.config import load_config
-from kvstore.daemon import messages as m
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.frames import ARENA_BYTE, HEADER, HEADER_SIZE, REPLY_BIT, ErrorCode, Op, encode_frame
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.wire.frames import ARENA_BYTE, HEADER, HEADER_SIZE, REPLY_BIT, ErrorCode, Op, encode_frame
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.layout import KVLayout
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ from pathlib import Path
 import lmdb
 
 from daemonlib import LAYOUT
-from kvstore.daemon.backend import DaemonBackend
-from kvstore.daemon.holds import HoldTable
+from kvstore.daemon.server.backend import DaemonBackend
+from kvstore.daemon.server.holds import HoldTable
 from kvstore.lower.write_policy import WriteRule
 from kvstore.tiers.base import Buffer, Tier
 from kvstore.tiers.lmdb.tier import DiskTier

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvstore.daemon.admission import ConnectionLimits, LoginThrottle, Peer
-from kvstore.daemon.auth import login_proof, new_nonce, token_for_proof
-from kvstore.daemon.tenancy import Tenant, TenantCounters
+from kvstore.daemon.server.admission import ConnectionLimits, LoginThrottle, Peer
+from kvstore.daemon.wire.auth import login_proof, new_nonce, token_for_proof
+from kvstore.daemon.server.tenancy import Tenant, TenantCounters
 
 FP = b"f" * 16
 

@@ -18,9 +18,9 @@ from daemonlib import (
     HEADER_SIZE, LAYOUT, Daemon, block_for, cleanup, dev_shm, empty_blocks, keys_for, maps_arena, raw_login, raw_stats, raw_unix,
     cleanup, recv_exactly, short_tmpdir, start_daemon, write_config,
 )
-from kvstore.daemon import messages as m
-from kvstore.daemon.client import DaemonClient, DaemonUnavailable
-from kvstore.daemon.frames import ARENA_BYTE, REPLY_BIT, DaemonError, ErrorCode, Op, encode_frame
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.client.connection import DaemonClient, DaemonUnavailable
+from kvstore.daemon.wire.frames import ARENA_BYTE, REPLY_BIT, DaemonError, ErrorCode, Op, encode_frame
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import pytest
 
 from daemonlib import LAYOUT, Daemon, block_for, cleanup, empty_blocks, short_tmpdir, start_daemon, write_config
 from kvstore.config.schema import PolicyConfig
-from kvstore.daemon.tier import DaemonTier
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.daemon.client.tier import DaemonTier
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.hashing import block_keys
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 
 SLOTS = 1024
 """The daemon's host slots: its put batch (a quarter of them) is larger than any commit below."""

@@ -18,10 +18,10 @@ import pytest
 import torch
 from daemonlib import Daemon, cleanup, keys_for, raw_login, raw_stats, read_reply, rss, short_tmpdir, start_daemon, write_config
 
-from kvstore.daemon import messages as m
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.frames import HEADER, MAGIC, PROTOCOL_VERSION, REPLY_BIT, ErrorCode, Op, encode_frame
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.wire.frames import HEADER, MAGIC, PROTOCOL_VERSION, REPLY_BIT, ErrorCode, Op, encode_frame
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.layout import KVLayout
 
 MODEL = {"model_id": "daemon-64k", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_size": 64,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from daemonlib import LAYOUT, Daemon, block_for, cleanup, free_port, keys_for, short_tmpdir, start_daemon, write_config
-from kvstore.daemon.backend import DaemonBackend
-from kvstore.daemon.holds import HoldTable
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.server.backend import DaemonBackend
+from kvstore.daemon.server.holds import HoldTable
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.events import StoreEvent
 from kvstore.config.write_policy import WritePolicy
 from kvstore.lower.write_policy import WriteRule

@@ -23,10 +23,10 @@ from daemonlib import (
     start_daemon, write_config,
 )
 from kvstore.config import load_config
-from kvstore.daemon import messages as m
-from kvstore.daemon.frames import HEADER, MAGIC, PROTOCOL_VERSION, ErrorCode, Op, encode_frame
-from kvstore.daemon.server import DaemonServer
-from kvstore.daemon.session import QUIET_OPS
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.wire.frames import HEADER, MAGIC, PROTOCOL_VERSION, ErrorCode, Op, encode_frame
+from kvstore.daemon.server.daemon import DaemonServer
+from kvstore.daemon.server.session import QUIET_OPS
 
 BPB = LAYOUT.bytes_per_block  # 512
 MAX_FRAME = 1 << 20
@@ -226,7 +226,7 @@ def test_repeated_errors_are_logged_once_per_interval(capped: Daemon) -> None:
 def test_accept_errors_are_logged_once_per_interval(caplog: pytest.LogCaptureFixture, tmp_path) -> None:  # noqa: ANN001
     server = DaemonServer(load_config(write_config(tmp_path)))
     emfile = OSError(errno.EMFILE, "Too many open files")
-    with caplog.at_level(logging.WARNING, logger="kvstore.daemon.server"):
+    with caplog.at_level(logging.WARNING, logger="kvstore.daemon.server.daemon"):
         for _ in range(500):
             server._loop_error(None, {"message": "socket.accept() out of system resource", "exception": emfile})  # type: ignore[arg-type]
     lines = [r.getMessage() for r in caplog.records]

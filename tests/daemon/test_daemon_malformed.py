@@ -15,12 +15,12 @@ from daemonlib import (
     LAYOUT, Daemon, block_for, cleanup, empty_blocks, expect_error, free_port, keys_for, raw_tcp, raw_unix, read_reply, short_tmpdir,
     start_daemon, write_config,
 )
-from kvstore.daemon import messages as m
-from kvstore.daemon.auth import login_proof
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.frames import HEADER, MAGIC, PROTOCOL_VERSION, ErrorCode, Op, encode_frame
-from kvstore.daemon.session import QUIET_OPS
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.wire.auth import login_proof
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.wire.frames import HEADER, MAGIC, PROTOCOL_VERSION, ErrorCode, Op, encode_frame
+from kvstore.daemon.server.session import QUIET_OPS
+from kvstore.daemon.client.tier import DaemonTier
 
 TOKEN = "s3cret-token"
 

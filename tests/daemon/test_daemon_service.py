@@ -18,9 +18,9 @@ import torch
 from daemonlib import (
     LAYOUT, REPO, Daemon, block_for, cleanup, empty_blocks, keys_for, short_tmpdir, start_daemon, write_config,
 )
-from kvstore.daemon import messages as m
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.frames import DaemonError, ErrorCode, Op
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.wire.frames import DaemonError, ErrorCode, Op
 from kvstore.hashing import block_keys
 
 

@@ -10,7 +10,7 @@ import torch
 from daemonlib import block_for, cleanup, empty_blocks, keys_for, short_tmpdir, start_daemon, write_config
 
 from kvstore.config import load_config
-from kvstore.daemon.server import DaemonServer
+from kvstore.daemon.server.daemon import DaemonServer
 from kvstore.policy.duel import DuelIndex
 
 SHARED = {"policy": {"placement": "adaptive"}}

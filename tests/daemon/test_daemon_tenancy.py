@@ -19,11 +19,11 @@ from daemonlib import (
     LAYOUT, Daemon, block_for, cleanup, empty_blocks, expect_error, free_port, keys_for, raw_tcp, raw_unix, read_reply,
     maps_arena, short_tmpdir, start_daemon, write_config,
 )
-from kvstore.daemon import messages as m
-from kvstore.daemon.auth import login_proof
-from kvstore.daemon.client import DaemonClient, DaemonUnavailable
-from kvstore.daemon.frames import DaemonError, ErrorCode, Op, encode_frame
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.wire.auth import login_proof
+from kvstore.daemon.client.connection import DaemonClient, DaemonUnavailable
+from kvstore.daemon.wire.frames import DaemonError, ErrorCode, Op, encode_frame
+from kvstore.daemon.client.tier import DaemonTier
 
 TOKEN = "admin-token"
 A_TOKEN, B_TOKEN = "token-of-tenant-a", "token-of-tenant-b"

@@ -17,8 +17,8 @@ import yaml
 from connectors.sidecar import SidecarConnector
 from daemonlib import LAYOUT, Daemon, block_for, cleanup, short_tmpdir, start_daemon, write_config
 from kvstore.config import load_config
-from kvstore.daemon.frames import Op
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.daemon.wire.frames import Op
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.hashing import block_keys
 
 BS = LAYOUT.block_size

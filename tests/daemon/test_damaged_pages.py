@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from daemonlib import REPO, block_for, cleanup, empty_blocks, keys_for, short_tmpdir, start_daemon, write_config
 
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.layout import KVLayout
 
 

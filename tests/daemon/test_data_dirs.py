@@ -14,9 +14,9 @@ from daemonlib import cleanup, short_tmpdir, start_daemon
 from kvstore.config import DiskConfig, FileConfig, KVStoreConfig, parse_config
 from kvstore.config.datadirs import default_data_dir
 from kvstore.errors import TierError
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 
 TINY = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=16, dtype="float32", model_id="data-dirs")
 
@@ -84,9 +84,9 @@ def test_demo_and_embedded_store_run_beside_make_runs_daemon_and_are_refused_its
 EMBEDDED = """
 import os
 from kvstore.config import load_config
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 
 cfg = load_config("configs/default.yaml", environ={"KVSTORE_HOST__CAPACITY": "1MiB"})  # sizes only: paths as given
 store = TieredStore.from_config(cfg, pool=GPUBlockPool(KVLayout(2, 2, 8, 16, "float32", "data-dirs"), 4, "cpu"))

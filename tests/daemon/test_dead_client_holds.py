@@ -16,10 +16,10 @@ from collections.abc import Iterator
 import pytest
 
 from daemonlib import observer_stats, LAYOUT, REPO, Daemon, block_for, cleanup, keys_for, short_tmpdir, start_daemon, write_config
-from kvstore.daemon import messages as m
-from kvstore.daemon.admission import peer_of
-from kvstore.daemon.frames import HEADER_SIZE, Op, encode_frame
-from kvstore.daemon.peer import PeerProcess
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.server.admission import peer_of
+from kvstore.daemon.wire.frames import HEADER_SIZE, Op, encode_frame
+from kvstore.daemon.server.peer import PeerProcess
 
 HOLDER = """
 import socket, struct, sys

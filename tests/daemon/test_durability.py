@@ -11,7 +11,7 @@ import pytest
 
 from daemonlib import block_for, keys_for
 from faultydisk import faulty_backend
-from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
+from kvstore.daemon.server.metrics import DaemonMetrics, render_prometheus
 from kvstore.errors import NotDurable
 from kvstore.lower.write_policy import WriteRule
 
@@ -57,11 +57,11 @@ def test_a_full_disk_is_logged_once_per_interval_not_per_batch(tmp_path: Path, c
     backend, disk = faulty_backend(tmp_path, write=WriteRule("write_through"))  # each put a batch of its own
     try:
         disk.mode = "raise"
-        with caplog.at_level(logging.ERROR, logger="kvstore.daemon.writer"):
+        with caplog.at_level(logging.ERROR, logger="kvstore.daemon.server.writer"):
             for i in range(5):  # five separate batches, each failing
                 _put(backend, keys_for(2, seed=100 + i))
                 backend.writer.drain()
-        lines = [r.getMessage() for r in caplog.records if r.name == "kvstore.daemon.writer"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "kvstore.daemon.server.writer"]
         assert len(lines) == 1, lines
         assert "write-behind to the lmdb tier failed: Error: mdb_txn_commit: No space left on device" in lines[0]
         assert backend.writer.failed == 10

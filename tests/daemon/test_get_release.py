@@ -21,9 +21,9 @@ from daemonlib import (
     LAYOUT, Daemon, block_for, cleanup, empty_blocks, expect_error, keys_for, raw_login, raw_unix, read_reply,
     recv_exactly, short_tmpdir, start_daemon, write_config,
 )
-from kvstore.daemon import messages as m
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.frames import HEADER, HEADER_SIZE, MAGIC, PROTOCOL_VERSION, REPLY_BIT, DaemonError, ErrorCode, Op, encode_frame
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.wire.frames import HEADER, HEADER_SIZE, MAGIC, PROTOCOL_VERSION, REPLY_BIT, DaemonError, ErrorCode, Op, encode_frame
 
 MAX_KEYS_PER_REQUEST = 8
 

@@ -23,10 +23,10 @@ import torch
 
 from daemonlib import (cleanup, free_port, keys_for, layout_tier, put_layout, read_layout, rss, short_tmpdir,
                        start_daemon, write_config)
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.frames import DaemonError, ErrorCode
-from kvstore.daemon.layout_dirs import DIRNAME_CHARS, layout_dirname, layout_label
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.wire.frames import DaemonError, ErrorCode
+from kvstore.daemon.server.layout_dirs import DIRNAME_CHARS, layout_dirname, layout_label
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.layout import KVLayout
 
 TINY = KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, block_size=1, dtype="float16", model_id="tiny")  # 4 B
@@ -211,7 +211,7 @@ def test_a_long_model_id_keeps_its_fingerprint_in_its_directory_name() -> None:
 
 SLOW_OPEN = """
 import time
-from kvstore.daemon import server
+from kvstore.daemon.server import daemon as server
 _open = server.DaemonServer._open_shelf
 def _slow(self, layout):
     if layout.model_id == "slow":

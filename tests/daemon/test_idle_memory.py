@@ -15,8 +15,8 @@ import torch
 import yaml
 
 from daemonlib import cleanup, rss, shipped_config, short_tmpdir, start_daemon
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.layout import KVLayout
 
 IDLE_LIMIT = 200 << 20

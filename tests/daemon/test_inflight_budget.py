@@ -1,4 +1,4 @@
-"""The daemon's in-flight budget (:mod:`kvstore.daemon.inflight`): first come first served, a taker that
+"""The daemon's in-flight budget (:mod:`kvstore.daemon.server.inflight`): first come first served, a taker that
 times out takes nothing and lets those behind it through, a cancelled taker leaves nothing taken."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from kvstore.daemon.inflight import InflightBudget
+from kvstore.daemon.server.inflight import InflightBudget
 
 
 def test_takers_wait_in_order_and_a_timed_out_one_takes_nothing() -> None:

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from daemonlib import cleanup, keys_for, short_tmpdir, start_daemon, write_config
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.layout_dirs import layout_label
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.server.layout_dirs import layout_label
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.layout import KVLayout
 
 FLOODED = KVLayout(num_layers=4, num_kv_heads=2, head_dim=16, block_size=4, dtype="float32", model_id="flooded")
@@ -36,8 +36,8 @@ FLOODERS = 2
 
 FLOOD = textwrap.dedent("""
     import os, sys, torch
-    from kvstore.daemon.client import DaemonClient
-    from kvstore.daemon.tier import DaemonTier
+    from kvstore.daemon.client.connection import DaemonClient
+    from kvstore.daemon.client.tier import DaemonTier
     from kvstore.layout import KVLayout
     layout = KVLayout(num_layers=4, num_kv_heads=2, head_dim=16, block_size=4, dtype="float32", model_id="flooded")
     sock, seed, stop = sys.argv[1], sys.argv[2], sys.argv[3]

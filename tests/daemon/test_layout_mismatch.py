@@ -14,9 +14,9 @@ import yaml
 
 from daemonlib import LAYOUT, Daemon, cleanup, short_tmpdir, start_daemon, write_config
 from engine import EngineConfig
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.frames import DaemonError, ErrorCode
-from kvstore.daemon.layout_check import LayoutMismatch, bad_layout_message, decode_bad_layout
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.wire.frames import DaemonError, ErrorCode
+from kvstore.daemon.wire.layout_check import LayoutMismatch, bad_layout_message, decode_bad_layout
 from kvstore.layout import KVLayout
 
 # Differs from the daemon's (daemonlib.MODEL: 2 layers, 2 KV heads, head size 8, block 4, float16) in every field.

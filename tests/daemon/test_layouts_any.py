@@ -18,10 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemonlib import cleanup, keys_for, layout_tier, put_layout, read_layout, short_tmpdir, start_daemon, write_config
 from kvstore.cli.stats_cmd import format_stats
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.frames import DaemonError, ErrorCode
-from kvstore.daemon.layout_dirs import layout_dirname, layout_label
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.wire.frames import DaemonError, ErrorCode
+from kvstore.daemon.server.layout_dirs import layout_dirname, layout_label
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.layout import KVLayout
 
 SMALL = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4, dtype="float16", model_id="small")  # 512 B

@@ -21,11 +21,11 @@ from daemonlib import LAYOUT, block_for, empty_blocks, keys_for, short_tmpdir, w
 from faultydisk import faulty_backend
 
 from kvstore.config import load_config
-from kvstore.daemon import messages as m
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.frames import Op
-from kvstore.daemon.server import DaemonServer
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.wire.frames import Op
+from kvstore.daemon.server.daemon import DaemonServer
+from kvstore.daemon.client.tier import DaemonTier
 
 
 @pytest.fixture

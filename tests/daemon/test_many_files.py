@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 from daemonlib import REPO, cleanup, short_tmpdir, start_daemon, write_config
-from kvstore.daemon.client import IDLE_CHECK_S
+from kvstore.daemon.client.connection import IDLE_CHECK_S
 
 CLIENT = textwrap.dedent("""
     import json, os, resource, sys, time
@@ -23,8 +23,8 @@ CLIENT = textwrap.dedent("""
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 4096), hard), hard))
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     from daemonlib import Daemon, block_for, keys_for
-    from kvstore.daemon.client import DaemonClient
-    from kvstore.daemon.tier import DaemonTier
+    from kvstore.daemon.client.connection import DaemonClient
+    from kvstore.daemon.client.tier import DaemonTier
     from daemonlib import LAYOUT, empty_blocks
     client = DaemonClient(LAYOUT, socket_path={socket!r})
     client.connect(10)

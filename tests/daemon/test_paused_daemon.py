@@ -24,7 +24,7 @@ import yaml
 
 from daemonlib import MODEL, REPO, Daemon, block_for, cleanup, empty_blocks, keys_for, short_tmpdir, start_daemon, write_config
 from kvstore.config import load_config
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.client.tier import DaemonTier
 
 DEADLINES = {"lookup_ms": 50, "load_floor_ms": 300, "save_ms": 300, "breaker_failures": 3, "breaker_open_s": 0.2,
              "breaker_open_max_s": 0.5, "probe_ms": 300}
@@ -203,7 +203,7 @@ def test_the_builtin_engine_on_a_sidecar_decodes_through_a_paused_daemon_as_from
 
         from engine.server.metrics import engine_families
         from kvstore.cli.engine_cmd import _daemon_section
-        from kvstore.prometheus import render
+        from kvstore.util.prometheus import render
 
         snapshot = {"replica": "r0", "in_flight_requests": 0, "in_flight_tokens": 0, "totals": {},
                     "gpu_blocks": {"used": 0, "total": 64}, **_daemon_section(during)}

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore.daemon import messages as m
-from kvstore.daemon.frames import (
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.wire.frames import (
     HEADER, HEADER_SIZE, MAGIC, MAX_KEYS, PROTOCOL_VERSION, ErrorCode, Op, ProtocolError, decode_header, encode_frame,
 )
-from kvstore.daemon.holds import Hold, HoldTable
-from kvstore.daemon.layout_check import layout_fields
+from kvstore.daemon.server.holds import Hold, HoldTable
+from kvstore.daemon.wire.layout_check import layout_fields
 from kvstore.layout import KVLayout
 
 BPB = 512

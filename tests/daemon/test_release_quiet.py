@@ -17,8 +17,8 @@ from daemonlib import (
     Daemon, block_for, cleanup, empty_blocks, expect_error, keys_for, raw_login, raw_stats, raw_unix, short_tmpdir,
     start_daemon, write_config,
 )
-from kvstore.daemon import messages as m
-from kvstore.daemon.frames import ErrorCode, Op, encode_frame
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.wire.frames import ErrorCode, Op, encode_frame
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,9 @@ from daemonlib import (
     Daemon, block_for, cleanup, empty_blocks, keys_for, raw_login, raw_unix, read_reply, short_tmpdir, start_daemon,
     write_config,
 )
-from kvstore.daemon import messages as m
-from kvstore.daemon.frames import REPLY_BIT, Op, encode_frame
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.wire.frames import REPLY_BIT, Op, encode_frame
+from kvstore.daemon.client.tier import DaemonTier
 
 SLOTS = 64
 """write_config's host tier: 64 slots of 512 bytes."""

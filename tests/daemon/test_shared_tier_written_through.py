@@ -8,8 +8,8 @@ import torch
 from daemonlib import LAYOUT, cleanup, empty_blocks, short_tmpdir, start_daemon, write_config
 
 from kvstore.config.schema import PolicyConfig
-from kvstore.gpu_pool import GPUBlockPool
-from kvstore.store import TieredStore
+from kvstore.store.gpu_pool import GPUBlockPool
+from kvstore.store.tiered import TieredStore
 
 
 def test_a_committed_block_is_in_the_daemon_before_any_flush_or_eviction() -> None:

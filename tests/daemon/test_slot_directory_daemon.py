@@ -13,9 +13,9 @@ from daemonlib import (
     LAYOUT, Daemon, block_for, cleanup, empty_blocks, expect_error, keys_for, raw_login, raw_stats, raw_unix,
     short_tmpdir, start_daemon, write_config,
 )
-from kvstore.daemon import messages as m
-from kvstore.daemon.frames import ErrorCode, Op, encode_frame
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.wire import messages as m
+from kvstore.daemon.wire.frames import ErrorCode, Op, encode_frame
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.tiers.host.slot_directory import ReadTicket
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from daemonlib import REPO, cleanup, short_tmpdir, start_daemon, write_config
-from kvstore.daemon.layout_check import layout_fields
+from kvstore.daemon.wire.layout_check import layout_fields
 
 CONNECTOR_TESTS = REPO / "tests" / "connector"
 # The built-in engine's tiny random model, as connlib.engine_config() builds it: the daemon must serve this layout.

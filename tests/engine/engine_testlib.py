@@ -15,7 +15,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk
 from engine.sequence import SequenceState
 from engine.weights import build_model, init_random
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 
 

@@ -8,7 +8,7 @@ from engine import LLM, EngineConfig, SamplingParams
 from engine.block_manager import BlockManager
 from engine.scheduler import Scheduler
 from engine.sequence import SequenceState, SequenceStatus
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 
 

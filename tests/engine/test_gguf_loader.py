@@ -21,7 +21,7 @@ from engine.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
 from engine.model import dense_logits  # noqa: E402
 from engine.model_id import checkpoint_identity  # noqa: E402
 from kvstore.cli import demo_cmd  # noqa: E402
-from kvstore.demo import QUESTIONS  # noqa: E402
+from kvstore.cli.demo import QUESTIONS  # noqa: E402
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

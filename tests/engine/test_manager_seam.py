@@ -9,7 +9,7 @@ import pytest
 from engine import LLM, EngineConfig, ModelArch, SamplingParams
 from engine.block_manager import BlockManager
 from engine.sequence import SequenceState
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 
 CONFIG = EngineConfig(block_size=4, num_gpu_blocks=32, max_num_batched_tokens=64, dtype="float32")

@@ -26,13 +26,13 @@ from connectors.engine_store import EngineBlockStore
 from connectors.sglang.page_store import open_page_store
 from kvstore.config import load_config
 from kvstore.config.schema import KVStoreConfig
-from kvstore.daemon.backend import DaemonBackend
-from kvstore.daemon.server import DaemonServer
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.server.backend import DaemonBackend
+from kvstore.daemon.server.daemon import DaemonServer
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.layout import KVLayout
 from kvstore.lower.local import LocalTier
 from kvstore.policy.s3fifo import S3FIFOIndex
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.base import Tier
 from kvstore.tiers.lmdb.tier import DiskTier
 
@@ -92,7 +92,7 @@ def test_the_embedded_store(config: Path) -> None:
         assert store.h.host is not None and isinstance(order_of(store.h.host), S3FIFOIndex)
         assert isinstance(store.h.disk, DiskTier) and isinstance(order_of(store.h.disk), S3FIFOIndex)
         assert store.h.remote is not None and store.remote_writer is not None
-        assert store.remote_writer.policy == "write_through_selective"
+        assert store.remote_writer.policy.write == "write_through_selective"
         assert store.policy.write == "write_through_selective"
     finally:
         store.close()

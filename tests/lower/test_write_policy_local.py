@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kvstore.config.schema import KVStoreConfig
-from kvstore.daemon.dirty import HIGH_WATER_SHARE, LOW_WATER_SHARE
+from kvstore.daemon.server.dirty import HIGH_WATER_SHARE, LOW_WATER_SHARE
 from kvstore.layout import KVLayout
 from kvstore.lower.local import LocalTier
 

@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "store"))
 from storelib import LAYOUT, read_lease  # noqa: E402
 
 from kvstore.config.schema import PolicyConfig  # noqa: E402
-from kvstore.gpu_pool import GPUBlockPool  # noqa: E402
-from kvstore.remote_writer import RemoteWrite  # noqa: E402
-from kvstore.store import TieredStore  # noqa: E402
+from kvstore.store.gpu_pool import GPUBlockPool  # noqa: E402
+from kvstore.lower.remote_write import RemoteWrite  # noqa: E402
+from kvstore.store.tiered import TieredStore  # noqa: E402
 from kvstore.tiers.base import Tier  # noqa: E402
 from kvstore.tiers.host.tier import HostTier  # noqa: E402
 

@@ -39,8 +39,8 @@ from daemonlib import (  # noqa: E402
     write_config,
 )
 from benchmarks.redis_servers import RedisClusterProcs, RedisServer, start_server  # noqa: E402
-from kvstore.daemon.client import DaemonClient  # noqa: E402
-from kvstore.daemon.tier import DaemonTier  # noqa: E402
+from kvstore.daemon.client.connection import DaemonClient  # noqa: E402
+from kvstore.daemon.client.tier import DaemonTier  # noqa: E402
 from kvstore.layout import KVLayout  # noqa: E402
 
 G = 4

@@ -17,7 +17,7 @@ from remotelib import remote_tier, wait_for
 from tiers_testlib import BIG, LAYOUTS, empty_blocks, make_blocks, make_keys
 
 from benchmarks.redis_servers import RedisServer, make_tls_files, start_server
-from kvstore.codec import HEADER_SIZE
+from kvstore.tiers.codec import HEADER_SIZE
 from kvstore.tiers.redis.client import parse_target
 
 L = LAYOUTS["float16"]

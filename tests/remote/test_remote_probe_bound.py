@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "store"))
 from storelib import LAYOUT, prefill  # noqa: E402
 
 from benchmarks.redis_servers import start_server  # noqa: E402
-from kvstore.gpu_pool import GPUBlockPool  # noqa: E402
-from kvstore.store import TieredStore  # noqa: E402
+from kvstore.store.gpu_pool import GPUBlockPool  # noqa: E402
+from kvstore.store.tiered import TieredStore  # noqa: E402
 from kvstore.tiers.host.tier import HostTier  # noqa: E402
 
 

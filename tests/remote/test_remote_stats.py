@@ -11,8 +11,8 @@ from remotelib import remote_tier
 from tiers_testlib import LAYOUTS, make_blocks, make_keys
 
 from benchmarks.redis_servers import RedisClusterProcs, start_server
-from kvstore.daemon.backend import BackendCounters
-from kvstore.daemon.metrics import DaemonMetrics, render_prometheus
+from kvstore.daemon.server.backend import BackendCounters
+from kvstore.daemon.server.metrics import DaemonMetrics, render_prometheus
 from kvstore.tiers.base import TierStats
 
 L = LAYOUTS["float16"]

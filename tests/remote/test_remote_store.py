@@ -16,8 +16,8 @@ from storelib import LAYOUT, MemoryTier, fill, prefill, read_lease  # noqa: E402
 
 from benchmarks.redis_servers import RedisServer, start_server  # noqa: E402
 from kvstore.config.schema import PolicyConfig  # noqa: E402
-from kvstore.gpu_pool import GPUBlockPool  # noqa: E402
-from kvstore.store import TieredStore  # noqa: E402
+from kvstore.store.gpu_pool import GPUBlockPool  # noqa: E402
+from kvstore.store.tiered import TieredStore  # noqa: E402
 from kvstore.tiers.host.tier import HostTier  # noqa: E402
 
 G = 4

@@ -16,7 +16,7 @@ from storelib import LAYOUT, MemoryTier, prefill
 
 from benchmarks.redis_servers import RedisServer, start_server
 from kvstore.config.schema import PolicyConfig
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.base import Buffer, Tier
 from kvstore.tiers.lmdb.tier import DiskTier
 from kvstore.tiers.file import FileTier
@@ -159,7 +159,7 @@ def test_a_slow_server_sheds_groups_beyond_the_queue_bound(redis_server: RedisSe
     store = policy_store(redis_server.url, prefix, "write_back", host=False, disk=small_disk, local=WRITE_BACK)
     writer, remote = store.remote_writer, store.h.remote
     assert writer is not None and remote is not None
-    writer.max_queued_bytes = G * LAYOUT.bytes_per_block  # one group's copies
+    writer.policy.max_queued_bytes = G * LAYOUT.bytes_per_block  # one group's copies
     answer = threading.Event()
     store_now = remote.store
 

@@ -27,7 +27,7 @@ from engine.server.app import EngineServer  # noqa: E402
 from engine.server.prompt import PromptRenderer  # noqa: E402
 from engine.server.worker import EngineWorker  # noqa: E402
 from kvstore.config.schema import KVStoreConfig  # noqa: E402
-from kvstore.prometheus import CONTENT_TYPE  # noqa: E402
+from kvstore.util.prometheus import CONTENT_TYPE  # noqa: E402
 from kvstore.route.index import RouterIndex  # noqa: E402
 from kvstore.route.policy import CostPolicy  # noqa: E402
 from kvstore.route.proxy import Router  # noqa: E402

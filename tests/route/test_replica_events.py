@@ -9,7 +9,7 @@ import pytest
 from connectors.embedded import EmbeddedConnector
 from kvstore.cli.replica_events import ReplicaEvents
 from kvstore.config.schema import KVStoreConfig
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
 
 

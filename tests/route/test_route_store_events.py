@@ -12,13 +12,13 @@ import torch
 from connectors.embedded import EmbeddedConnector
 from kvstore.config.events import EventsConfig
 from kvstore.config.schema import KVStoreConfig, PolicyConfig
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.hashing import block_keys
 from kvstore.layout import KVLayout
 from kvstore.route.index import PrefixHit, RouterIndex
 from kvstore.route.publisher import EventPublisher, attach_publisher
 from kvstore.route.subscriber import EventSubscriber, ReplicaEndpoints
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.host.tier import HostTier
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=4, block_size=4, dtype="float16", model_id="route-test")

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import torch
 
 from kvstore.config.schema import PolicyConfig
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.layout import KVLayout
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.base import Buffer, Tier
 from kvstore.tiers.host.tier import HostTier
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kvstore.config.schema import PolicyConfig
-from kvstore.gpu_pool import GPUBlockPool
-from kvstore.store import TieredStore
+from kvstore.store.gpu_pool import GPUBlockPool
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.lmdb.tier import DiskTier
 from kvstore.policy.gdsf import GDSFIndex
 from kvstore.policy.named import POLICIES, PlacementPolicy

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvstore.config.schema import PolicyConfig
-from kvstore.gpu_pool import GPUBlockPool
-from kvstore.store import TieredStore
+from kvstore.store.gpu_pool import GPUBlockPool
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.lmdb.tier import DiskTier
 from kvstore.policy.named import POLICIES, PlacementPolicy
 from kvstore.policy.order import ORDERS, make_order

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvstore.errors import IntegrityError, PlacementError
-from kvstore.radix import BlockEntry, RadixIndex, RadixNode
+from kvstore.store.radix import BlockEntry, RadixIndex, RadixNode
 
 from storelib import LAYOUT, make_store
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from kvstore.config.schema import PolicyConfig
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.policy.named import POLICIES, PlacementPolicy
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.lmdb.tier import DiskTier
 from kvstore.tiers.host.tier import HostTier
 from storelib import LAYOUT, prefill, read_lease

@@ -7,7 +7,7 @@ import pytest
 from kvstore.errors import PlacementError
 from kvstore.events import EventQueue, StoreEvent
 from kvstore.policy.gpu_lru import GpuLru
-from kvstore.radix import RadixIndex
+from kvstore.store.radix import RadixIndex
 
 from storelib import LAYOUT, make_store, prefill
 
@@ -128,7 +128,7 @@ def test_commit_refuses_a_gpu_block_the_index_records_for_another_block() -> Non
 
 def test_a_gpu_only_lookup_hashes_one_block_past_its_match_unless_keys_continue_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvstore.store as store_mod
+    import kvstore.store.tiered as store_mod
 
     hashed: list[int] = []
     real = store_mod.block_keys

@@ -18,7 +18,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvstore.errors import OutOfBlocks
-from kvstore.prefetch import StoreLease
+from kvstore.store.prefetch import StoreLease
 from kvstore.tiers.base import Buffer
 
 from storelib import LAYOUT, MemoryTier, make_store

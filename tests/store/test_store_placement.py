@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from kvstore.errors import BlockStateError, PlacementError
-from kvstore.radix import RadixIndex
+from kvstore.store.radix import RadixIndex
 from kvstore.tiers.base import Buffer
 
 from storelib import LAYOUT, MemoryTier, make_store, prefill, read_lease

@@ -121,7 +121,7 @@ def test_timeout_recomputes_the_rest() -> None:
 
 def test_timeout_budget_grows_with_prefix_length() -> None:
     s = make_store(prefetch="timeout", prefetch_timeout_base_ms=20, prefetch_timeout_per_1k_tokens_ms=5)
-    from kvstore.prefetch import BlockPlan, StoreLease
+    from kvstore.store.prefetch import BlockPlan, StoreLease
 
     plan = [BlockPlan(bytes(32), "disk", 0)] * 500  # 2000 tokens
     lease = StoreLease((), plan, None, BS, LAYOUT.num_layers)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from kvstore.config.schema import PolicyConfig
-from kvstore.gpu_pool import GPUBlockPool
+from kvstore.store.gpu_pool import GPUBlockPool
 from kvstore.policy.named import PlacementPolicy
-from kvstore.store import TieredStore
+from kvstore.store.tiered import TieredStore
 from kvstore.tiers.host.tier import HostTier
 from storelib import LAYOUT, prefill
 

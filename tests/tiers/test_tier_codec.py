@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiers_testlib import CODEC_NAMES, LAYOUTS, make_blocks, version_1_value
 
-from kvstore.codec import CODECS, CORRUPT_REASONS, HEADER_SIZE, decode_into, encode, shuffle, unshuffle
+from kvstore.tiers.codec import CODECS, CORRUPT_REASONS, HEADER_SIZE, decode_into, encode, shuffle, unshuffle
 from kvstore.errors import CorruptBlock
 
 KEY = bytes(range(32))
@@ -160,7 +160,7 @@ def test_version_1_values_are_refused_as_old_format() -> None:
 
 
 def test_encode_parts_written_into_a_reused_buffer_equal_encode() -> None:
-    from kvstore.codec import encode_parts
+    from kvstore.tiers.codec import encode_parts
 
     key, buf = bytes(range(32)), bytearray()
     for codec in ("none", "zstd", "shuffle_zstd"):
@@ -175,7 +175,7 @@ def test_encode_parts_written_into_a_reused_buffer_equal_encode() -> None:
 def test_the_checksum_is_zlibs_crc32_so_values_verify_with_or_without_isal(monkeypatch: pytest.MonkeyPatch) -> None:
     import zlib
 
-    from kvstore import codec
+    from kvstore.tiers import codec
 
     rng = np.random.default_rng(7)
     key, header, raw = b"k" * 32, rng.bytes(20), rng.integers(0, 256, 70_000, dtype=np.uint8)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiers_testlib import BIG, CODEC_NAMES, LAYOUTS, empty_blocks, make_blocks, make_keys, version_1_value
 
-from kvstore.codec import encode
+from kvstore.tiers.codec import encode
 from kvstore.config.schema import DiskConfig
 from kvstore.errors import TierError
 from kvstore.tiers import DiskTier, build_tier

@@ -9,8 +9,8 @@ import pytest
 import torch
 from tiers_testlib import BIG, CODEC_NAMES, empty_blocks, make_blocks, make_keys
 
-from kvstore.rawio import evict_file
-from kvstore.codec import HEADER_SIZE, encode
+from kvstore.bench.rawio import evict_file
+from kvstore.tiers.codec import HEADER_SIZE, encode
 from kvstore.tiers import DiskTier
 
 

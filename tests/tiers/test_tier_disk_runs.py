@@ -10,7 +10,7 @@ import torch
 from tiers_testlib import BIG, empty_blocks, make_blocks, make_keys
 
 import kvstore.tiers.lmdb.reads as reads_module
-from kvstore.codec import HEADER_SIZE, encode
+from kvstore.tiers.codec import HEADER_SIZE, encode
 from kvstore.config.schema import DiskConfig
 from kvstore.tiers import DiskTier
 

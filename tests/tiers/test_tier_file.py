@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiers_testlib import CODEC_NAMES, LAYOUTS, empty_blocks, make_blocks, make_keys, version_1_value
 
-from kvstore.codec import encode
+from kvstore.tiers.codec import encode
 from kvstore.config.schema import FileConfig, HostConfig
 from kvstore.tiers import TIERS, FileTier, HostTier, build_tier
 from kvstore.policy.s3fifo import S3FIFOIndex

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 import harness as h
-from kvstore.daemon.frames import DaemonError
+from kvstore.daemon.wire.frames import DaemonError
 from offload_setup import PROMPT, engine, kvstore_config, prompt_keys, scheduled, tier_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))

@@ -171,8 +171,8 @@ def swap_blocks(site: Site, layout: Any, source: list[int], target: list[int],
 
     from connectors.engine_keys import PromptKeys
     from connectors.vllm.shards import Shard
-    from kvstore.daemon.client import DaemonClient
-    from kvstore.daemon.tier import DaemonTier
+    from kvstore.daemon.client.connection import DaemonClient
+    from kvstore.daemon.client.tier import DaemonTier
 
     assert site.daemon is not None
     n = min(len(source), len(target) - 1) // layout.block_size

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import rig
-from kvstore.daemon.client import DaemonClient
+from kvstore.daemon.client.connection import DaemonClient
 from prompts import Prompts
 from rig import tokens
 

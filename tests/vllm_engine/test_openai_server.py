@@ -144,7 +144,7 @@ def test_a_paused_daemon_never_stalls_the_server(server: Server, model: Path) ->
     """SIGSTOP of the daemon for 20 s under traffic: prompts with nothing to load are served at their normal pace
     (not after the pause), a prompt whose blocks kvstore holds is recomputed to the same text, and after SIGCONT
     kvstore serves it again; vLLM's /metrics shows the breaker that cut the daemon off."""
-    from kvstore.daemon.client import DaemonClient
+    from kvstore.daemon.client.connection import DaemonClient
 
     url, daemon = server.url, server.site.daemon
     assert daemon is not None

@@ -19,8 +19,8 @@ import pytest
 import rig
 from connectors.engine_keys import PromptKeys
 from connectors.vllm.shards import Shard, all_shards
-from kvstore.daemon.client import DaemonClient
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.client.connection import DaemonClient
+from kvstore.daemon.client.tier import DaemonTier
 from kvstore.layout import KVLayout
 from prompts import Prompts
 from rig import tokens

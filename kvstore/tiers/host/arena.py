@@ -12,7 +12,7 @@ deterministically, and it works the same for a POSIX shared-memory segment.
 
 Shared memory: the owner creates a sealed ``memfd`` (:func:`os.memfd_create`),
 not a named POSIX segment, and hands its descriptor to each client that logs
-in (``SCM_RIGHTS`` over the daemon's Unix socket, :mod:`kvstore.daemon.session`).
+in (``SCM_RIGHTS`` over the daemon's Unix socket, :mod:`kvstore.daemon.server.session`).
 Three consequences:
 
 - nothing to find: the segment has no name under ``/dev/shm``, so only processes

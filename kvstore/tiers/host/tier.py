@@ -1,5 +1,9 @@
 """Host-RAM tier (L2): a fixed arena of block slots with an eviction order and reference counts.
 
+One file past 500 lines, on purpose: :class:`HostTier` is one slot table (keys to slots, references,
+pins, the eviction order) under one lock; the parts that stand alone are beside it in this package
+(``arena``, ``free_slots``, ``slot_directory``, ``prefault``).
+
 Plain containers (nano-vllm style): a dict from published key to slot and its
 inverse, an eviction order over the published keys (the placement policy's,
 ``policy.placement``, :mod:`kvstore.policy`; each slot accounted as 1), a dict of reserved slots, a dict of reference counts and a

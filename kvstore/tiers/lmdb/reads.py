@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import lmdb
 
-from kvstore.codec import decode_into
+from kvstore.tiers.codec import decode_into
 from kvstore.errors import CorruptBlock
 from kvstore.tiers.base import BlockReader, Buffer, check_buffers
 from kvstore.tiers.lmdb.env import LmdbEnv

@@ -30,7 +30,7 @@ import lmdb
 import numpy as np
 import torch
 
-from kvstore.codec import decode_into, encoded_size_bound
+from kvstore.tiers.codec import decode_into, encoded_size_bound
 from kvstore.config.schema import DiskConfig
 from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout

@@ -1,8 +1,12 @@
 """Disk tier (L3): blocks in an LMDB environment, content-addressed, capped, LRU-evicted.
 
+One file past 500 lines, on purpose: :class:`DiskTier`'s writes, eviction and use counts meet in one
+LMDB write transaction over one environment, one eviction order and one byte budget; the parts that stand
+alone are beside it in this package (``env``, ``reads``, ``value``, ``walk``, ``gate``, ``check``, ``repair``).
+
 Two named databases::
 
-    blocks  32-byte key -> codec header + payload (see kvstore.codec)
+    blocks  32-byte key -> codec header + payload (see kvstore.tiers.codec)
     lru     32-byte key -> <QQ last-access counter, accounted bytes>
 
 The data is found through ``blocks`` alone, so a restarted process serves
@@ -78,11 +82,11 @@ from typing import Literal
 
 import lmdb
 
-from kvstore.codec import CODECS, EncodedParts, encode_parts, encoded_size_bound
+from kvstore.tiers.codec import CODECS, EncodedParts, encode_parts, encoded_size_bound
 from kvstore.config.schema import DiskConfig
 from kvstore.errors import CorruptBlock, TierError, short_key
 from kvstore.layout import KVLayout
-from kvstore.ratelog import RateLimitedLog
+from kvstore.util.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, VictimSend, check_buffers
 from kvstore.tiers.datadir import DirLock, make_private_dir
 from kvstore.policy.order import EvictionOrder, order_for

@@ -17,7 +17,7 @@ is (LMDB's ``MDB_node``)::
 The value must lie inside that run (or inside its leaf page), inside the pages LMDB wrote that the
 file holds, and be no longer than the codec writes for one block. Only then is it fetched
 (``Cursor.value``, whose preload now stays within what was checked) and handed to
-:func:`kvstore.codec.decode_into`, which verifies its bytes. A value that fails is
+:func:`kvstore.tiers.codec.decode_into`, which verifies its bytes. A value that fails is
 :class:`ValueOutOfBounds`: ``deletable`` when it sits on overflow pages (deleting such a node frees the
 run its page header counts and never reads the bad size), not when it is inside its leaf (LMDB's node
 delete moves that many bytes within the page: the block stays, a counted miss, until ``kvstore repair``).

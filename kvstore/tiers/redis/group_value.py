@@ -6,7 +6,7 @@
 
 stored under ``key[g*G+G-1]``, the chained key of the group's last block (which depends on every
 token before it, so the group's key names the whole prefix up to its end). Each block keeps the disk
-tier's header and key-bound checksum (:mod:`kvstore.codec`); a value that is short, has trailing
+tier's header and key-bound checksum (:mod:`kvstore.tiers.codec`); a value that is short, has trailing
 bytes, holds the wrong number of blocks or fails any block's check is corrupt.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kvstore.codec import decode_into, encode, encoded_length
+from kvstore.tiers.codec import decode_into, encode, encoded_length
 from kvstore.errors import CorruptBlock
 from kvstore.tiers.base import Buffer
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import redis
 
-from kvstore.budget import ByteBudget
-from kvstore.codec import HEADER_SIZE
+from kvstore.util.budget import ByteBudget
+from kvstore.tiers.codec import HEADER_SIZE
 from kvstore.config.remote import RemoteConfig
 from kvstore.errors import CorruptBlock, short_key
 from kvstore.layout import KVLayout

@@ -21,7 +21,7 @@ import shutil
 
 import numpy as np
 
-from kvstore.codec import HEADER_SIZE, decode_into
+from kvstore.tiers.codec import HEADER_SIZE, decode_into
 from kvstore.config.schema import SlabConfig
 from kvstore.errors import CorruptBlock
 from kvstore.layout import KVLayout

@@ -3,7 +3,7 @@ only the index (key -> slot) lives in LMDB.
 
 ::
 
-    <path>/slots.dat      slot i at i * slot_bytes: codec header + payload (kvstore.codec), zero padding
+    <path>/slots.dat      slot i at i * slot_bytes: codec header + payload (kvstore.tiers.codec), zero padding
     <path>/index/         LMDB: 32-byte key -> <QQ slot, last-access counter> (kvstore.tiers.slab.index)
     <path>/kvstore.lock   one process at a time (kvstore.tiers.datadir)
 
@@ -21,7 +21,7 @@ Slot reuse: free slots are those the index does not reference (derived at open),
 eviction and delete. A victim's slot is reused by the same put, before the transaction deleting the
 victim commits; a crash in between leaves the victim's key pointing at the new key's value, and a
 concurrent get of the victim may read a slot being overwritten. Both are caught by the key-bound
-CRC-32 of the header (:func:`kvstore.codec.decode_into`): every read is verified, and a failure on a
+CRC-32 of the header (:func:`kvstore.tiers.codec.decode_into`): every read is verified, and a failure on a
 key whose index entry no longer names that slot is a plain miss, otherwise a counted, deleted
 ``"corrupt"`` miss. Wrong bytes are never served.
 
@@ -45,11 +45,11 @@ from typing import Literal
 
 import numpy as np
 
-from kvstore.codec import HEADER_SIZE, as_u8, decode_into, encode_parts
+from kvstore.tiers.codec import HEADER_SIZE, as_u8, decode_into, encode_parts
 from kvstore.config.schema import SlabConfig
 from kvstore.errors import CorruptBlock, TierError
 from kvstore.layout import KVLayout
-from kvstore.ratelog import RateLimitedLog
+from kvstore.util.ratelog import RateLimitedLog
 from kvstore.tiers.base import Buffer, PooledTier, TierStats, VictimHook, check_buffers
 from kvstore.tiers.datadir import DirLock, make_private_dir
 from kvstore.policy.order import EvictionOrder, order_for
