@@ -19,7 +19,7 @@ from daemonlib import (
     LAYOUT, Daemon, block_for, cleanup, empty_blocks, keys_for, short_tmpdir, start_daemon, write_config,
 )
 from kvstore.daemon.server.dirty import HIGH_WATER_SHARE
-from kvstore.daemon.tier import DaemonTier
+from kvstore.daemon.client.tier import DaemonTier
 
 HOST_SLOTS = 64  # daemonlib's config
 
