@@ -135,9 +135,10 @@ class DiskConfig(Section):
     sync: Literal["always", "interval"] = "interval"
     """``always``: every put is durable when acknowledged. The tier fsyncs each commit, and ``kvstore serve``
     answers a put (PUT_INLINE, PUT_SHM_COMMIT) only after its blocks are written and synced (concurrent
-    puts share one commit); a block whose write failed is answered as not stored. Survives kill -9 of the
-    daemon and power loss. ``interval``: faster. The daemon acknowledges a put once its blocks are in the
-    host tier and writes them behind; the tier fsyncs every ``sync_interval_ms`` or ``sync_bytes``,
+    puts share one commit), whatever ``policy.write`` says; a block whose write failed is answered as not
+    stored. Survives kill -9 of the daemon and power loss. ``interval``: faster. The daemon acknowledges a
+    put once its blocks are in the host tier and writes them behind (at commit under ``policy.write:
+    write_through``, else when host room runs low, at FLUSH and at a clean stop); the tier fsyncs every ``sync_interval_ms`` or ``sync_bytes``,
     whichever comes first. Only what a FLUSH (or a clean SIGTERM) acknowledged is guaranteed: kill -9 of
     the daemon loses puts not yet written, an OS crash or power loss at most the last sync window."""
     sync_interval_ms: int = Field(200, ge=1, le=3_600_000)
@@ -214,7 +215,11 @@ class PolicyConfig(Section):
     policy a flush (``TieredStore.flush``, a connector's ``flush`` and ``close``) first writes every committed
     block the disk tier lacks down to it, and a block on disk stays there until the disk's own capacity
     evicts it, so what a flush acknowledged survives a crash. A daemon below the GPU (``connector: sidecar``) is
-    written through under ``write_back`` too: other engines read it, so a block reaches it when committed."""
+    written through under ``write_back`` too: other engines read it, so a block reaches it when committed.
+    The daemon (and the engine adapters' in-process stack) applies it between its own host and disk tiers:
+    under ``write_back`` a committed block stays in host only, dirty, until host room runs low, a FLUSH or a
+    clean stop writes it down (a kill -9 loses the dirty ones: misses afterwards, never wrong data); with
+    ``disk.sync: always`` it writes at commit whatever this says."""
     selective_hits: int = Field(SELECTIVE_HITS_DEFAULT, ge=1, le=1_000_000)
     """Hits before a block is written down under ``write_through_selective``."""
     prefetch: Literal["best_effort", "wait_complete", "timeout"] = "wait_complete"

@@ -8,4 +8,6 @@
 - :mod:`kvstore.lower.remote_write`: the remote tier's write policy (``remote.write``), the one owner of which
   groups go remote and when, used by the embedded store (:mod:`kvstore.store.remote_writer`) and the daemon
   (:mod:`kvstore.daemon.server.remote_link`), each giving only how it finds a group and reads its blocks.
+- :mod:`kvstore.lower.write_policy`: when a block is due to go down (``policy.write``), for the embedded store
+  and the daemon alike.
 """

@@ -3,8 +3,8 @@ its sockets, for an engine adapter's ``connector: embedded``.
 
 :class:`LocalTier` is one :class:`~kvstore.tiers.base.Tier` (whole blocks of ``layout.bytes_per_block``
 bytes under 32-byte keys) run by :class:`~kvstore.daemon.server.backend.DaemonBackend`, the code that runs the
-same tiers inside the daemon: host misses load from disk into host, puts land in host and are written
-behind to disk, a put the host tier has no room for (every slot waiting for its disk write) is written
+same tiers inside the daemon: host misses load from disk into host, puts land in host and go to disk as
+``policy.write`` says (under ``write_back`` when host room runs low, at ``flush`` and ``close``), a put the host tier has no room for (every slot waiting for its disk write) is written
 through to disk instead of refused, corrupt disk values are dropped misses, and a remote tier is fed and
 read by chain position (``remote.write``). Its tiers are built by :func:`kvstore.lower.build.build_lower_tiers`
 with the placement policy's orders, like the daemon's.
@@ -26,6 +26,7 @@ from kvstore.daemon.server.holds import HoldTable
 from kvstore.daemon.server.remote_link import link_for
 from kvstore.layout import KVLayout
 from kvstore.lower.build import HostPlan, build_lower_tiers
+from kvstore.lower.write_policy import WriteRule
 from kvstore.tiers.base import Buffer, Tier, TierStats, check_buffers
 
 
@@ -52,7 +53,8 @@ class LocalTier(Tier):
         disk = tiers.disk
         durable = disk is not None and ((disk.name == "lmdb" and cfg.disk.sync == "always")
                                         or (disk.name == "slab" and cfg.slab.sync == "always"))
-        backend = DaemonBackend(layout, tiers.host, disk, HoldTable(cfg.daemon.hold_timeout_s), durable_puts=durable)
+        backend = DaemonBackend(layout, tiers.host, disk, HoldTable(cfg.daemon.hold_timeout_s), durable_puts=durable,
+                                write=WriteRule.from_config(cfg.policy))
         try:
             backend.link = link_for(backend, tiers.remote, cfg)
         except BaseException:
@@ -111,7 +113,7 @@ class LocalTier(Tier):
         self.backend.flush()
 
     def close(self) -> None:
-        """Flush the write-behind queue and close both tiers (the disk data stays)."""
+        """Write dirty blocks down, flush the write-behind queue and close both tiers (the disk data stays)."""
         self.backend.close()
 
     def stats(self) -> TierStats:

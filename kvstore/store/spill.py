@@ -18,8 +18,8 @@ removes them), so its GPU eviction copies it to host again.
 A block being copied holds an extra GPU reference (or a host pin) so nobody
 reuses it mid-copy, and stays in the index, so lookups keep finding it.
 
-Write policies decide when committed blocks are copied down before any
-eviction: ``write_through`` at commit, ``write_through_selective`` once a
+The write policy (:class:`~kvstore.lower.write_policy.WriteRule`, ``policy.write``) decides when committed
+blocks are copied down before any eviction: ``write_through`` at commit, ``write_through_selective`` once a
 block was hit ``selective_hits`` times, ``write_back`` only on eviction.
 Write-downs run on a worker thread. An eviction round's copies to disk, and a write-down batch's, go in one put
 where the disk tier takes batches (:data:`PUT_BYTES`), and a write-down batch takes the hierarchy lock a fixed
@@ -39,6 +39,7 @@ from kvstore.config.schema import PolicyConfig
 from kvstore.errors import BlockStateError
 from kvstore.store.hierarchy import Hierarchy
 from kvstore.store.host_slot import HostSlot
+from kvstore.lower.write_policy import WriteRule
 from kvstore.store.radix import BlockEntry
 from kvstore.store.transfer import copy_bytes, staging_blocks
 
@@ -88,6 +89,8 @@ class Spiller:
     def __init__(self, h: Hierarchy, policy: PolicyConfig) -> None:
         self.h = h
         self.policy = policy
+        self.rule = WriteRule.from_config(policy)
+        """When a committed block is due to be copied down (``policy.write``)."""
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-writedown")
         self._pending: set[Future[None]] = set()
 
@@ -292,18 +295,18 @@ class Spiller:
     @property
     def takes_commits(self) -> bool:
         """Whether :meth:`on_commit` does anything (write-through with a tier below the GPU). Changes nothing."""
-        return self.policy.write == "write_through" and (self.h.host is not None or self.h.disk is not None)
+        return self.rule.at_commit and (self.h.host is not None or self.h.disk is not None)
 
     def on_commit(self, entries: Sequence[BlockEntry]) -> None:
         """Apply the write policy to freshly committed blocks (call without the lock)."""
-        if self.policy.write == "write_through":
+        if self.rule.at_commit:
             self.write_down(entries)
 
     def due_on_hit(self, entries: Sequence[BlockEntry]) -> list[BlockEntry]:
         """Blocks a lookup just matched that the write policy wants copied down now. Changes nothing."""
-        if self.policy.write != "write_through_selective":
+        if not self.rule.counts_hits:
             return []
-        return [e for e in entries if e.hits >= self.policy.selective_hits]
+        return [e for e in entries if self.rule.due_on_hit(e.hits)]
 
     def write_down(self, entries: Sequence[BlockEntry]) -> None:
         """Schedule copies of GPU-resident blocks to every lower tier that lacks them (call without the lock)."""

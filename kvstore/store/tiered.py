@@ -158,7 +158,7 @@ class TieredStore:
         n_full = len(toks) // bs
         h = self.h
         h.sync_tier_events()
-        count_hits = self.policy.write == "write_through_selective" or h.carry_uses
+        count_hits = self.spiller.rule.counts_hits or h.carry_uses
         with h.lock:
             m = h.index.match(toks, salt, count_hits=count_hits)
             if m.num_blocks < n_full:
@@ -541,7 +541,7 @@ class TieredStore:
         ``write_through_selective``, those only the GPU or the host holds: :func:`~kvstore.store.durable.write_all_down`),
         then flush the disk tier. Changes where blocks live only by adding disk copies."""
         self.spiller.wait()
-        if self.policy.write != "write_through":
+        if not self.spiller.rule.at_commit:
             write_all_down(self.h)
         if self.remote_writer is not None:
             self.remote_writer.wait()
@@ -551,7 +551,7 @@ class TieredStore:
     def close(self) -> None:
         """Flush (every committed block reaches the disk tier), stop the workers and close the tiers."""
         self.spiller.wait()
-        if self.policy.write != "write_through":
+        if not self.spiller.rule.at_commit:
             write_all_down(self.h)
         self.spiller.close()
         if self.remote_writer is not None:

@@ -11,6 +11,7 @@ import lmdb
 from daemonlib import LAYOUT
 from kvstore.daemon.server.backend import DaemonBackend
 from kvstore.daemon.server.holds import HoldTable
+from kvstore.lower.write_policy import WriteRule
 from kvstore.tiers.base import Buffer, Tier
 from kvstore.tiers.lmdb.tier import DiskTier
 from kvstore.tiers.host.tier import HostTier
@@ -66,10 +67,11 @@ class FaultyDisk(Tier):
 
 
 def faulty_backend(root: Path, slots: int = 16, durable_puts: bool = False,
-                   disk_bytes: int = 16 << 20) -> tuple[DaemonBackend, FaultyDisk]:
-    """A daemon backend (private-memory host tier of ``slots`` slots) over a :class:`FaultyDisk` in ``root``."""
+                   disk_bytes: int = 16 << 20, write: WriteRule | None = None) -> tuple[DaemonBackend, FaultyDisk]:
+    """A daemon backend (private-memory host tier of ``slots`` slots) over a :class:`FaultyDisk` in ``root``;
+    ``write``: its write policy (``None``: ``policy.write``'s default, ``write_back``)."""
     host = HostTier(LAYOUT, slots * LAYOUT.bytes_per_block, pin_memory="never", auto_evict=True)
     inner = DiskTier(LAYOUT, str(root / "lmdb"), disk_bytes, sync="always" if durable_puts else "interval",
                      map_step=1 << 20)
     disk = FaultyDisk(inner)
-    return DaemonBackend(LAYOUT, host, disk, HoldTable(60.0), durable_puts=durable_puts), disk
+    return DaemonBackend(LAYOUT, host, disk, HoldTable(60.0), durable_puts=durable_puts, write=write), disk

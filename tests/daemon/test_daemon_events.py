@@ -19,6 +19,8 @@ from kvstore.daemon.server.backend import DaemonBackend
 from kvstore.daemon.server.holds import HoldTable
 from kvstore.daemon.client.tier import DaemonTier
 from kvstore.events import StoreEvent
+from kvstore.config.write_policy import WritePolicy
+from kvstore.lower.write_policy import WriteRule
 from kvstore.route.index import PrefixHit, RouterIndex
 from kvstore.route.subscriber import EventSubscriber, StoreEndpoints
 from kvstore.tiers.lmdb.tier import DiskTier
@@ -35,13 +37,33 @@ def _put(backend: DaemonBackend, keys: list[bytes]) -> None:
     assert backend.put_inline(keys, [memoryview(block_for(k).numpy()) for k in keys]) == [True] * len(keys)
 
 
-@pytest.fixture
-def backend(tmp_path: Path) -> Iterator[DaemonBackend]:
+def _backend(tmp_path: Path, write: WritePolicy) -> DaemonBackend:
     host = HostTier(LAYOUT, 4 * LAYOUT.bytes_per_block, pin_memory="never", auto_evict=True)
     disk = DiskTier(LAYOUT, str(tmp_path / "lmdb"), 16 << 20, sync="interval", map_step=1 << 20)
-    b = DaemonBackend(LAYOUT, host, disk, HoldTable(60.0), publish_events=True)
+    return DaemonBackend(LAYOUT, host, disk, HoldTable(60.0), publish_events=True, write=WriteRule(write))
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> Iterator[DaemonBackend]:
+    """Written through: every put's disk copy is an event right after its host one."""
+    b = _backend(tmp_path, "write_through")
     yield b
     b.close()
+
+
+def test_under_write_back_the_disk_event_comes_when_a_block_is_written_back(tmp_path: Path) -> None:
+    b = _backend(tmp_path, "write_back")
+    try:
+        k = keys_for(3, seed=34)
+        assert b.writer is not None
+        _put(b, k[:2])
+        b.writer.drain()
+        assert _events(b) == [("stored", "host", x) for x in k[:2]]  # dirty: in host only
+        b.flush()
+        assert sorted(_events(b)) == sorted(("stored", "disk", x) for x in k[:2])
+        assert b.events is not None and set(b.events.holdings()["disk"]) == set(k[:2])
+    finally:
+        b.close()
 
 
 def test_puts_write_behind_evictions_reads_and_deletes_are_events_in_order(backend: DaemonBackend) -> None:

@@ -13,6 +13,7 @@ from daemonlib import block_for, keys_for
 from faultydisk import faulty_backend
 from kvstore.daemon.server.metrics import DaemonMetrics, render_prometheus
 from kvstore.errors import NotDurable
+from kvstore.lower.write_policy import WriteRule
 
 
 def _put(backend, keys: list[bytes]) -> list[bool]:  # noqa: ANN001 - DaemonBackend
@@ -53,7 +54,7 @@ def test_flush_reports_acknowledged_blocks_that_did_not_reach_disk(tmp_path: Pat
 
 
 def test_a_full_disk_is_logged_once_per_interval_not_per_batch(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    backend, disk = faulty_backend(tmp_path)
+    backend, disk = faulty_backend(tmp_path, write=WriteRule("write_through"))  # each put a batch of its own
     try:
         disk.mode = "raise"
         with caplog.at_level(logging.ERROR, logger="kvstore.daemon.server.writer"):

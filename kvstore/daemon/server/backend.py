@@ -4,11 +4,20 @@ Semantics of the one tier the daemon offers its clients:
 
 - ``get``: served from the host tier; a host miss is loaded from disk into a
   freshly reserved host slot (published, so the next client finds it there).
-- ``put``: lands in the host tier and is written through to disk by the
-  :class:`WriteBehind` thread; ``flush`` waits for that queue, then syncs disk,
+- ``put``: lands in the host tier and goes to disk by the :class:`WriteBehind`
+  thread when the write policy (``policy.write``, a :class:`WriteRule`) makes it
+  due: at commit under ``write_through``; under ``write_back`` it stays *dirty*
+  (its slot pinned, so never evicted without a disk copy) until host clean room
+  falls below a low-water mark and the coldest dirty blocks are written back
+  ahead, or a reserve lacks room and writes back what it needs, or a flush or
+  close; under ``write_through_selective`` the same, or once read
+  ``selective_hits`` times (:mod:`kvstore.daemon.server.dirty`). Host and disk then
+  hold distinct blocks; a block loaded from disk keeps its disk copy.
+  ``flush`` queues every dirty block, waits for the queue, then syncs disk,
   and raises :class:`NotDurable` when acknowledged blocks failed to reach it.
   With ``durable_puts`` (``disk.sync: always``) a put returns only after its
-  blocks are written and synced, and says ``False`` for any that were not.
+  blocks are written and synced, whatever the policy, and says ``False`` for
+  any that were not.
 - A connection that ends with holds still open keeps them until their
   deadline, unless its process is known to be gone: then
   :meth:`DaemonBackend.release_owner` ends them at once.
@@ -45,14 +54,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvstore.daemon.server.dirty import DirtyBlocks
 from kvstore.daemon.server.events import DaemonEvents
 from kvstore.daemon.server.holds import HOLDS_PER_SLOT, HoldTable
 from kvstore.daemon.wire.messages import PutState, Runs
 from kvstore.daemon.server.remote_link import RemoteLink
 from kvstore.daemon.server.writer import WriteBehind
 from kvstore.errors import BlockStateError, NotDurable
-
 from kvstore.layout import KVLayout
+from kvstore.lower.write_policy import WriteRule
 from kvstore.util.ratelog import RateLimitedLog
 from kvstore.tiers.base import Tier
 from kvstore.tiers.host.tier import HostTier
@@ -139,11 +149,17 @@ class DaemonBackend:
     """Host (shared memory) + disk tiers and the hold table, behind one mutex."""
 
     def __init__(self, layout: KVLayout, host: HostTier, disk: Tier | None, holds: HoldTable,
-                 durable_puts: bool = False, publish_events: bool = False) -> None:
-        """``durable_puts``: acknowledge a put only once its blocks are on disk and synced (``disk.sync: always``).
-        ``publish_events``: keep :attr:`events` (what the tiers hold, in order) for a KV-events publisher to drain."""
+                 durable_puts: bool = False, publish_events: bool = False, write: WriteRule | None = None) -> None:
+        """``durable_puts``: acknowledge a put only once its blocks are on disk and synced (``disk.sync: always``):
+        blocks are then written at commit whatever ``write`` says. ``publish_events``: keep :attr:`events` (what
+        the tiers hold, in order) for a KV-events publisher to drain. ``write``: when a committed block goes to
+        disk (``policy.write``; ``None``: its default, ``write_back``)."""
         self.layout, self.host, self.disk, self.holds = layout, host, disk, holds
         self.durable_puts = durable_puts and disk is not None
+        self.write = write or WriteRule()
+        self.dirty = (DirtyBlocks(self.write) if disk is not None and not self.write.at_commit and not self.durable_puts
+                      else None)
+        """The committed blocks not yet on disk, when blocks are not written at commit (else ``None``)."""
         self.counters = BackendCounters()
         self._mu = threading.Lock()
         host.shed_guard = self._mu  # another layout's put evicts from this host tier only between our steps
@@ -152,7 +168,8 @@ class DaemonBackend:
                 tier.record_events(False)  # clients keep their own index; nobody drains unless events are published
         self.events = DaemonEvents(host, disk) if publish_events else None
         """The tiers' changes for a router (``daemon.events``), or ``None`` when nothing publishes them."""
-        self.writer = (WriteBehind(host, disk, self._unpin, on_written=self._written if self.events is not None else None)
+        self.writer = (WriteBehind(host, disk, self._written_down,
+                                   on_written=self._written if self.events is not None else None)
                        if disk is not None else None)
         self._written_at_sync = 0
         self._quarantine: dict[int, dict[bytes, float]] = {}
@@ -241,7 +258,9 @@ class DaemonBackend:
                 return None
             self.host.pin([k for k, s in zip(keys, slots) if s is not None])
             self._count_reads(len(keys), slots, sum(s is not None for s in slots))
+            due = self._hits([k for k, s in zip(keys, slots) if s is not None])
         self.holds.grant(owner, "read", [k for k, s in zip(keys, slots) if s is not None], time.monotonic())
+        self._queue_dirty(due)
         return slots
 
     def touched(self, keys: Sequence[bytes]) -> int:
@@ -251,6 +270,8 @@ class DaemonBackend:
         with self._mu:
             n = self.host.touch(keys)
             self._count_reads(n, [0] * n, n)
+            due = self._hits(keys)
+        self._queue_dirty(due)
         return n
 
     def read_inline(self, keys: Sequence[bytes]) -> list[bytes | None]:
@@ -467,6 +488,8 @@ class DaemonBackend:
         removed: set[bytes] = set()
         with self._mu:
             for key in dict.fromkeys(keys):
+                if self.dirty is not None and self.dirty.discard(key):
+                    self.host.unpin([key])  # its write-back pin: deleted, nothing is left to write
                 try:
                     if self.host.delete([key]):
                         removed.add(key)
@@ -488,7 +511,8 @@ class DaemonBackend:
         return self.writer.not_durable if self.writer is not None else 0
 
     def flush(self, since: int = 0) -> int:
-        """Write every committed block to disk and sync it; returns :attr:`not_durable` (the caller's next mark).
+        """Write every committed block to disk (dirty ones first queued: :meth:`_write_all_back`) and sync it;
+        returns :attr:`not_durable` (the caller's next mark).
 
         Raises :class:`NotDurable` when acknowledged blocks did not reach the disk: those whose write
         failed after the mark ``since`` (a value an earlier call returned; 0 = since start), or, when
@@ -498,6 +522,7 @@ class DaemonBackend:
             self.link.drain()
         if self.writer is None or self.disk is None:
             return 0
+        self._write_all_back()
         self.writer.drain()
         written, total = self.writer.written, self.writer.not_durable
         try:
@@ -522,6 +547,7 @@ class DaemonBackend:
             if self.link is not None:
                 self.link.close()
             if self.writer is not None:
+                self._write_all_back()  # a restart finds them on disk
                 self.writer.close()
             if self.disk is not None:
                 self.disk.close()
@@ -537,6 +563,10 @@ class DaemonBackend:
         out["holds_expired"] = self.holds.expired_total
         with self._mu:
             out["quarantined_slots"] = sum(len(keys) for keys in self._quarantine.values())
+            out["dirty_blocks"] = len(self.dirty) if self.dirty is not None else 0
+            out["cleaned_ahead"] = self.dirty.cleaned_ahead if self.dirty is not None else 0
+            out["written_on_hits"] = self.dirty.written_on_hits if self.dirty is not None else 0
+        out["write_policy"] = "write_through" if self.dirty is None and self.disk is not None else self.write.policy
         out["pending_writes"] = self.writer.pending if self.writer is not None else 0
         out["write_failures"] = self.writer.failed if self.writer is not None else 0
         out["not_durable"] = self.not_durable
@@ -550,6 +580,7 @@ class DaemonBackend:
         sent to the remote tier), not a client's: no hit or miss is counted, no use recorded."""
         if self.link is not None:
             self.link.wait_loaded(keys)
+        self._room_for_loads(keys)
         loading: dict[bytes, int] = {}
         with self._mu:
             slots = [self.host.slot_of(k) for k in keys]
@@ -577,8 +608,12 @@ class DaemonBackend:
                 if slots[i] is None and key in found:
                     self.host.pin([key], use=count)
                     slots[i] = found[key]
+            due: list[bytes] = []
             if count:
                 self._count_reads(len(keys), slots, hits)
+                due = self._hits([k for k, s in zip(keys, slots) if s is not None])
+                due += self._due_for_room()  # the disk loads took slots
+        self._queue_dirty(due)
         return slots
 
     def _count_reads(self, n: int, slots: Sequence[int | None], host_hits: int) -> None:
@@ -601,6 +636,7 @@ class DaemonBackend:
         out: list[tuple[PutState, int | None]] = []
         seen: dict[bytes, PutState] = {}
         self._rewrite_lost(keys)
+        self._room_for(len(absent) - len(on_disk))
         refused = 0
         with self._mu:
             share = self._share(owner) if owner is not None else None
@@ -630,6 +666,8 @@ class DaemonBackend:
                 self.holds.grant(owner, "write", [k for k, (st, _) in zip(keys, out) if st == PutState.RESERVED],
                                  time.monotonic())
                 self.counters.share_refused += refused
+            due = self._due_for_room()
+        self._queue_dirty(due)
         if share is not None and refused:
             self._log_refusal(share, refused)
         return out
@@ -681,8 +719,9 @@ class DaemonBackend:
         return slot
 
     def _publish(self, keys: list[bytes], from_remote: bool = False) -> set[bytes]:
-        """Make reserved keys visible and queue them (pinned) for the disk writer; a client's (not
-        ``from_remote``: loaded from the remote tier) go to the remote tier too, as ``remote.write`` says.
+        """Make reserved keys visible and pin them for the disk writer: queued now when blocks are written at
+        commit, else dirty until written back (:mod:`kvstore.daemon.server.dirty`); a client's (not ``from_remote``:
+        loaded from the remote tier) go to the remote tier too, as ``remote.write`` says.
 
         With ``durable_puts``, wait for their write and return the keys that failed (their host copies are
         dropped where no reader holds them, so a later put of the key stores it again); else return ``set()``.
@@ -696,9 +735,16 @@ class DaemonBackend:
             if not from_remote:
                 self.counters.bytes_in += len(keys) * self.layout.bytes_per_block
             slots = self.host.pin(keys) if self.writer is not None else []
+            due: list[bytes] = []
+            if self.dirty is not None:
+                self.dirty.add(keys)  # pinned until written back
+                due = self.dirty.due_for_room(self.host)
         if self.link is not None and not from_remote:
             self.link.on_committed(keys)
         if self.writer is None:
+            return set()
+        if self.dirty is not None:
+            self._queue_dirty(due)
             return set()
         failed = set(self.writer.submit([(k, s) for k, s in zip(keys, slots) if s is not None],
                                         wait=self.durable_puts and not from_remote))
@@ -723,3 +769,65 @@ class DaemonBackend:
     def _unpin(self, keys: list[bytes]) -> None:
         with self._mu:
             self.host.unpin(keys)
+
+    def _written_down(self, keys: list[bytes]) -> None:
+        """The write-behind thread is done with ``keys`` (written or failed): unpin them; dirty ones are clean
+        (or, failed, counted not durable by the writer) and evictable from now on."""
+        with self._mu:
+            self.host.unpin(keys)
+            if self.dirty is not None:
+                self.dirty.written(keys)
+
+    # ------------------------------------------------------------- write-back
+    def _hits(self, keys: Sequence[bytes]) -> list[bytes]:
+        """Count lookups' hits of dirty ``keys``; those now due (``write_through_selective``), to queue. Mutex held."""
+        return self.dirty.hit(keys) if self.dirty is not None else []
+
+    def _due_for_room(self) -> list[bytes]:
+        """The coldest dirty keys to write back ahead when host clean room is low, to queue. Mutex held."""
+        return self.dirty.due_for_room(self.host) if self.dirty is not None else []
+
+    def _queue_dirty(self, keys: Sequence[bytes]) -> None:
+        """Queue ``keys`` (taken from :attr:`dirty`, their slots still pinned) to the writer, which unpins them.
+        Call without the mutex (a pinned published key keeps its slot, so reading it needs none)."""
+        if not keys:
+            return
+        assert self.writer is not None
+        slots = [self.host.slot_of(k) for k in keys]
+        self.writer.submit([(k, s) for k, s in zip(keys, slots) if s is not None])
+
+    def _room_for(self, n: int) -> None:
+        """Make clean room for a reserve of ``n`` slots: write back, and wait for, the coldest dirty blocks it
+        lacks room for. A reserve past what was written ahead is then slower, not refused. Call without the
+        mutex, from a thread that may wait for disk I/O (a reserve with a disk tier runs on the executor)."""
+        if self.dirty is None or n <= 0:
+            return
+        with self._mu:
+            clean = self.host.clean_room
+            if clean >= n:
+                return
+            keys = self.dirty.coldest(self.host, n - clean - self.dirty.writing)
+            waiting = self.dirty.writing > 0
+        self._queue_dirty(keys)
+        if waiting:
+            assert self.writer is not None
+            self.writer.drain()
+
+    def _room_for_loads(self, keys: Sequence[bytes]) -> None:
+        """Before a read loads disk hits into host: make clean room for them (:meth:`_room_for`), so a host tier
+        full of dirty blocks makes the read slower, not a miss. Looks on disk only when room is short."""
+        if self.dirty is None:
+            return
+        absent = [k for k in dict.fromkeys(keys) if self.host.slot_of(k) is None]
+        if not absent or self.host.clean_room >= len(absent):
+            return
+        assert self.disk is not None
+        self._room_for(sum(self.disk.contains(k) for k in absent))
+
+    def _write_all_back(self) -> None:
+        """Queue every dirty block to the writer (a flush, a graceful close). Call without the mutex."""
+        if self.dirty is None:
+            return
+        with self._mu:
+            keys = self.dirty.take_all()
+        self._queue_dirty(keys)

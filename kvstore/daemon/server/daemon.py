@@ -242,6 +242,7 @@ class DaemonServer:
         from kvstore.daemon.server.backend import DaemonBackend
         from kvstore.daemon.server.holds import HoldTable
         from kvstore.lower.build import HostPlan, build_lower_tiers, disk_section, disk_tier_name
+        from kvstore.lower.write_policy import WriteRule
         from kvstore.tiers.lmdb.check import check_walkable_databases
 
         cfg, d = self.cfg, self.cfg.daemon
@@ -279,7 +280,7 @@ class DaemonServer:
         durable = lower is not None and ((lower.name == "lmdb" and cfg.disk.sync == "always")
                                          or (lower.name == "slab" and cfg.slab.sync == "always"))
         backend = DaemonBackend(layout, host, lower, HoldTable(d.hold_timeout_s), durable_puts=durable,
-                                publish_events=d.events.enabled)
+                                publish_events=d.events.enabled, write=WriteRule.from_config(mine.policy))
         if tiers.remote is not None:
             try:
                 backend.link = self._remote_link(backend, tiers.remote)

@@ -172,6 +172,12 @@ def _storage_families(family: Callable[[str, Kind, str, list[tuple[dict[str, str
     add("kvstore_holds_expired_total", "counter", "Holds ended by their deadline (vanished or slow clients).",
            [({}, backend["holds_expired"])])
     add("kvstore_pending_writes", "gauge", "Committed blocks not yet written to disk.", [({}, backend["pending_writes"])])
+    add("kvstore_dirty_blocks", "gauge", "Committed blocks held in host and not yet on disk under policy.write: "
+           "write_back (or write_through_selective before their hits): written back when host clean room runs low, "
+           "at FLUSH and at a graceful stop; lost by a kill -9.", [({}, backend.get("dirty_blocks", 0))])
+    add("kvstore_cleaned_ahead_total", "counter", "Dirty blocks written back ahead of need because the host tier's "
+           "clean room (free or evictable slots) fell below its low-water mark.",
+           [({}, backend.get("cleaned_ahead", 0))])
     add("kvstore_write_failures_total", "counter", "Blocks the write-behind failed to write to disk (full or failing disk).",
            [({}, backend["write_failures"])])
     add("kvstore_not_durable_total", "counter", "Acknowledged blocks whose disk write failed (lost at restart).",

@@ -2,9 +2,11 @@
 
 A committed block is published in the host tier at once (clients see it) and
 queued here with its host slot *pinned*, so it can be neither evicted nor
-reused before its disk copy exists. The thread takes batches off the queue,
-writes them to the disk tier in one ``put`` (one LMDB transaction), then hands
-the keys back to ``unpin``. :meth:`WriteBehind.drain` waits until every
+reused before its disk copy exists: at commit under ``policy.write:
+write_through``, or later, still pinned, when the backend writes a dirty block
+back (:mod:`kvstore.daemon.server.dirty`: host room low, enough hits, a flush, a
+close). The thread takes batches off the queue, writes them to the disk tier
+in one ``put`` (one LMDB transaction), then hands the keys back to ``unpin``. :meth:`WriteBehind.drain` waits until every
 queued block has been written: that, followed by the disk tier's ``flush``,
 is what makes FLUSH durable.
 

@@ -38,7 +38,7 @@ from kvstore.tiers.shared_capacity import SharedCapacity
 from kvstore.tiers.host.arena import HostArena, PinMode, SlotCopy, copy_split, resolve_pin
 from kvstore.tiers.base import Buffer, Tier, TierStats, buffer_addresses
 from kvstore.policy.order import EvictionOrder, order_for
-from kvstore.policy.exclude import KeyFilter
+from kvstore.policy.exclude import Exclude, KeyFilter
 from kvstore.tiers.host.free_slots import FreeSlots
 from kvstore.tiers.host.slot_directory import DirectoryWriter, directory_bytes
 
@@ -157,6 +157,24 @@ class HostTier(Tier):
         return len(self._free)
 
     @property
+    def room_slots(self) -> int:
+        """Slots this tier can fill: its arena's, or fewer when a shared budget is smaller. Changes nothing."""
+        if self.capacity is None:
+            return self.num_slots
+        return min(self.num_slots, self.capacity.limit // self.bpb)
+
+    @property
+    def clean_room(self) -> int:
+        """Slots a reserve could take now without waiting for anyone: free slots (under a shared budget, as many
+        as its unused bytes pay for) and published slots holding no reference (evictable). Changes nothing."""
+        with self._lock:
+            free = len(self._free)
+            unreferenced = self.num_slots - free - len(self._refs)  # published or reserved, minus those held
+            if self.capacity is not None:
+                free = min(free, max(0, self.capacity.limit - self.capacity.used) // self.bpb)
+            return unreferenced + free
+
+    @property
     def shm_name(self) -> str | None:
         """The label of the shared arena other processes map (``None`` if private)."""
         return self.arena.name
@@ -230,6 +248,13 @@ class HostTier(Tier):
         """
         with self._lock:
             return self._victims(n)
+
+    def oldest(self, n: int, exclude: Exclude = ()) -> list[bytes]:
+        """Up to ``n`` published keys, pinned or not, the next to evict first, skipping ``exclude``. Changes nothing
+        (not even the order): for a caller that writes blocks back before they are evicted (the daemon's dirty
+        blocks, which stay pinned until written), in the order eviction will want their slots."""
+        with self._lock:
+            return self._order.oldest(n, exclude)
 
     def seed_uses(self, keys: Sequence[bytes], uses: Sequence[int]) -> None:
         """Tell the eviction order how often each published key was used before it entered this tier.
