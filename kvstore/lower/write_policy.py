@@ -1,6 +1,6 @@
 """When a block is due to go down to the tier below: the one reading of ``policy.write``.
 
-The embedded store's :class:`~kvstore.spill.Spiller` and the daemon's storage
+The embedded store's :class:`~kvstore.store.spill.Spiller` and the daemon's storage
 (:class:`~kvstore.daemon.server.backend.DaemonBackend`, also run in-process as :class:`~kvstore.lower.local.LocalTier`)
 both ask a :class:`WriteRule`, so the three policies mean the same in every stack::
 
