@@ -342,9 +342,12 @@ class DaemonTier(Tier):
         released, and committed ones until written to disk), and for inline bytes what fits one frame."""
         hello = self.client.hello if self.client.hello is not None else self.client.ensure()  # raises unreachable
         n = max(1, min(hello.max_keys, hello.num_slots // 4))
-        if hello.shm_name is None:
-            n = min(n, max(1, (hello.max_frame_bytes - 64) // (self.bpb + KEY_BYTES + 1)))
-        return n
+        return min(n, self._inline_batch()) if hello.shm_name is None else n
+
+    def _inline_batch(self) -> int:
+        """Keys per PUT_INLINE: as many blocks as fit one frame, at most the daemon's ``max_keys``."""
+        hello = self.client.hello if self.client.hello is not None else self.client.ensure()
+        return max(1, min(hello.max_keys, (hello.max_frame_bytes - 64) // (self.bpb + KEY_BYTES + 1)))
 
     def _fresh(self, since: float) -> bool:
         hello = self.client.hello
@@ -422,28 +425,45 @@ class DaemonTier(Tier):
         return self._copier
 
     def _put_retrying(self, keys: list[bytes], srcs: list[Buffer], addrs: list[int]) -> list[bool]:
-        """:meth:`_put_batch`, retrying keys refused for lack of room while the daemon's writer frees slots."""
-        ok = self._put_batch(keys, srcs, addrs)
+        """:meth:`_put_batch`, retrying keys refused for lack of room while the daemon's writer frees slots; keys
+        still refused because no host slot could be freed (every slot held by readers or writers) are sent inline,
+        which the daemon writes straight to its disk tier: a full host tier is a slower put, not a refused one (an
+        engine told "not stored" keeps no lower copy of that prefix)."""
+        ok, no_room = self._put_batch(keys, srcs, addrs)
         for attempt in range(PUT_RETRIES):
             todo = [i for i, f in enumerate(ok) if not f]
             if not todo:
                 break
             time.sleep(PUT_RETRY_S * 2**attempt)
-            for i, f in zip(todo, self._put_batch([keys[i] for i in todo], [srcs[i] for i in todo],
-                                                  [addrs[i] for i in todo])):
+            got, full = self._put_batch([keys[i] for i in todo], [srcs[i] for i in todo], [addrs[i] for i in todo])
+            for i, f, r in zip(todo, got, full):
+                ok[i], no_room[i] = f, r
+        through = [i for i, (f, r) in enumerate(zip(ok, no_room)) if not f and r]
+        step = self._inline_batch()
+        for start in range(0, len(through), step):
+            part = through[start : start + step]
+            for i, f in zip(part, self._put_inline([keys[i] for i in part], [srcs[i] for i in part])):
                 ok[i] = f
         return ok
 
-    def _put_batch(self, keys: list[bytes], srcs: list[Buffer], addrs: list[int]) -> list[bool]:
-        """One PUT (``addrs``: the ``srcs``' addresses, from :func:`buffer_addresses`)."""
+    def _put_inline(self, keys: list[bytes], srcs: list[Buffer]) -> list[bool]:
+        """One PUT_INLINE: the blocks' bytes in the request (the daemon stores them in host, or on disk when its
+        host has no room)."""
+        payload = m.encode_put_inline(keys, [s.numpy().data for s in srcs])
+        with self.client.locked():
+            return m.decode_flags(self.client.request(Op.PUT_INLINE, payload), Op.PUT_INLINE)
+
+    def _put_batch(self, keys: list[bytes], srcs: list[Buffer], addrs: list[int]) -> tuple[list[bool], list[bool]]:
+        """One PUT (``addrs``: the ``srcs``' addresses, from :func:`buffer_addresses`): whether each key is stored,
+        and whether the daemon refused it for want of a host slot it could free (``NO_ROOM``)."""
         c = self.client
         with c.locked():
             c.ensure()
             t0 = time.monotonic()
             if c.arena is None:
-                payload = m.encode_put_inline(keys, [s.numpy().data for s in srcs])
-                return m.decode_flags(c.request(Op.PUT_INLINE, payload), Op.PUT_INLINE)
+                return self._put_inline(keys, srcs), [False] * len(keys)  # the daemon writes these through itself
             states = m.decode_slots(c.keys_request(Op.PUT_SHM_RESERVE, keys), Op.PUT_SHM_RESERVE)
+            no_room = [st == m.PutState.NO_ROOM for st, _ in states]
             arena = c.arena
             mine = [(k, a, slot) for k, a, (st, slot) in zip(keys, addrs, states)
                     if st == m.PutState.RESERVED and slot is not None]  # decode_slots: RESERVED always has a slot
@@ -451,14 +471,14 @@ class DaemonTier(Tier):
                 if arena is None or not self._fresh(t0):
                     if mine:
                         c.keys_request(Op.RELEASE, [k for k, _, _ in mine])
-                    return [st == m.PutState.PRESENT for st, _ in states]
+                    return [st == m.PutState.PRESENT for st, _ in states], no_room
                 self._copy(arena.write_slots, [slot for _, _, slot in mine], [a for _, a, _ in mine])
                 committed = dict(zip([k for k, _, _ in mine], m.decode_flags(
                     c.keys_request(Op.PUT_SHM_COMMIT, [k for k, _, _ in mine]), Op.PUT_SHM_COMMIT) if mine else []))
             except DaemonUnavailable:  # past the deadline after reserving: give the slots back, not to its expiry
                 c.release_now([k for k, _, _ in mine])
                 raise
-            return [st == m.PutState.PRESENT or committed.get(k, False) for k, (st, _) in zip(keys, states)]
+            return [st == m.PutState.PRESENT or committed.get(k, False) for k, (st, _) in zip(keys, states)], no_room
 
 
 
