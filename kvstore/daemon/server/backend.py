@@ -512,18 +512,22 @@ class DaemonBackend:
 
     def flush(self, since: int = 0) -> int:
         """Write every committed block to disk (dirty ones first queued: :meth:`_write_all_back`) and sync it;
-        returns :attr:`not_durable` (the caller's next mark).
+        returns :attr:`not_durable` (the caller's next mark). The remote link is drained before the disk writes
+        (its loads land in host and are written too) and after them (under ``remote.write: write_back`` their
+        disk evictions queue sends, which this flush covers).
 
         Raises :class:`NotDurable` when acknowledged blocks did not reach the disk: those whose write
         failed after the mark ``since`` (a value an earlier call returned; 0 = since start), or, when
         the sync itself fails, every block written since the last good sync.
         """
         if self.link is not None:
-            self.link.drain()
+            self.link.drain()  # remote loads land in host first, so their disk writes are queued below
         if self.writer is None or self.disk is None:
             return 0
         self._write_all_back()
         self.writer.drain()
+        if self.link is not None:
+            self.link.drain()  # the disk evictions of those writes may have queued remote sends (write_back)
         written, total = self.writer.written, self.writer.not_durable
         try:
             self.disk.flush()
@@ -541,13 +545,16 @@ class DaemonBackend:
         return total
 
     def close(self) -> None:
-        """Stop the writer (after it drained) and close both tiers; the shared-memory segment is unlinked
-        even when closing the disk tier fails (that error is raised afterwards)."""
+        """Write dirty blocks down and wait for the writer, then close the remote link (its victim hook sends
+        what those writes evicted), the writer and both tiers; the shared-memory segment is unlinked even when
+        closing the disk tier fails (that error is raised afterwards)."""
         try:
+            if self.writer is not None:
+                self._write_all_back()  # a restart finds them on disk
+                self.writer.drain()  # before the link closes: these writes' disk evictions are sent remote
             if self.link is not None:
                 self.link.close()
             if self.writer is not None:
-                self._write_all_back()  # a restart finds them on disk
                 self.writer.close()
             if self.disk is not None:
                 self.disk.close()
