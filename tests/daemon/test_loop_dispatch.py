@@ -24,8 +24,11 @@ from kvstore.config import load_config
 from kvstore.daemon.wire import messages as m
 from kvstore.daemon.client.connection import DaemonClient
 from kvstore.daemon.wire.frames import Op
+from kvstore.daemon.server.backend import DaemonBackend
 from kvstore.daemon.server.daemon import DaemonServer
+from kvstore.daemon.server.holds import HoldTable
 from kvstore.daemon.client.tier import DaemonTier
+from kvstore.tiers.host.tier import HostTier
 
 
 @pytest.fixture
@@ -58,11 +61,9 @@ def test_hold_in_host_pins_and_holds_only_when_every_key_is_in_host(root: Path) 
         backend.close()
 
 
-def test_hold_in_host_without_a_disk_tier_answers_misses(root: Path) -> None:
-    backend, _ = faulty_backend(root)
-    backend.writer.close()  # type: ignore[union-attr]
-    backend.disk.close()  # type: ignore[union-attr]
-    backend.disk, backend.writer = None, None
+def test_hold_in_host_without_a_disk_tier_answers_misses() -> None:
+    host = HostTier(LAYOUT, 16 * LAYOUT.bytes_per_block, pin_memory="never", auto_evict=True)
+    backend = DaemonBackend(LAYOUT, host, None, HoldTable(60.0))  # no disk tier: no writer either
     try:
         here, absent = keys_for(2, seed=2)
         backend.put_inline([here], [block_for(here).numpy().data])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+import time
 from typing import Any
 
 import pytest
@@ -49,17 +50,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
         srv.stop()
 
 
-def _config(root: Path, url: str, write: str, prefix: str) -> KVStoreConfig:
-    """Host, a small file tier and the remote tier; the local tiers written through (every block on disk at its
-    commit, in both paths), LRU placement (the disk evicts the oldest blocks: the same ones in both paths)."""
+def _config(root: Path, url: str, write: str, prefix: str, local_write: str = "write_through") -> KVStoreConfig:
+    """Host, a small file tier and the remote tier; the local tiers written through by default (every block on
+    disk at its commit, in both paths), LRU placement (the disk evicts the oldest blocks: the same ones in both
+    paths)."""
     return KVStoreConfig.model_validate({
         "model": MODEL, "tiers": ["host", "file", "remote"],
         "gpu": {"num_blocks": 32, "device": "cpu"},
-        "host": {"capacity": 64 * LAYOUT.bytes_per_block},
+        "host": {"capacity": 256 * LAYOUT.bytes_per_block},
         "file": {"path": str(root / "files"), "max_size": DISK_BLOCKS * 4096},
         "remote": {"url": url, "group_blocks": G, "key_prefix": prefix, "write": write, "selective_hits": 2,
                    "timeout_s": 2.0, "probe_timeout_s": 5.0},
-        "policy": {"placement": "lru", "write": "write_through"},
+        "policy": {"placement": "lru", "write": local_write},
         "metrics": {"enabled": False},
     })
 
@@ -131,8 +133,7 @@ class DaemonPath:
         return [disk.contains(k) for k in keys]
 
     def flush(self) -> None:
-        self.tier.flush()
-        self.tier.flush()  # the first drains the disk writes, whose evictions may queue sends; the second those
+        self.tier.flush()  # once: it waits for the sends its own disk writes' evictions queued
 
     def close(self) -> None:
         self.tier.close()
@@ -199,6 +200,42 @@ def test_both_paths_store_the_same_groups(server: RedisServer, tmp_path: Path, w
             assert (path.policy.counters.incomplete, path.policy.counters.shed) == (0, 0)
     finally:
         embedded.close()
+        daemon.close()
+
+
+def test_one_daemon_flush_waits_for_the_sends_its_disk_evictions_queue(server: RedisServer, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``remote.write: write_back`` with the host tier written back too: A is stored and flushed to disk,
+    then B, as large as the disk, stays dirty in host until the next flush, whose disk writes evict A; the
+    evictions queue A's groups for Redis. That one flush returns only once they are stored: a FLUSH covers the
+    remote copies its own disk writes made due. Each store is slowed (a server farther away), so a flush that
+    did not wait for them would return first."""
+    prefix = "flush-once:"
+    daemon = DaemonPath(_config(tmp_path, server.url, "write_back", prefix, local_write="write_back"))
+    assert daemon.tier.backend.link is not None
+    remote = daemon.tier.backend.link.remote
+    store = remote.store
+
+    def slow_store(*args: Any, **kwargs: Any) -> int:
+        time.sleep(0.3)
+        return store(*args, **kwargs)
+
+    monkeypatch.setattr(remote, "store", slow_store)
+    try:
+        a_keys = [bytes([1, i]) * 16 for i in range(A_BLOCKS)]
+        b_keys = [bytes([2, i]) * 16 for i in range(DISK_BLOCKS)]
+        daemon.store_chain(a_keys, _blocks(A_BLOCKS, seed=3))  # probed (its groups known), put, flushed
+        assert daemon.on_disk(a_keys) == [True] * A_BLOCKS
+        assert daemon.tier.probe(b_keys, 0) == 0
+        assert all(daemon.tier.put(b_keys, _blocks(DISK_BLOCKS, seed=4)))
+        dirty = daemon.tier.backend.dirty
+        assert dirty is not None and len(dirty) == DISK_BLOCKS  # B is written down by the flush, not before
+        assert _stored(server.url, prefix) == set()
+        daemon.tier.flush()
+        assert daemon.on_disk(a_keys) == [False] * A_BLOCKS and daemon.on_disk(b_keys) == [True] * DISK_BLOCKS
+        assert _stored(server.url, prefix) == {a_keys[i].hex() for i in (G - 1, 2 * G - 1)}
+        assert not daemon.policy.pending()
+    finally:
         daemon.close()
 
 

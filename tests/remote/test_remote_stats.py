@@ -11,7 +11,7 @@ from remotelib import remote_tier
 from tiers_testlib import LAYOUTS, make_blocks, make_keys
 
 from benchmarks.redis_servers import RedisClusterProcs, start_server
-from kvstore.daemon.server.backend import BackendCounters
+from kvstore.daemon.server.backend_counters import BackendCounters
 from kvstore.daemon.server.metrics import DaemonMetrics, render_prometheus
 from kvstore.tiers.base import TierStats
 

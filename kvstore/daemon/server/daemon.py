@@ -373,7 +373,7 @@ class DaemonServer:
         """After ``owner``'s connection ended: if it still has holds, end them as soon as its process exits
         (a live but silent process keeps them until their deadline, and the slots of its expired write holds
         stay quarantined until it exits or ``QUARANTINE_FACTOR`` deadlines have passed)."""
-        from kvstore.daemon.server.backend import QUARANTINE_FACTOR
+        from kvstore.daemon.server.client_slots import QUARANTINE_FACTOR
 
         wait_s = QUARANTINE_FACTOR * self.cfg.daemon.hold_timeout_s
         try:

@@ -81,7 +81,7 @@ class PutState(IntEnum):
     """The block is already stored (host or disk); nothing to write."""
     BUSY = 3
     """Not reserved now: another client is writing the same block, or this connection holds its share of the
-    host slots already (``RESERVE_SHARE`` in :mod:`kvstore.daemon.server.backend`) or has quarantined slots. A miss
+    host slots already (``RESERVE_SHARE`` in :mod:`kvstore.daemon.server.share`) or has quarantined slots. A miss
     for that key; a later reserve may succeed."""
 
 
