@@ -4,11 +4,13 @@ A real daemon with an 8-slot host tier (LRU) takes a 12-block prompt in three pu
 disk, so the host tier may evict them): the first four blocks remain on its disk only, the last eight in host
 (and on disk). An engine's sidecar connector then finds the whole prompt there, and its match, its lease and
 the store's stats count 16 tokens from the daemon's disk and 32 from its host, in one lookup round trip; once
-the engine's own index knows the blocks, its lookup names them the same way.
+the engine's own index knows the blocks, its lookup names them the same way. The daemon's ``/metrics`` count the
+lookup's hit tokens by the same tiers.
 """
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -37,6 +39,14 @@ def daemon() -> Iterator[Daemon]:
         assert d.stop() == 0
     finally:
         cleanup(d, root)
+
+
+def _scrape(d: Daemon) -> dict[str, str]:
+    """The daemon's ``/metrics`` as {sample name with labels: value}."""
+    assert d.metrics_url is not None
+    with urllib.request.urlopen(f"{d.metrics_url}/metrics", timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    return dict(line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))
 
 
 def _store_prompt(d: Daemon, keys: list[bytes]) -> None:
@@ -82,6 +92,10 @@ def test_a_prompt_split_between_the_daemons_host_and_disk_is_counted_by_each(dae
         assert section["hit_tokens"] == 12 * BS
         assert section["hit_tokens_by_tier"] == {"daemon:host": 8 * BS, "daemon:disk": 4 * BS, "daemon:remote": 0}
         assert "sidecar" not in conn.stats() and "disk" not in conn.stats()
+        metrics = _scrape(daemon)  # the daemon's own count of the same lookup, by its tier
+        assert metrics['kvstore_prefix_hit_tokens_total{tier="host"}'] == str(8 * BS)
+        assert metrics['kvstore_prefix_hit_tokens_total{tier="disk"}'] == str(4 * BS)
+        assert metrics["kvstore_prefix_cache_hits_total"] == str(12 * BS)
 
         # Indexed by the engine now, on the daemon only once they leave its GPU: a lookup confirms them with the
         # daemon (which loaded the disk ones into its host tier for the lease) and names each by its tier there.

@@ -112,7 +112,7 @@ class DaemonBackend:
         Changes only the prefix-cache counters (queried and hit tokens).
         """
         runs = local_prefix(self.host, self.disk, keys)
-        self._count_prefix(len(keys), sum(n for _, n in runs))
+        self._count_prefix(len(keys), runs)
         return runs
 
     def locate_chain(self, chain: Sequence[bytes], start: int) -> Runs:
@@ -126,13 +126,18 @@ class DaemonBackend:
             r = self.link.after_local(chain, n)
             if r > n:
                 runs += (("remote", r - n),)
-        self._count_prefix(len(chain) - start, sum(k for _, k in runs))
+        self._count_prefix(len(chain) - start, runs)
         return runs
 
-    def _count_prefix(self, asked: int, found: int) -> None:
+    def _count_prefix(self, asked: int, runs: Runs) -> None:
+        """Count a lookup of ``asked`` blocks that found ``runs`` (tokens, in total and by tier)."""
+        bs = self.layout.block_size
         with self._mu:
-            self.counters.prefix_query_tokens += asked * self.layout.block_size
-            self.counters.prefix_hit_tokens += found * self.layout.block_size
+            c = self.counters
+            c.prefix_query_tokens += asked * bs
+            for tier, n in runs:
+                c.prefix_hit_tokens += n * bs
+                c.prefix_hit_tokens_by_tier[tier] = c.prefix_hit_tokens_by_tier.get(tier, 0) + n * bs
 
     def hold_for_read(self, owner: int, keys: Sequence[bytes]) -> list[int | None]:
         """Lock each found key's host slot for ``owner`` (loading disk hits into host first); ``None`` = miss.

@@ -6,7 +6,7 @@ backend: the fields are the contract (``kvstore_*`` metrics render each one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -41,4 +41,7 @@ class BackendCounters:
     prefix_query_tokens: int = 0
     """Tokens of the prefixes clients looked up (EXISTS_PREFIX keys x block size: the daemon sees keys, not tokens)."""
     prefix_hit_tokens: int = 0
-    """Of those, the tokens of the leading blocks the daemon held (host or disk)."""
+    """Of those, the tokens of the leading blocks the daemon held (host or disk, or the remote tier's groups)."""
+    prefix_hit_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    """:attr:`prefix_hit_tokens` by the daemon tier that held each block (``host``, ``disk``, ``remote``): how much of
+    a prompt came out of RAM and how much had to be read from disk or fetched, which one total hides."""

@@ -127,6 +127,10 @@ def _storage_families(family: Callable[[str, Kind, str, list[tuple[dict[str, str
     add("kvstore_prefix_cache_hits_total", "counter",
            "Of kvstore_prefix_cache_queries_total, the tokens found cached (leading blocks held in host or disk, "
            "x block size), as vLLM's prefix_cache_hits.", [({}, c["prefix_hit_tokens"])])
+    by_tier = c.get("prefix_hit_tokens_by_tier", {})
+    add("kvstore_prefix_hit_tokens_total", "counter",
+           "kvstore_prefix_cache_hits_total by the daemon tier holding each block (host, disk, remote): how much of "
+           "the cached prefixes came out of RAM.", [({"tier": t}, by_tier.get(t, 0)) for t, _ in tiers])
     add("kvstore_block_bytes_out_total", "counter", "Block bytes served to clients (shared memory or inline).",
            [({}, c["bytes_out"])])
     add("kvstore_block_bytes_in_total", "counter", "Block bytes stored by clients.", [({}, c["bytes_in"])])
