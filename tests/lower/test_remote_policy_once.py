@@ -42,7 +42,7 @@ A_BLOCKS = 10
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     why = redis_missing()
     if why is not None:
-        pytest.skip(f"needs redis-server: {why}")
+        pytest.fail(f"the one-remote-policy test needs redis-server: {why} (scripts/ensure_redis.sh installs it)")
     srv = start_server(tmp_path_factory.mktemp("redis"))
     try:
         yield srv
