@@ -31,6 +31,11 @@ from kvstore.tiers.base import Tier
 from kvstore.tiers.host.tier import HostTier
 
 
+ROOM_WAIT_S = 1.0
+"""Longest a reserve or a disk load waits for the writer to make clean room: a stalled disk (full, paused, failing)
+turns the wait into a ``NO_ROOM`` answer (the client then writes inline, through to disk, or misses) instead of
+an executor thread held for as long as the disk stays stuck."""
+
 class DiskWrites:
     """When committed ``host`` blocks are written to ``disk``, and the waits a flush or a reserve needs."""
 
@@ -88,7 +93,7 @@ class DiskWrites:
         self.queue(keys)
         if waiting:
             assert self.writer is not None
-            self.writer.drain()
+            self.writer.drain(ROOM_WAIT_S)  # a stuck disk: the reserve then answers NO_ROOM, never waits on it
 
     def room_for_loads(self, keys: Sequence[bytes]) -> None:
         """Before a read loads disk hits into host: make clean room for them (:meth:`room_for`), so a host tier

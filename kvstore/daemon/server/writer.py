@@ -123,10 +123,11 @@ class WriteBehind:
         with self._cond:
             return key in self._pending
 
-    def drain(self) -> None:
-        """Block until every block submitted before this call has been written (or has failed)."""
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Block until every block submitted before this call has been written (or has failed), or ``timeout_s``
+        has passed (``None``: no bound, a FLUSH's wait); whether it drained."""
         with self._cond:
-            self._cond.wait_for(lambda: not self._queue and self._in_flight == 0)
+            return self._cond.wait_for(lambda: not self._queue and self._in_flight == 0, timeout_s)
 
     def close(self) -> None:
         """Drain, then stop the thread. Later :meth:`submit` calls raise."""
